@@ -1,0 +1,165 @@
+"""The `servelab` command line: model make, bench, run, validate, report.
+
+Errors a user can fix (bad params, unreachable server, engine that will not start) print one
+clear message and exit non-zero; no traceback. Not for logic: every command calls the library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from .config import ParamsError, load_study
+
+EXIT_USAGE = 2
+EXIT_FAIL = 1
+
+
+def _ints(s: str) -> list[int]:
+    try:
+        return [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
+
+
+def cmd_model(a: argparse.Namespace) -> int:
+    from .modelmake import list_presets, make_model, model_facts
+
+    if a.action == "list":
+        for p in list_presets():
+            print(p)
+        return 0
+    t0 = time.monotonic()
+    d = make_model(a.preset, Path(a.root) if a.root else None, force=a.force)
+    f = model_facts(d)
+    print(f"{d}  ({f.get('architecture')}, {f.get('param_count', 0) / 1e6:.1f} M params, {time.monotonic() - t0:.1f} s)")
+    return 0
+
+
+def cmd_validate(a: argparse.Namespace) -> int:
+    bad = 0
+    for p in a.params:
+        try:
+            s = load_study(p)
+            print(f"{p}: ok ({s.study}: {len(s.configurations)} configurations)")
+        except ParamsError as e:
+            print(str(e), file=sys.stderr)
+            bad += 1
+    return EXIT_FAIL if bad else 0
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    from .config import AttachParams, Bucket, Workload
+    from .engine import attach
+    from .runinfo import base_record
+    from .runner import run_workload
+    from .summary import format_table
+
+    headers = dict(h.split(":", 1) for h in a.header) if a.header else {}
+    headers = {k.strip(): v.strip() for k, v in headers.items()}
+    srv = attach(AttachParams(url=a.url, model=a.model, headers=headers, api_key_env=a.api_key_env,
+                              tokenizer=a.tokenizer))
+    wl = Workload(api=a.api, buckets=[Bucket(input_tokens=i, output_tokens=a.output) for i in a.input],
+                  concurrency=a.concurrency, warmup_rounds=a.warmup, rounds=a.rounds,
+                  requests_per_round=a.requests_per_round, timeout_s=a.timeout)
+    out = Path(a.out or Path("runs") / "bench" / datetime.now().strftime("%Y%m%d-%H%M%S"))
+    res = run_workload(srv, wl, out, study="bench", config_id=out.name, record=base_record("bench", out.name),
+                       progress=not a.quiet)
+    print(format_table(res.summary))
+    print(f"records: {out}/records.jsonl ({res.records}), status {res.status}")
+    if res.message:
+        print(res.message, file=sys.stderr)
+    return 0 if res.status == "complete" else EXIT_FAIL
+
+
+def cmd_run(a: argparse.Namespace) -> int:
+    from .pipeline import run_study
+
+    study = load_study(a.params)
+    return run_study(study, Path(a.params), only=a.config, reduced=a.reduced, force=a.force,
+                     dry_run=a.dry_run, notebooks=not a.no_notebooks, report=not a.no_report)
+
+
+def cmd_report(a: argparse.Namespace) -> int:
+    from .pipeline import render_reports
+
+    if not a.all and not a.study:
+        print("servelab report: give a study name or --all", file=sys.stderr)
+        return EXIT_USAGE
+    return render_reports(None if a.all else a.study)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="servelab", description="Reproducible LLM serving benchmarks")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    m = sub.add_parser("model", help="offline model directories")
+    msub = m.add_subparsers(dest="action", required=True)
+    mk = msub.add_parser("make", help="build (or reuse) a model directory from a preset")
+    mk.add_argument("preset")
+    mk.add_argument("--root", help="cache folder (default .cache/servelab/models)")
+    mk.add_argument("--force", action="store_true")
+    msub.add_parser("list", help="list presets")
+    m.set_defaults(fn=cmd_model)
+
+    v = sub.add_parser("validate", help="validate params files")
+    v.add_argument("params", nargs="+")
+    v.set_defaults(fn=cmd_validate)
+
+    b = sub.add_parser("bench", help="benchmark a running OpenAI-compatible server")
+    b.add_argument("url")
+    b.add_argument("--model")
+    b.add_argument("--api", choices=["chat", "completions"], default="chat")
+    b.add_argument("--input", type=_ints, default=[256], help="prompt tokens, e.g. 256,2048")
+    b.add_argument("--output", type=int, default=128, help="output tokens per request")
+    b.add_argument("--concurrency", type=_ints, default=[1], help="e.g. 1,2,4")
+    b.add_argument("--warmup", type=int, default=2)
+    b.add_argument("--rounds", type=int, default=5)
+    b.add_argument("--requests-per-round", type=int, default=1, help="multiple of the concurrency")
+    b.add_argument("--timeout", type=float, default=300.0)
+    b.add_argument("--header", action="append", help="extra header 'Name: value' (repeatable)")
+    b.add_argument("--api-key-env", help="environment variable holding the API key")
+    b.add_argument("--tokenizer", help="local tokenizer dir when the server has no /tokenize")
+    b.add_argument("--out", help="run folder (default runs/bench/<timestamp>)")
+    b.add_argument("--quiet", action="store_true")
+    b.set_defaults(fn=cmd_bench)
+
+    r = sub.add_parser("run", help="run a study: every configuration, then the report")
+    r.add_argument("params")
+    r.add_argument("--config", action="append", help="only this configuration id (repeatable)")
+    r.add_argument("--reduced", action="store_true", help="smallest workload (CI): 1 round, no warmup")
+    r.add_argument("--force", action="store_true", help="replace existing runs and the published report")
+    r.add_argument("--dry-run", action="store_true", help="print what would run, start nothing")
+    r.add_argument("--no-notebooks", action="store_true", help="call the stages directly, no papermill")
+    r.add_argument("--no-report", action="store_true", help="measure only")
+    r.set_defaults(fn=cmd_run)
+
+    rep = sub.add_parser("report", help="re-render published reports from their data/ (no server)")
+    rep.add_argument("study", nargs="?")
+    rep.add_argument("--all", action="store_true")
+    rep.set_defaults(fn=cmd_report)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .engine import EngineError
+
+    a = parser().parse_args(argv)
+    try:
+        return a.fn(a)
+    except ParamsError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_USAGE
+    except (EngineError, FileExistsError, FileNotFoundError, ValueError) as e:
+        print(f"servelab {a.cmd}: {e}", file=sys.stderr)
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        print(f"servelab {a.cmd}: interrupted; finished records are kept", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

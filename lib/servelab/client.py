@@ -1,0 +1,255 @@
+"""Streaming OpenAI-compatible client: one request in, one fully timed record out.
+
+Times come from `time.perf_counter_ns` on the client; token counts come from the server's
+`usage` (never from the requested `max_tokens`). Every failure is classified and returned
+as a record, never raised, so a run accounts for every request it sent. This module knows
+nothing about load levels or files; see `runner` for those.
+
+Metric definitions (design.md): ttft_s = start -> first chunk carrying generated text;
+e2e_s = start -> last chunk; decode_tps = (output_tokens - 1) / (e2e_s - ttft_s);
+e2e_output_tps = output_tokens / e2e_s; tpot_s = 1 / decode_tps; itl_s = gaps between
+text-carrying chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+BODY_EXCERPT_CHARS = 300
+
+# Failure reasons (record["error_kind"]).
+CONNECT = "connect"
+TIMEOUT = "timeout"
+HTTP_STATUS = "http_status"
+DISCONNECT = "disconnect"
+MALFORMED = "malformed_stream"
+NO_TOKENS = "no_tokens"
+NO_USAGE = "no_usage"
+
+
+@dataclass
+class RequestSpec:
+    """What to send. `prompt` is a chat user message (api=chat) or raw text (api=completions)."""
+
+    prompt: str
+    max_tokens: int
+    model: str
+    api: str = "chat"
+    temperature: float = 0.0
+    seed: int | None = 42
+    ignore_eos: bool = True
+    cache_salt: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    continuous_usage_stats: bool = False
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    def path(self) -> str:
+        return "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
+
+    def body(self) -> dict[str, Any]:
+        b: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.continuous_usage_stats:
+            b["stream_options"]["continuous_usage_stats"] = True
+        if self.api == "chat":
+            b["messages"] = [{"role": "user", "content": self.prompt}]
+            if self.chat_template_kwargs:
+                b["chat_template_kwargs"] = self.chat_template_kwargs
+        else:
+            b["prompt"] = self.prompt
+        if self.seed is not None:
+            b["seed"] = self.seed
+        if self.ignore_eos:
+            b["ignore_eos"] = True
+        if self.cache_salt:
+            b["cache_salt"] = self.cache_salt
+        b.update(self.extra_body)
+        return b
+
+
+@dataclass
+class Result:
+    """One request's outcome. Times in seconds relative to `start_s` (client clock)."""
+
+    ok: bool = False
+    error_kind: str | None = None
+    error_detail: str | None = None
+    http_status: int | None = None
+    start_s: float = 0.0  # perf_counter seconds at send (absolute, same clock for all requests)
+    end_s: float = 0.0
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    n_chunks: int = 0
+    n_text_chunks: int = 0
+    chunk_times_s: list[float] = field(default_factory=list)  # offsets of text chunks from start
+    finish_reason: str | None = None
+    output_chars: int = 0
+
+    @property
+    def decode_tps(self) -> float | None:
+        if not self.ok or self.output_tokens is None or self.output_tokens < 2:
+            return None
+        dt = (self.e2e_s or 0) - (self.ttft_s or 0)
+        return (self.output_tokens - 1) / dt if dt > 0 else None
+
+    @property
+    def e2e_output_tps(self) -> float | None:
+        if not self.ok or not self.output_tokens or not self.e2e_s:
+            return None
+        return self.output_tokens / self.e2e_s
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["decode_tps"] = self.decode_tps
+        d["e2e_output_tps"] = self.e2e_output_tps
+        d["tpot_s"] = 1.0 / d["decode_tps"] if d["decode_tps"] else None
+        return d
+
+
+def _has_text(choice: dict[str, Any]) -> bool:
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        return any(delta.get(k) for k in ("content", "reasoning_content", "reasoning"))
+    # /v1/completions streams put the text on the choice itself
+    return bool(choice.get("text"))
+
+
+class StreamParser:
+    """Incremental parser of an OpenAI SSE stream; feed it lines with their arrival time."""
+
+    def __init__(self, result: Result, t0_ns: int) -> None:
+        self.r = result
+        self.t0_ns = t0_ns
+        self.done = False
+        self.usage: dict[str, Any] | None = None
+        self.first_chunk = True
+
+    def feed(self, line: str, t_ns: int) -> None:
+        line = line.rstrip("\r")
+        if not line or line.startswith(":"):
+            return  # keep-alive / comment
+        if not line.startswith("data:"):
+            if line.startswith(("event:", "id:", "retry:")):
+                return
+            raise ValueError(f"unexpected SSE line: {line[:80]!r}")
+        data = line[5:].strip()
+        if data == "[DONE]":
+            self.done = True
+            self.r.end_s = (t_ns - self.t0_ns) / 1e9
+            return
+        obj = json.loads(data)
+        if not isinstance(obj, dict):
+            raise ValueError(f"SSE data is not an object: {data[:80]!r}")
+        if "error" in obj and "choices" not in obj:
+            err = obj["error"]
+            raise ValueError(f"server error in stream: {json.dumps(err)[:BODY_EXCERPT_CHARS]}")
+        self.r.n_chunks += 1
+        t_s = (t_ns - self.t0_ns) / 1e9
+        self.r.end_s = t_s
+        for ch in obj.get("choices") or []:
+            if _has_text(ch):
+                if self.r.ttft_s is None:
+                    self.r.ttft_s = t_s
+                self.r.n_text_chunks += 1
+                self.r.chunk_times_s.append(t_s)
+                d = ch.get("delta") or {}
+                self.r.output_chars += len(d.get("content") or d.get("reasoning_content") or d.get("reasoning") or ch.get("text") or "")
+            if ch.get("finish_reason"):
+                self.r.finish_reason = ch["finish_reason"]
+        if obj.get("usage"):
+            self.usage = obj["usage"]
+
+
+async def send(client: httpx.AsyncClient, spec: RequestSpec, *, timeout_s: float,
+               headers: dict[str, str] | None = None) -> Result:
+    """Send one streaming request and time it. Never raises for server or network faults."""
+    r = Result()
+    t0 = time.perf_counter_ns()
+    r.start_s = t0 / 1e9
+    try:
+        async with asyncio.timeout(timeout_s):
+            await _stream(client, spec, r, t0, headers)
+    except TimeoutError:
+        _fail(r, TIMEOUT, f"no complete response within {timeout_s:g} s")
+    except httpx.ConnectError as e:
+        _fail(r, CONNECT, str(e) or type(e).__name__)
+    except httpx.TimeoutException as e:
+        _fail(r, TIMEOUT, f"{type(e).__name__}: {e}")
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
+        _fail(r, DISCONNECT, f"{type(e).__name__}: {e}")
+    except httpx.HTTPError as e:
+        _fail(r, DISCONNECT, f"{type(e).__name__}: {e}")
+    if r.end_s == 0.0 or not r.ok:
+        r.end_s = r.end_s or (time.perf_counter_ns() - t0) / 1e9
+    # end_s becomes absolute like start_s
+    r.end_s = r.start_s + r.end_s
+    return r
+
+
+def _fail(r: Result, kind: str, detail: str) -> None:
+    if r.error_kind is None:
+        r.ok = False
+        r.error_kind = kind
+        r.error_detail = detail[:BODY_EXCERPT_CHARS * 2]
+
+
+async def _stream(client: httpx.AsyncClient, spec: RequestSpec, r: Result, t0: int,
+                  headers: dict[str, str] | None) -> None:
+    async with client.stream("POST", spec.path(), json=spec.body(), headers=headers) as resp:
+        r.http_status = resp.status_code
+        if resp.status_code != 200:
+            body = (await resp.aread()).decode("utf-8", "replace")
+            _fail(r, HTTP_STATUS, f"HTTP {resp.status_code}: {body[:BODY_EXCERPT_CHARS]}")
+            return
+        p = StreamParser(r, t0)
+        try:
+            async for line in resp.aiter_lines():
+                p.feed(line, time.perf_counter_ns())
+                if p.done:
+                    break
+        except (ValueError, json.JSONDecodeError) as e:
+            _fail(r, MALFORMED, str(e))
+            return
+    if not p.done:
+        _fail(r, MALFORMED, "stream ended without [DONE]")
+        return
+    if p.usage:
+        r.prompt_tokens = p.usage.get("prompt_tokens")
+        r.output_tokens = p.usage.get("completion_tokens")
+        details = p.usage.get("prompt_tokens_details") or {}
+        r.cached_tokens = details.get("cached_tokens")
+    if r.output_tokens is None:
+        _fail(r, NO_USAGE, "stream carried no usage (stream_options.include_usage ignored?)")
+        return
+    if r.output_tokens == 0:
+        _fail(r, NO_TOKENS, "server reported 0 completion tokens")
+        return
+    if r.ttft_s is None:
+        # Tokens were generated but none decoded to text (random weights can emit partial
+        # UTF-8): fall back to the first chunk after the role chunk so TTFT stays defined.
+        _fail(r, NO_TOKENS, f"{r.output_tokens} tokens generated but no chunk carried text")
+        return
+    r.e2e_s = r.end_s
+    r.ok = True
+
+
+def make_client(base_url: str, *, concurrency: int, headers: dict[str, str] | None = None,
+                connect_timeout_s: float = 10.0) -> httpx.AsyncClient:
+    """An AsyncClient sized for `concurrency` streams (one connection each)."""
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    timeout = httpx.Timeout(connect=connect_timeout_s, read=None, write=30.0, pool=None)
+    return httpx.AsyncClient(base_url=base_url.rstrip("/"), limits=limits, timeout=timeout, headers=headers or {})
