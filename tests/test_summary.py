@@ -1,0 +1,40 @@
+"""Summary arithmetic on synthetic records with known answers."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from servelab.summary import round_throughput, summarize
+
+
+def rec(round_, start, end, ttft, out=11, ok=True, warmup=False, c=2, err=None):
+    return {"config": "a", "bucket": "in8-out11", "target_input_tokens": 8, "target_output_tokens": 11,
+            "concurrency": c, "round": round_, "warmup": warmup, "ok": ok, "error_kind": err,
+            "start_s": start, "end_s": end, "ttft_s": ttft if ok else None, "e2e_s": end - start if ok else None,
+            "prompt_tokens": 8, "output_tokens": out if ok else None,
+            "e2e_output_tps": out / (end - start) if ok else None,
+            "decode_tps": (out - 1) / (end - start - ttft) if ok else None,
+            "tpot_s": (end - start - ttft) / (out - 1) if ok else None,
+            "chunk_times_s": [ttft + 0.1 * i for i in range(out)] if ok else []}
+
+
+def test_summary_excludes_warmup_and_computes_rounds():
+    rows = [
+        rec(0, 0.0, 100.0, 50.0, warmup=True),  # warmup: must not count
+        rec(1, 10.0, 12.0, 0.5), rec(1, 10.5, 13.0, 0.5),  # round 1: wall 3 s, 22 tokens
+        rec(2, 20.0, 22.0, 1.0), rec(2, 20.0, 21.0, 0.5, ok=False, err="http_status"),  # round 2: wall 2 s, 11 tok
+    ]
+    df = pd.DataFrame(rows)
+    rt = round_throughput(df)
+    assert list(rt["aggregate_output_tps"]) == pytest.approx([22 / 3.0, 11 / 2.0])
+    s = summarize(df).iloc[0]
+    assert s["sent"] == 4 and s["ok"] == 3 and s["success_rate"] == pytest.approx(0.75)
+    assert s["failures"] == "http_status=1"
+    assert s["rounds"] == 2
+    assert s["aggregate_output_tps"] == pytest.approx((22 / 3 + 11 / 2) / 2)
+    assert s["aggregate_output_tps_min"] == pytest.approx(5.5)
+    assert s["ttft_p50_s"] == pytest.approx(0.5)
+    assert s["decode_tps_p50"] == pytest.approx(10 / 1.5)  # median of 10/1.5, 10/2.0, 10/1.0
+    assert s["itl_p50_s"] == pytest.approx(0.1)
+    assert s["prompt_tokens"] == 8
