@@ -52,7 +52,10 @@ def execute_notebook(name: str, out_dir: Path, parameters: dict[str, Any], *, lo
     src = notebooks_dir() / f"{name}.py"
     out_dir.mkdir(parents=True, exist_ok=True)
     nb_in = out_dir / f"{name}.input.ipynb"
-    jupytext.write(jupytext.read(src), nb_in)
+    nb = jupytext.read(src)
+    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    nb.metadata.setdefault("language_info", {"name": "python"})
+    jupytext.write(nb, nb_in)
     nb_out = out_dir / f"{name}.ipynb"
     try:
         pm.execute_notebook(str(nb_in), str(nb_out), parameters=parameters, kernel_name="python3",

@@ -4,12 +4,9 @@ is installed (Noto Sans CJK from Debian's fonts-noto-cjk). Not for computing met
 
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-from matplotlib import font_manager  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib import font_manager
 
 CJK_FONTS = ("Noto Sans CJK JP", "Noto Sans CJK SC", "IPAexGothic", "IPAGothic", "TakaoGothic")
 

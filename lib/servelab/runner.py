@@ -170,7 +170,7 @@ def run_workload(server: Server, wl: Workload, run_dir: Path, *, study: str, con
     status, message, n = "failed", "", 0
     t0 = now_iso()
     try:
-        n, status = asyncio.run(run_levels(server, wl, run_dir, study=study, config_id=config_id, prompts=prompts,
+        n, status = run_sync(run_levels(server, wl, run_dir, study=study, config_id=config_id, prompts=prompts,
                                            progress=progress, metrics_interval_s=metrics_interval_s))
     except RunAborted as e:
         status, message = "partial", str(e)
@@ -190,6 +190,18 @@ def run_workload(server: Server, wl: Workload, run_dir: Path, *, study: str, con
         })
         write_json(run_dir / RUN_JSON, record)
     return RunResult(run_dir, status, n, summ, message, cal)
+
+
+def run_sync(coro: Any) -> Any:
+    """asyncio.run, also from inside a running loop (Jupyter): then in a worker thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        return ex.submit(asyncio.run, coro).result()
 
 
 def _headline(summ: Any) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -152,6 +153,87 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
         pass
+
+
+# -- views the stage notebooks show ------------------------------------------------------------
+
+def model_facts_table(host: dict[str, Any]) -> Any:
+    """Architecture facts of the provisioned model as a two-column table (empty for attach)."""
+    import pandas as pd
+
+    if not host.get("model_dir"):
+        return pd.DataFrame({"fact": ["url"], "value": [host.get("url")]})
+    from .modelmake import model_facts
+
+    f = model_facts(Path(host["model_dir"]))
+    return pd.DataFrame({"fact": list(f), "value": [str(v) for v in f.values()]})
+
+
+def launch_table(handle: dict[str, Any]) -> Any:
+    import pandas as pd
+
+    info = handle.get("info", {})
+    rows = {"mode": handle.get("mode"), "base_url": handle.get("base_url"), "model": handle.get("model"),
+            "version": info.get("version"),
+            "startup_s": f"{info['startup_s']:.1f}" if info.get("startup_s") else None,
+            "command": " ".join(info.get("command") or [])}
+    return pd.DataFrame({"": list(rows), "value": list(rows.values())})
+
+
+def summary_table(summary: Any) -> Any:
+    """The per-level summary with readable units (ms, tok/s, %)."""
+    if summary is None or summary.empty:
+        return summary
+    t = summary[["bucket", "concurrency", "sent", "ok", "prompt_tokens", "output_tokens_p50", "ttft_p50_s",
+                 "ttft_p95_s", "decode_tps_p50", "e2e_output_tps_p50", "aggregate_output_tps",
+                 "aggregate_output_tps_min", "aggregate_output_tps_max", "failures"]].copy()
+    for c in ("ttft_p50_s", "ttft_p95_s"):
+        t[c] = t[c] * 1000
+    t = t.rename(columns={"ttft_p50_s": "TTFT p50 ms", "ttft_p95_s": "TTFT p95 ms", "decode_tps_p50": "decode tok/s",
+                          "e2e_output_tps_p50": "E2E tok/s", "aggregate_output_tps": "aggregate tok/s",
+                          "aggregate_output_tps_min": "agg min", "aggregate_output_tps_max": "agg max",
+                          "output_tokens_p50": "output tokens", "prompt_tokens": "prompt tokens"})
+    return t.round(1)
+
+
+@dataclass
+class RunData:
+    run_dir: Path
+    records: Any
+    summary: Any
+    run: dict[str, Any]
+    samples: Any
+
+
+def load_run(rdir: Path) -> RunData:
+    """Everything one run folder holds, read from files only."""
+    from .metrics import load_samples
+    from .records import SERVER_METRICS, load_records
+    from .summary import summarize
+
+    recs = load_records(rdir)
+    samples = load_samples(rdir / SERVER_METRICS) if (rdir / SERVER_METRICS).exists() else None
+    run = read_json(rdir / RUN_JSON) if (rdir / RUN_JSON).exists() else {}
+    return RunData(rdir, recs, summarize(recs), run, samples)
+
+
+def server_metrics_table(run: RunData) -> Any:
+    """Per level: peak KV usage, running, waiting and the preemptions counted during it."""
+    import pandas as pd
+
+    s = run.samples
+    if s is None or s.empty or "level" not in s:
+        reason = getattr(s, "attrs", {}).get("reason") if s is not None else "no server_metrics.jsonl"
+        return pd.DataFrame({"server metrics": [f"not available ({reason})"]})
+    g = s.dropna(subset=["level"]).groupby("level", sort=False)
+    out = pd.DataFrame({
+        "samples": g.size(),
+        "KV usage max %": g["kv_usage_frac"].max() * 100,
+        "running max": g["running"].max(),
+        "waiting max": g["waiting"].max(),
+        "preemptions": g["preemptions_total"].max() - g["preemptions_total"].min(),
+    })
+    return out.round(1)
 
 
 __all__ = ["provision", "launch", "benchmark", "stop", "run_dir", "EngineError", "log_tail"]

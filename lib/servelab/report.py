@@ -1,0 +1,353 @@
+"""Report building blocks: load a published study's data, make the seed-style tables and the
+prose that carries numbers, convert the executed write-up to HTML, list all studies, and
+check a rendered page in headless Chromium. Everything here is a pure function of files under
+`reports/<study>/data/`; no server is contacted. Not for measuring or plotting (`plots`).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .records import RECORDS, RUN_JSON, SERVER_METRICS, read_json
+from .records import load_records as _load_records
+from .summary import DEFINITIONS, summarize
+
+TEXT: dict[str, dict[str, str]] = {
+    "en": {
+        "configs": "Configurations",
+        "changes": "What changes between configurations",
+        "method": "How it was measured",
+        "results": "Results",
+        "progression": "Stage-by-stage progression",
+        "figures": "Figures",
+        "repro": "Reproducibility record",
+        "definitions": "Metric definitions",
+        "no_change": "identical to the previous configuration",
+        "baseline": "baseline",
+        "method_body": (
+            "Every request streams from `{api}` with `stream_options.include_usage`, `ignore_eos`, "
+            "`temperature={temperature}`, `seed={seed}` and `max_tokens` equal to the bucket's output length; "
+            "token counts come from the server's `usage`. Prompts are the sentence *\"{prompt_text}\"* repeated "
+            "and calibrated through {counter} to the target token count after the chat template "
+            "(achieved: {calibration}). Each load level (bucket x concurrency c) runs {warmup} warmup "
+            "round(s), excluded, then {rounds} measured round(s) of {k} x c requests sent by c concurrent "
+            "workers. {salt} Times are taken on the client with `time.perf_counter_ns`."
+        ),
+        "salt_on": "Each request carries a unique `cache_salt`, so the prefix cache is never reused across requests.",
+        "salt_off": "No `cache_salt` is sent: repeated prompts may hit the prefix cache.",
+        "headline": "Headline",
+    },
+    "ja": {
+        "configs": "構成",
+        "changes": "構成間で変えたもの",
+        "method": "測定方法",
+        "results": "測定結果",
+        "progression": "段階別の性能推移",
+        "figures": "図",
+        "repro": "再現性の記録",
+        "definitions": "指標の定義",
+        "no_change": "前の構成と同一",
+        "baseline": "基準",
+        "method_body": (
+            "すべてのリクエストは `{api}` へストリーミングで送信し、`stream_options.include_usage`、`ignore_eos`、"
+            "`temperature={temperature}`、`seed={seed}`、バケットの出力長と同じ `max_tokens` を指定しました。"
+            "トークン数はサーバーの `usage` から取得しています。入力は定型文 *\"{prompt_text}\"* の繰り返しで、"
+            "{counter} を使って Chat Template 適用後のトークン数が目標値になるよう調整しました（実測: {calibration}）。"
+            "各負荷レベル（バケット × 並列数 c）で warm-up を {warmup} round 実行して集計から除外し、"
+            "その後 {rounds} round（1 round は c 並列で {k} × c リクエスト）を本計測としました。{salt}"
+            "時刻はクライアント側の `time.perf_counter_ns` で計測しています。"
+        ),
+        "salt_on": "各リクエストに異なる `cache_salt` を設定し、リクエスト間で Prefix Cache を再利用しない条件に揃えました。",
+        "salt_off": "`cache_salt` は送っていないため、同じ入力は Prefix Cache にヒットし得ます。",
+        "headline": "結論",
+    },
+}
+
+
+@dataclass
+class StudyData:
+    """A published study: params, and per configuration its records, summary, run.json, metrics."""
+
+    root: Path
+    study: dict[str, Any]
+    records: pd.DataFrame
+    summary: pd.DataFrame
+    runs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    metrics_paths: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def language(self) -> str:
+        return self.study.get("language", "en")
+
+    def t(self, key: str) -> str:
+        return TEXT[self.language].get(key) or TEXT["en"][key]
+
+    @property
+    def config_ids(self) -> list[str]:
+        return [c["id"] for c in self.study["configurations"] if c["id"] in self.runs]
+
+    def labels(self) -> dict[str, str]:
+        return {c["id"]: c.get("label") or c["id"] for c in self.study["configurations"]}
+
+
+def load_study_data(study_dir: str | Path) -> StudyData:
+    """Read `<study_dir>/data/` (a published report) or a runs/<study> folder."""
+    root = Path(study_dir)
+    data = root / "data" if (root / "data").is_dir() else root
+    sj = read_json(data / "study.json")
+    study = sj["study"]
+    runs, mpaths, dirs = {}, {}, []
+    for c in study["configurations"]:
+        d = data / c["id"]
+        if (d / RECORDS).exists():
+            dirs.append(d)
+            runs[c["id"]] = read_json(d / RUN_JSON) if (d / RUN_JSON).exists() else {}
+            if (d / SERVER_METRICS).exists():
+                mpaths[c["id"]] = d / SERVER_METRICS
+    recs = _load_records(dirs)
+    return StudyData(root=root, study=study, records=recs, summary=summarize(recs), runs=runs, metrics_paths=mpaths)
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def engine_settings(sd: StudyData, config_id: str) -> dict[str, Any]:
+    """The configuration's resolved engine params (from run.json), flattened."""
+    run = sd.runs.get(config_id, {})
+    return _flat(run.get("engine_params") or {})
+
+
+def config_table(sd: StudyData) -> pd.DataFrame:
+    """One row per configuration: id, label, engine version, and what differs from the previous."""
+    rows, prev = [], None
+    for cid in sd.config_ids:
+        cur = engine_settings(sd, cid)
+        if prev is None:
+            change = sd.t("baseline")
+        else:
+            diffs = [f"{k}: {prev.get(k)} → {cur.get(k)}" for k in sorted(set(cur) | set(prev)) if cur.get(k) != prev.get(k)]
+            change = "; ".join(diffs) if diffs else sd.t("no_change")
+        run = sd.runs[cid]
+        rows.append({"configuration": cid, "label": sd.labels().get(cid, cid),
+                     "engine": f"{run.get('engine_params', {}).get('kind', '?')} {run.get('server', {}).get('version') or ''}".strip(),
+                     "change vs previous": change, "status": run.get("status")})
+        prev = cur
+    return pd.DataFrame(rows)
+
+
+def common_settings(sd: StudyData) -> pd.DataFrame:
+    """Engine settings shared by every configuration (the fixed part of the experiment)."""
+    settings = [engine_settings(sd, c) for c in sd.config_ids]
+    if not settings:
+        return pd.DataFrame()
+    keys = [k for k in settings[0] if all(s.get(k) == settings[0][k] for s in settings)]
+    return pd.DataFrame({"setting": keys, "value": [str(settings[0][k]) for k in keys]})
+
+
+def seed_table(sd: StudyData, config_id: str) -> pd.DataFrame:
+    """Seed 001's table: rows = prompt length, columns = concurrency x (TTFT, per-request, aggregate)."""
+    s = sd.summary[sd.summary["config"] == config_id].copy()
+    if s.empty:
+        return pd.DataFrame()
+    s["TTFT p50 (ms)"] = s["ttft_p50_s"] * 1000
+    s["E2E tok/s"] = s["e2e_output_tps_p50"]
+    s["decode tok/s"] = s["decode_tps_p50"]
+    s["aggregate tok/s"] = s["aggregate_output_tps"]
+    s["input tokens"] = s["prompt_tokens"].round().astype("Int64")
+    t = s.pivot_table(index="input tokens", columns="concurrency",
+                      values=["TTFT p50 (ms)", "E2E tok/s", "decode tok/s", "aggregate tok/s"], aggfunc="first")
+    t = t.swaplevel(0, 1, axis=1).sort_index(axis=1, level=0)
+    order = ["TTFT p50 (ms)", "E2E tok/s", "decode tok/s", "aggregate tok/s"]
+    t = t.reindex(columns=[(c, m) for c in sorted(s["concurrency"].unique()) for m in order])
+    t.columns.names = ["concurrency", ""]
+    return t.round(1)
+
+
+def progression(sd: StudyData, metric: str = "aggregate_output_tps") -> pd.DataFrame:
+    """Stage-by-stage progression: each configuration's value per level and % change vs the previous."""
+    s = sd.summary
+    if s.empty:
+        return pd.DataFrame()
+    piv = s.pivot_table(index=["bucket", "concurrency"], columns="config", values=metric, aggfunc="first", sort=False)
+    cols = [c for c in sd.config_ids if c in piv.columns]
+    out = pd.DataFrame(index=piv.index)
+    for i, c in enumerate(cols):
+        out[c] = piv[c]
+        if i:
+            out[f"Δ% {c} vs {cols[i - 1]}"] = (piv[c] / piv[cols[i - 1]] - 1) * 100
+    return out.round(1)
+
+
+def definitions_table() -> pd.DataFrame:
+    return pd.DataFrame({"metric": list(DEFINITIONS), "definition": list(DEFINITIONS.values())})
+
+
+def method_text(sd: StudyData) -> str:
+    wl = sd.study["workload"]
+    first = next(iter(sd.runs.values()), {})
+    cal = first.get("calibration", {})
+    counter = next(iter(cal.values()), {}).get("counter", "the server's /tokenize")
+    achieved = ", ".join(f"{v['target_tokens']}→{v['tokens']}" for v in cal.values()) or "n/a"
+    api = "/v1/chat/completions" if wl.get("api", "chat") == "chat" else "/v1/completions"
+    return sd.t("method_body").format(
+        api=api, temperature=wl.get("temperature"), seed=wl.get("seed"), prompt_text=wl.get("prompt_text"),
+        counter=counter, calibration=achieved, warmup=wl.get("warmup_rounds"), rounds=wl.get("rounds"),
+        k=wl.get("requests_per_round", 1), salt=sd.t("salt_on") if wl.get("cache_salt", True) else sd.t("salt_off"))
+
+
+def headline(sd: StudyData) -> str:
+    """Computed conclusions: best aggregate throughput per configuration and the biggest change."""
+    s = sd.summary
+    if s.empty:
+        return "No measured requests."
+    ja = sd.language == "ja"
+    lines = []
+    for cid in sd.config_ids:
+        d = s[s["config"] == cid]
+        if d.empty:
+            continue
+        best = d.loc[d["aggregate_output_tps"].idxmax()]
+        c1 = d[d["concurrency"] == d["concurrency"].min()].sort_values("prompt_tokens")
+        ttfts = ", ".join(f"{int(r.prompt_tokens)}: {r.ttft_p50_s * 1000:.0f} ms" for r in c1.itertuples())
+        if ja:
+            lines.append(f"- **{cid}**: 合計スループット最大 {best.aggregate_output_tps:.1f} tok/s"
+                         f"（{best.bucket}、並列数 {int(best.concurrency)}）。並列数 {int(c1.concurrency.min())} の TTFT 中央値: {ttfts}。"
+                         f" 成功率 {d['ok'].sum() / d['sent'].sum() * 100:.1f}%。")
+        else:
+            lines.append(f"- **{cid}**: peak aggregate {best.aggregate_output_tps:.1f} output tok/s "
+                         f"({best.bucket}, concurrency {int(best.concurrency)}); TTFT p50 at concurrency "
+                         f"{int(c1.concurrency.min())} by prompt tokens: {ttfts}; success rate "
+                         f"{d['ok'].sum() / d['sent'].sum() * 100:.1f}%.")
+    ids = sd.config_ids
+    if len(ids) >= 2:
+        p = progression(sd)
+        for a, b in zip(ids, ids[1:]):
+            col = f"Δ% {b} vs {a}"
+            if col in p:
+                worst = p[col].idxmin()
+                val = p.loc[worst, col]
+                lvl = f"{worst[0]}, c={worst[1]}"
+                lines.append(f"- {b} vs {a}: aggregate tok/s changes {p[col].min():+.1f}% to {p[col].max():+.1f}% "
+                             f"across levels (largest drop {val:+.1f}% at {lvl})." if not ja else
+                             f"- {b} と {a} の比較: 合計スループットの変化は {p[col].min():+.1f}% 〜 {p[col].max():+.1f}%"
+                             f"（最大の低下は {lvl} で {val:+.1f}%）。")
+    return "\n".join(lines)
+
+
+def repro_table(sd: StudyData) -> pd.DataFrame:
+    """The reproducibility record of each configuration, one row per field (seed 002's list)."""
+    rows = []
+    for cid in sd.config_ids:
+        r = sd.runs[cid]
+        srv = r.get("server", {})
+        host = r.get("client_host", {})
+        facts = (r.get("model") or {}).get("facts", {})
+        eng = r.get("engine_params", {})
+        hd = r.get("headline", {})
+        fields = {
+            "model": f"{facts.get('architecture', '?')} ({facts.get('param_count', 0) / 1e6:.1f} M params, "
+                     f"{facts.get('dtype', '?')}), weights: {eng.get('load_format') or 'checkpoint'}",
+            "model revision": (r.get("model") or {}).get("path", r.get("model_name")),
+            "engine": f"{eng.get('kind')} {srv.get('version')}",
+            "launch command": " ".join(srv.get("command") or []) or srv.get("base_url", ""),
+            "engine env": " ".join(f"{k}={v}" for k, v in (srv.get("env") or {}).items()),
+            "hardware": ", ".join(g["name"] for g in host.get("gpus", [])) or f"CPU: {host.get('cpu_model')} x{host.get('cpu_count')}",
+            "precision / KV dtype": f"{eng.get('args', {}).get('dtype', 'auto')} / {eng.get('args', {}).get('kv-cache-dtype', 'auto')}",
+            "parallel layout": f"TP={eng.get('args', {}).get('tensor-parallel-size', 1)}",
+            "startup time": f"{srv.get('startup_s', float('nan')):.1f} s" if srv.get("startup_s") else "n/a",
+            "peak engine RSS": f"{srv.get('peak_rss_bytes', 0) / 2**30:.2f} GiB" if srv.get("peak_rss_bytes") else "n/a",
+            "run window": f"{r.get('started_at')} → {r.get('finished_at')}",
+            "status": f"{r.get('status')} ({r.get('records')} records) {r.get('message') or ''}".strip(),
+            "success rate": f"{hd.get('success_rate', float('nan')) * 100:.1f}%" if hd.get("success_rate") is not None else "n/a",
+            "client host": f"{host.get('cpu_model')} x{host.get('cpu_count')}, Python {host.get('python')}",
+            "servelab": f"{r.get('servelab', {}).get('version')} @ {str(r.get('servelab', {}).get('commit'))[:12]}"
+                        f"{' (dirty)' if r.get('servelab', {}).get('dirty') else ''}",
+            "packages": ", ".join(f"{k} {v}" for k, v in (r.get("packages") or {}).items()),
+        }
+        for k, v in fields.items():
+            rows.append({"configuration": cid, "field": k, "value": v})
+    t = pd.DataFrame(rows)
+    return t.pivot(index="field", columns="configuration", values="value").reindex(
+        index=list(dict.fromkeys(t["field"])), columns=sd.config_ids) if not t.empty else t
+
+
+# -- HTML -------------------------------------------------------------------------------------
+
+def notebook_to_html(nb_path: Path, out: Path) -> Path:
+    """Executed notebook -> standalone HTML with inputs hidden and images embedded."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(str(nb_path), as_version=4)
+    exp = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    body, _ = exp.from_notebook_node(nb)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(body, encoding="utf-8")
+    return out
+
+
+def write_index(reports_root: Path) -> Path:
+    """reports/index.html listing every published study."""
+    rows = []
+    for d in sorted(p for p in Path(reports_root).iterdir() if (p / "index.html").exists() and (p / "data").is_dir()):
+        try:
+            st = read_json(d / "data" / "study.json")["study"]
+        except (OSError, KeyError, json.JSONDecodeError):
+            continue
+        runs = [read_json(c / RUN_JSON) for c in sorted((d / "data").iterdir()) if (c / RUN_JSON).exists()]
+        when = max((r.get("finished_at") or "" for r in runs), default="")
+        rows.append(f"<tr><td><a href='{html.escape(d.name)}/index.html'>{html.escape(d.name)}</a></td>"
+                    f"<td>{html.escape(st.get('title', ''))}</td><td>{len(st.get('configurations', []))}</td>"
+                    f"<td>{html.escape(when)}</td></tr>")
+    page = ("<!doctype html><html><head><meta charset='utf-8'><title>servelab reports</title>"
+            "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}td,th{padding:.3em .8em;"
+            "border-bottom:1px solid #ddd;text-align:left}</style></head><body><h1>servelab reports</h1>"
+            "<table><tr><th>study</th><th>title</th><th>configurations</th><th>measured</th></tr>"
+            + "".join(rows) + "</table></body></html>\n")
+    out = Path(reports_root) / "index.html"
+    out.write_text(page, encoding="utf-8")
+    return out
+
+
+def check_in_browser(html_path: Path, screenshot: Path | None = None, chromium: str = "/usr/bin/chromium") -> dict[str, Any]:
+    """Open a report in headless Chromium; count images and broken ones, find error outputs.
+
+    Returns {"images", "broken_images", "errors", "title"}; raises RuntimeError if Chromium
+    cannot be started.
+    """
+    from playwright.sync_api import sync_playwright
+
+    args = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"]
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=chromium, headless=True, args=args)
+        try:
+            page = b.new_page(viewport={"width": 1200, "height": 900})
+            page.goto(Path(html_path).resolve().as_uri(), wait_until="load")
+            res = page.evaluate("""() => {
+                const imgs = Array.from(document.images);
+                const broken = imgs.filter(i => !(i.complete && i.naturalWidth > 0)).length;
+                const errs = Array.from(document.querySelectorAll('.output_error, .jp-RenderedText[data-mime-type="application/vnd.jupyter.stderr"]'))
+                    .map(e => e.innerText.slice(0, 200));
+                const tb = document.body.innerText.includes('Traceback (most recent call last)');
+                return {images: imgs.length, broken_images: broken, errors: errs, traceback: tb, title: document.title};
+            }""")
+            if screenshot:
+                page.screenshot(path=str(screenshot), full_page=False)
+        finally:
+            b.close()
+    return res

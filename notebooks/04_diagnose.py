@@ -1,0 +1,42 @@
+# %% [markdown]
+# # 4. Diagnose one configuration
+#
+# Reads only files of the run folder: how TTFT grows with the prompt, where throughput
+# saturates, and what the engine's own counters said while it ran.
+
+# %% tags=["parameters"]
+params_path = "params/local-cpu.yaml"  # the study's params file
+config_id = "roomy"  # which configuration to diagnose
+run_dir = "runs/local-cpu/roomy"  # this configuration's run folder
+reduced = False  # use the study's reduced workload (CI)
+
+# %%
+from pathlib import Path
+
+from servelab import pipeline, plots, stages
+
+study = pipeline.load(params_path, reduced)
+run = stages.load_run(Path(run_dir))
+
+# %% [markdown]
+# ## TTFT vs prompt length
+
+# %%
+fig = plots.ttft_vs_prompt_tokens(run.summary)
+
+# %% [markdown]
+# ## Throughput and latency vs concurrency
+
+# %%
+fig = plots.throughput_vs_concurrency(run.summary)
+
+# %%
+fig = plots.latency_vs_concurrency(run.summary)
+
+# %% [markdown]
+# ## Server-side view
+#
+# KV-cache usage, running and waiting requests, and preemptions from the engine's `/metrics`.
+
+# %%
+stages.server_metrics_table(run)
