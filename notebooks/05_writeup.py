@@ -1,6 +1,3 @@
-# %% [markdown]
-# # servelab report
-
 # %% tags=["parameters"]
 study_dir = "reports/local-cpu"  # published study folder (its data/ holds the raw runs)
 

@@ -190,22 +190,28 @@ def publish(study_id: str, run_root: Path, *, force: bool = False) -> Path:
         for f in ("records.jsonl", "run.json", "server_metrics.jsonl", "summary.csv", "engine.log"):
             if (cdir / f).exists():
                 shutil.copy(cdir / f, dst / f)
-    render(study_id)
+    render(study_id, keep_dir=run_root)
     return pub / "index.html"
 
 
-def render(study_id: str) -> Path:
-    """Execute the write-up on reports/<study>/data and write index.html (inputs hidden)."""
+def render(study_id: str, keep_dir: Path | None = None) -> Path:
+    """Execute the write-up on reports/<study>/data and write index.html (inputs hidden).
+
+    The executed notebook is kept in `keep_dir` when given (nbval checks it), else discarded.
+    """
+    import tempfile
+
     from .report import notebook_to_html, write_index
 
     pub = reports_root() / study_id
     if not (pub / "data").exists():
         raise FileNotFoundError(f"{pub / 'data'} does not exist: nothing to render")
     t0 = time.monotonic()
-    work = pub / ".build"
-    nb = execute_notebook(WRITEUP, work, {"study_dir": str(pub.resolve())})
-    notebook_to_html(nb, pub / "index.html")
-    shutil.rmtree(work, ignore_errors=True)
+    with tempfile.TemporaryDirectory(prefix="servelab-render-") as tmp:
+        work = Path(keep_dir) if keep_dir else Path(tmp)
+        nb = execute_notebook(WRITEUP, work, {"study_dir": str(pub.resolve())})
+        title = json.loads((pub / "data" / STUDY_JSON).read_text())["study"].get("title", study_id)
+        notebook_to_html(nb, pub / "index.html", title=title)
     write_index(reports_root())
     _log(f"report {pub / 'index.html'} rendered in {time.monotonic() - t0:.1f} s")
     return pub / "index.html"

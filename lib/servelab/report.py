@@ -146,7 +146,7 @@ def config_table(sd: StudyData) -> pd.DataFrame:
                      "engine": f"{run.get('engine_params', {}).get('kind', '?')} {run.get('server', {}).get('version') or ''}".strip(),
                      "change vs previous": change, "status": run.get("status")})
         prev = cur
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows).set_index("configuration") if rows else pd.DataFrame()
 
 
 def common_settings(sd: StudyData) -> pd.DataFrame:
@@ -155,7 +155,7 @@ def common_settings(sd: StudyData) -> pd.DataFrame:
     if not settings:
         return pd.DataFrame()
     keys = [k for k in settings[0] if all(s.get(k) == settings[0][k] for s in settings)]
-    return pd.DataFrame({"setting": keys, "value": [str(settings[0][k]) for k in keys]})
+    return pd.DataFrame({"setting": keys, "value": [str(settings[0][k]) for k in keys]}).set_index("setting")
 
 
 def seed_table(sd: StudyData, config_id: str) -> pd.DataFrame:
@@ -193,7 +193,7 @@ def progression(sd: StudyData, metric: str = "aggregate_output_tps") -> pd.DataF
 
 
 def definitions_table() -> pd.DataFrame:
-    return pd.DataFrame({"metric": list(DEFINITIONS), "definition": list(DEFINITIONS.values())})
+    return pd.DataFrame({"metric": list(DEFINITIONS), "definition": list(DEFINITIONS.values())}).set_index("metric")
 
 
 def method_text(sd: StudyData) -> str:
@@ -241,10 +241,10 @@ def headline(sd: StudyData) -> str:
                 worst = p[col].idxmin()
                 val = p.loc[worst, col]
                 lvl = f"{worst[0]}, c={worst[1]}"
-                lines.append(f"- {b} vs {a}: aggregate tok/s changes {p[col].min():+.1f}% to {p[col].max():+.1f}% "
-                             f"across levels (largest drop {val:+.1f}% at {lvl})." if not ja else
+                lines.append(f"- {b} vs {a}: aggregate tok/s changes by {p[col].min():+.1f}% to {p[col].max():+.1f}% "
+                             f"across levels (lowest, {val:+.1f}%, at {lvl})." if not ja else
                              f"- {b} と {a} の比較: 合計スループットの変化は {p[col].min():+.1f}% 〜 {p[col].max():+.1f}%"
-                             f"（最大の低下は {lvl} で {val:+.1f}%）。")
+                             f"（最小は {lvl} の {val:+.1f}%）。")
     return "\n".join(lines)
 
 
@@ -287,14 +287,14 @@ def repro_table(sd: StudyData) -> pd.DataFrame:
 
 # -- HTML -------------------------------------------------------------------------------------
 
-def notebook_to_html(nb_path: Path, out: Path) -> Path:
+def notebook_to_html(nb_path: Path, out: Path, title: str = "servelab report") -> Path:
     """Executed notebook -> standalone HTML with inputs hidden and images embedded."""
     import nbformat
     from nbconvert import HTMLExporter
 
     nb = nbformat.read(str(nb_path), as_version=4)
     exp = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
-    body, _ = exp.from_notebook_node(nb)
+    body, _ = exp.from_notebook_node(nb, resources={"metadata": {"name": title}})
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(body, encoding="utf-8")
     return out

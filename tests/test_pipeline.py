@@ -1,0 +1,98 @@
+"""The default study end to end at reduced size: papermill stage notebooks per configuration,
+the published HTML report opened in headless Chromium, nbval on the executed notebooks,
+re-rendering from data alone, and no overwrite without --force."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from servelab import report
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.engine, pytest.mark.notebooks]
+
+
+def _servelab(*args, env, timeout=900):
+    return subprocess.run([sys.executable, "-m", "servelab.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def study_run(tmp_path_factory):
+    base = tmp_path_factory.mktemp("study")
+    env = {**os.environ, "SERVELAB_RUNS": str(base / "runs"), "SERVELAB_REPORTS": str(base / "reports")}
+    r = _servelab("run", "params/local-cpu.yaml", "--reduced", env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return base, env, r
+
+
+def test_report_is_published_with_data(study_run):
+    base, _, _ = study_run
+    pub = base / "reports" / "local-cpu"
+    assert (pub / "index.html").exists() and (base / "reports" / "index.html").exists()
+    for cid in ("roomy", "kv-tight"):
+        for f in ("records.jsonl", "run.json", "server_metrics.jsonl"):
+            assert (pub / "data" / cid / f).stat().st_size > 0
+        nbs = sorted(p.name for p in (base / "runs" / "local-cpu" / cid / "notebooks").glob("*.ipynb"))
+        assert nbs == ["01_provision.ipynb", "02_launch.ipynb", "03_benchmark.ipynb", "04_diagnose.ipynb"]
+    html = (pub / "index.html").read_text()
+    assert "kv-tight" in html and "Reproducibility record" in html and "args.num-gpu-blocks-override" in html
+
+
+def test_report_opens_in_chromium_with_all_figures(study_run, tmp_path):
+    base, _, _ = study_run
+    res = report.check_in_browser(base / "reports" / "local-cpu" / "index.html", screenshot=tmp_path / "shot.png")
+    assert res["images"] >= 3 and res["broken_images"] == 0
+    assert res["errors"] == [] and not res["traceback"]
+    assert res["title"].startswith("vLLM on CPU")
+    assert (tmp_path / "shot.png").stat().st_size > 10_000
+
+
+def test_report_rerenders_from_data_alone(study_run):
+    base, env, _ = study_run
+    pub = base / "reports" / "local-cpu"
+    before = report.load_study_data(pub)
+    from_runs = report.load_study_data(base / "runs" / "local-cpu")
+    pd.testing.assert_frame_equal(before.summary, from_runs.summary)
+    r = _servelab("report", "local-cpu", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = _servelab("report", "--all", env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    after = report.load_study_data(pub)
+    pd.testing.assert_frame_equal(report.progression(before), report.progression(after))
+    assert "kv-tight" in (pub / "index.html").read_text()
+
+
+def test_second_run_never_overwrites_published_report(study_run):
+    base, env, _ = study_run
+    index = base / "reports" / "local-cpu" / "index.html"
+    mtime = index.stat().st_mtime_ns
+    r = _servelab("run", "params/local-cpu.yaml", "--reduced", env=env, timeout=120)
+    assert r.returncode == 1
+    assert "is published: pass --force to replace it" in r.stderr
+    assert index.stat().st_mtime_ns == mtime
+
+
+def test_nbval_on_executed_notebooks(study_run, tmp_path):
+    """Stable cells (marked NBVAL_CHECK_OUTPUT) reproduce when the notebooks run again."""
+    base, env, _ = study_run
+    nbs = [base / "runs" / "local-cpu" / "roomy" / "notebooks" / "01_provision.ipynb",
+           base / "runs" / "local-cpu" / "roomy" / "notebooks" / "04_diagnose.ipynb",
+           base / "runs" / "local-cpu" / "05_writeup.ipynb"]
+    for nb in nbs:
+        shutil.copy(nb, tmp_path / nb.name)
+    r = subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "-p", "no:cacheprovider", "-q",
+                        *[str(tmp_path / nb.name) for nb in nbs]], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:]
+    import re
+
+    passed = int(re.search(r"(\d+) passed", r.stdout).group(1))
+    assert passed >= 15  # every cell of the three notebooks is one nbval item
