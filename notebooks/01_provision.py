@@ -11,6 +11,7 @@ params_path = "params/local-cpu.yaml"  # the study's params file
 config_id = "roomy"  # which configuration of the study to prepare
 run_dir = "runs/local-cpu/roomy"  # this configuration's run folder
 reduced = False  # use the study's reduced workload (CI)
+resume = False  # (benchmark only) continue an interrupted run
 
 # %%
 from pathlib import Path

@@ -12,6 +12,7 @@ params_path = "params/local-cpu.yaml"  # the study's params file
 config_id = "roomy"  # which configuration to launch
 run_dir = "runs/local-cpu/roomy"  # this configuration's run folder
 reduced = False  # use the study's reduced workload (CI)
+resume = False  # (benchmark only) continue an interrupted run
 
 # %%
 from pathlib import Path

@@ -11,6 +11,7 @@ params_path = "params/local-cpu.yaml"  # the study's params file
 config_id = "roomy"  # which configuration to measure
 run_dir = "runs/local-cpu/roomy"  # this configuration's run folder
 reduced = False  # use the study's reduced workload (CI)
+resume = False  # continue an interrupted run from its first incomplete level
 
 # %%
 from pathlib import Path
@@ -24,7 +25,7 @@ rdir = Path(run_dir)
 # ## Run the load levels
 
 # %%
-result = stages.benchmark(study, config_id, rdir, progress=False)
+result = stages.benchmark(study, config_id, rdir, progress=False, resume=resume)
 print(f"status: {result.status}, records: {result.records}. {result.message}")
 
 # %% [markdown]

@@ -326,6 +326,16 @@ def test_cache_key_changes_with_preset_and_recipe(built, root, monkeypatch):
     assert d_recipe not in (base, d_layers)
 
 
+def test_cache_key_changes_with_corpus(built, root, monkeypatch):
+    # Another Python version means other stdlib text: it must not reuse the dir.
+    real_load_corpus = mm.load_corpus
+    monkeypatch.setattr(mm, "load_corpus", lambda: real_load_corpus(budget_bytes=1024 * 1024))
+    d = mm.make_model("cpu-tiny", root)
+    assert d != built["cpu-tiny"]
+    manifest = json.loads((d / "servelab_model.json").read_text())
+    assert manifest["corpus"]["size_bytes"] == 1024 * 1024
+
+
 def test_interrupted_build_leaves_nothing_finished(tmp_path, monkeypatch):
     real_write_json = mm._write_json
 

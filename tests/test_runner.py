@@ -76,3 +76,58 @@ def test_server_death_mid_run_keeps_successes_and_stops(refserver, tmp_path):
     assert all(r["error_kind"] in ("connect", "disconnect", "timeout") for r in bad)
     run = read_json(tmp_path / "r" / "run.json")
     assert run["status"] == "partial" and run["headline"]["ok"] == len(ok)
+
+
+@pytest.mark.parametrize("arrival", ["constant", "poisson"])
+def test_open_loop_arrivals_record_schedule_and_lag(refserver, tmp_path, arrival):
+    s = refserver(ttft_s=0.01, itl_s=0.002)
+    wl = _wl(buckets=[Bucket(input_tokens=20, output_tokens=8)], arrival=arrival, rates_rps=[20.0], duration_s=1.0,
+             warmup_rounds=0, rounds=1)
+    res = _run(s, wl, tmp_path)
+    recs = read_jsonl(tmp_path / "r" / "records.jsonl")
+    assert len(recs) == 20 and all(r["ok"] for r in recs)
+    sched = sorted(r["scheduled_s"] for r in recs)
+    if arrival == "constant":
+        assert sched == pytest.approx([i / 20 for i in range(20)])
+    else:
+        from servelab.runner import arrival_offsets, levels
+
+        lv = levels(wl)[0]
+        assert sched == pytest.approx(arrival_offsets(wl, lv, 20, (wl.seed or 0) + 0))  # seeded: reproducible
+        assert sched != pytest.approx([i / 20 for i in range(20)])
+    lags = [r["send_lag_s"] for r in recs]
+    assert all(lag is not None and lag >= 0 for lag in lags) and max(lags) < 0.5  # precision: benchmarks/
+    assert res.summary.iloc[0]["rate_rps"] == 20.0
+
+
+def test_client_stats_per_round(refserver, tmp_path):
+    s = refserver(ttft_s=0.01, itl_s=0.002)
+    _run(s, _wl(), tmp_path)
+    stats = read_jsonl(tmp_path / "r" / "client_stats.jsonl")
+    assert len(stats) == 2 * 2 * 3  # buckets x levels x (warmup + rounds)
+    assert all(st["lag_samples"] > 0 and 0 <= st["cpu_frac"] < 4 and st["loop_lag_p99_s"] >= 0 for st in stats)
+
+
+def test_failure_budget_stops_a_level_early(refserver, tmp_path):
+    s = refserver(ttft_s=0.005, itl_s=0.001, fault="http_500", fault_every=2)  # half the requests fail
+    wl = _wl(buckets=[Bucket(input_tokens=20, output_tokens=4)], concurrency=[1], warmup_rounds=0, rounds=20,
+             requests_per_round=1, failure_budget=0.25)
+    res = _run(s, wl, tmp_path)
+    recs = read_jsonl(tmp_path / "r" / "records.jsonl")
+    assert res.status == "partial" and "stopped early" in res.message and "failure budget 25%" in res.message
+    assert 4 <= len(recs) < 20
+    assert sum(not r["ok"] for r in recs) + sum(r["ok"] for r in recs) == len(recs)
+    lv = read_jsonl(tmp_path / "r" / "levels.jsonl")
+    assert lv[0]["status"].startswith("stopped early") and lv[0]["sent"] == len(recs)
+
+
+def test_multiprocess_workers_merge_into_one_stream(refserver, tmp_path):
+    s = refserver(ttft_s=0.01, itl_s=0.002)
+    wl = _wl(buckets=[Bucket(input_tokens=20, output_tokens=8)], concurrency=[4], warmup_rounds=0, rounds=2,
+             requests_per_round=2, workers=2)
+    res = _run(s, wl, tmp_path)
+    recs = read_jsonl(tmp_path / "r" / "records.jsonl")
+    assert res.status == "complete" and len(recs) == 16 and all(r["ok"] for r in recs)
+    assert sorted(r["seq"] for r in recs) == list(range(16))
+    stats = read_jsonl(tmp_path / "r" / "client_stats.jsonl")
+    assert all(st["workers"] == 2 and st["lag_samples"] > 0 for st in stats)

@@ -80,7 +80,7 @@ def cmd_run(a: argparse.Namespace) -> int:
 
     study = load_study(a.params)
     return run_study(study, Path(a.params), only=a.config, reduced=a.reduced, force=a.force,
-                     dry_run=a.dry_run, notebooks=not a.no_notebooks, report=not a.no_report)
+                     dry_run=a.dry_run, notebooks=not a.no_notebooks, report=not a.no_report, resume=a.resume)
 
 
 def cmd_report(a: argparse.Namespace) -> int:
@@ -133,6 +133,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--reduced", action="store_true", help="smallest workload (CI): 1 round, no warmup")
     r.add_argument("--force", action="store_true", help="replace existing runs and the published report")
     r.add_argument("--dry-run", action="store_true", help="print what would run, start nothing")
+    r.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run from its first incomplete level (completed levels are kept)")
     r.add_argument("--no-notebooks", action="store_true", help="call the stages directly, no papermill")
     r.add_argument("--no-report", action="store_true", help="measure only")
     r.set_defaults(fn=cmd_run)

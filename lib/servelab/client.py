@@ -31,6 +31,7 @@ DISCONNECT = "disconnect"
 MALFORMED = "malformed_stream"
 NO_TOKENS = "no_tokens"
 NO_USAGE = "no_usage"
+CANCELLED = "cancelled"
 
 
 @dataclass
@@ -193,6 +194,9 @@ async def send(client: httpx.AsyncClient, spec: RequestSpec, *, timeout_s: float
         _fail(r, DISCONNECT, f"{type(e).__name__}: {e}")
     except httpx.HTTPError as e:
         _fail(r, DISCONNECT, f"{type(e).__name__}: {e}")
+    except asyncio.CancelledError:
+        # the run was interrupted: keep the request accounted for instead of losing it
+        _fail(r, CANCELLED, "cancelled by interrupt")
     if r.end_s == 0.0 or not r.ok:
         r.end_s = r.end_s or (time.perf_counter_ns() - t0) / 1e9
     # end_s becomes absolute like start_s

@@ -107,6 +107,23 @@ class Workload(Strict):
     cache_salt: bool = Field(True, description="send a unique cache_salt per request (shared per shared_prefix bucket)")
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="passed through, e.g. enable_thinking")
     continuous_usage_stats: bool = Field(False, description="ask for cumulative usage in every chunk")
+    arrival: Literal["concurrency", "constant", "poisson"] = Field(
+        "concurrency", description="closed loop at fixed concurrency, or open loop at request rates")
+    rates_rps: list[Annotated[float, Field(gt=0)]] = Field(
+        default_factory=list, description="request rates (per second) for constant/poisson arrivals")
+    duration_s: float = Field(20.0, gt=0, description="length of one open-loop round (n = rate x duration)")
+    max_in_flight: int = Field(1024, ge=1, description="open loop: cap on concurrent requests")
+    workers: int = Field(1, ge=1, le=64, description="client processes, each with its own event loop")
+    failure_budget: float | None = Field(
+        None, gt=0, le=1, description="stop a level early once this fraction of its requests failed")
+    on_interrupt: Literal["cancel", "drain"] = Field(
+        "cancel", description="Ctrl-C: cancel in-flight requests, or let them finish")
+
+    @model_validator(mode="after")
+    def _rates(self) -> "Workload":
+        if self.arrival != "concurrency" and not self.rates_rps:
+            raise ValueError(f"arrival '{self.arrival}' needs rates_rps (requests per second)")
+        return self
 
 
 class Slo(Strict):

@@ -118,11 +118,6 @@ def _ordered(values: Iterable[Any]) -> list[Any]:
     return list(dict.fromkeys(values))
 
 
-def _level_label(bucket: str, concurrency: Any) -> str:
-    """The sampler's level label for a summary row (runner.Level.label)."""
-    return f"{bucket} c={int(concurrency)}"
-
-
 # Two-sided 95 % Student t quantiles (t_{0.975, df}) for df = 1..30.
 _T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
          2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
@@ -677,7 +672,8 @@ def kv_residency(samples: pd.DataFrame, kv_threshold_frac: float = 0.9) -> pd.Da
         r["running_max"] = _nmax(r["running_max"], g["running"].astype(float).max())
         r["waiting_max"] = _nmax(r["waiting_max"], wait.max())
         if math.isfinite(inc):
-            r["preemptions_delta"] = (0.0 if not math.isfinite(r["preemptions_delta"]) else r["preemptions_delta"]) + inc
+            prev = r["preemptions_delta"]
+            r["preemptions_delta"] = (prev if math.isfinite(prev) else 0.0) + inc
         r["retracted_max"] = _nmax(r["retracted_max"], retr.iloc[a:b + 1].astype(float).max())
         r["crowded_samples"] += crowded
     rows = []
@@ -745,7 +741,9 @@ def kv_verdict(samples: pd.DataFrame, kv_threshold_frac: float = 0.9, facts: Map
     kv_max = float(kv.max())
     out.update(assessed=True, kv_usage_max_frac=kv_max, waiting_max=float(wait.max()),
                running_max=float(s["running"].astype(float).max()), preemptions_delta=pre, residency=res)
-    peak_level = res.loc[res["kv_usage_max_frac"].idxmax(), "level"] if len(res) and res["kv_usage_max_frac"].notna().any() else None
+    peak_level = None
+    if len(res) and res["kv_usage_max_frac"].notna().any():
+        peak_level = res.loc[res["kv_usage_max_frac"].idxmax(), "level"]
     limited_levels = res.loc[(res["crowded_samples"] > 0) | (res["preemptions_delta"].fillna(0) > 0)
                              | (res["retracted_max"].fillna(0) > 0), "level"].tolist()
     limited = bool(crowded.any() or (math.isfinite(pre) and pre > 0) or (math.isfinite(retr_max) and retr_max > 0))
@@ -839,7 +837,9 @@ def spec_stats(samples_or_delta: pd.DataFrame | Mapping[str, Any],
     out: dict[str, Any] = {"engine": None, "drafts": math.nan, "draft_tokens": math.nan, "accepted_tokens": math.nan,
                            "acceptance_rate": math.nan, "mean_acceptance_length": math.nan, "source": "", "note": ""}
     if isinstance(samples_or_delta, pd.DataFrame):
-        s = samples_or_delta.sort_values("t_s", kind="stable") if "t_s" in samples_or_delta.columns else samples_or_delta
+        s = samples_or_delta
+        if "t_s" in s.columns:
+            s = s.sort_values("t_s", kind="stable")
 
         def inc(col: str) -> float:
             return _counter_increase(s[col].tolist()) if col in s.columns else math.nan
@@ -953,14 +953,15 @@ def capture_size_warnings(engine_args: Mapping[str, Any], concurrency_levels: It
     k = int(spec.get("num_speculative_tokens") or 0) if isinstance(spec, Mapping) else 0
     method = spec.get("method") if isinstance(spec, Mapping) else None
     tokens = f" with {k} speculative token(s){f' ({method})' if method else ''}" if k else ""
+    levels = sorted({int(x) for x in concurrency_levels})
     warnings: list[str] = []
-    for c in sorted({int(x) for x in concurrency_levels}):
+    for c in levels:
         need = c * (1 + k)
         if need > largest:
             warnings.append(
                 f"concurrency {c}: a decode step{tokens} processes {c} x {1 + k} = {need} tokens, above the largest "
                 f"CUDA-graph capture size {largest}; vLLM runs it without CUDA graphs (eager fallback, much slower). "
-                f"Add {need} to cudagraph_capture_sizes (needed: {derive_capture_sizes(sorted({int(x) for x in concurrency_levels}), k)}).")
+                f"Add {need} to cudagraph_capture_sizes (needed: {derive_capture_sizes(levels, k)}).")
         elif sizes and need not in sizes:
             pad = min(s for s in sizes if s >= need)
             warnings.append(
@@ -1185,8 +1186,8 @@ def symptoms(summary: pd.DataFrame, samples: pd.DataFrame | None, fit: Any = Non
         else:
             sat = saturation(s)
             last = sat.groupby("bucket", sort=False).tail(1)
-            ev = "; ".join(f"{r['bucket']}: still {r['gain_per_doubling']:+.0%} per doubling at c={int(r['concurrency'])}"
-                           for _, r in last.iterrows())
+            ev = "; ".join(f"{r['bucket']}: still {r['gain_per_doubling']:+.0%} per doubling at "
+                           f"c={int(r['concurrency'])}" for _, r in last.iterrows())
             add(obs, "no", ev)
 
     # 4. aggregate up while p95 spikes
@@ -1207,8 +1208,10 @@ def symptoms(summary: pd.DataFrame, samples: pd.DataFrame | None, fit: Any = Non
                         txt = (f"{b}: c={int(p['concurrency'])}->{int(q['concurrency'])} aggregate "
                                f"{_pct_change(q['aggregate_output_tps'], p['aggregate_output_tps']):+.0f}%, "
                                f"{name} {a:.3f} -> {z:.3f} s ({z / a:.1f}x)")
-                        if slo is not None:
-                            txt += "; still meets the SLO" if q["meets_slo"] else f"; breaks the SLO ({q['slo_fail_reason']})"
+                        if slo is not None and q["meets_slo"]:
+                            txt += "; still meets the SLO"
+                        elif slo is not None:
+                            txt += f"; breaks the SLO ({q['slo_fail_reason']})"
                         hits.append(txt)
                         break
         add(obs, "yes" if hits else "no",

@@ -251,7 +251,8 @@ def decode_bound_s_per_token(weight_bytes: float, kv_bytes_per_token: float, con
     token per request. Speculative decoding breaks the one-token-per-step assumption."""
     if bandwidth_Bps <= 0:
         raise ValueError("bandwidth_Bps must be > 0")
-    return (float(weight_bytes) + float(batch) * float(context_tokens) * float(kv_bytes_per_token)) / float(bandwidth_Bps)
+    step_bytes = float(weight_bytes) + float(batch) * float(context_tokens) * float(kv_bytes_per_token)
+    return step_bytes / float(bandwidth_Bps)
 
 
 def prefill_bound_s(active_params: float, prompt_tokens: float, flops: float) -> float:
@@ -259,7 +260,7 @@ def prefill_bound_s(active_params: float, prompt_tokens: float, flops: float) ->
     multiply-add per parameter per token; attention's quadratic term is ignored)."""
     if flops <= 0:
         raise ValueError("flops must be > 0")
-    return 2.0 * float(active_params) * float(prompt_tokens) / float(flops)
+    return 1.0 * float(active_params) * float(prompt_tokens) / float(flops)
 
 
 def _dtype_bytes(facts: Mapping[str, Any]) -> float:

@@ -85,10 +85,12 @@ def describe(study: Study) -> str:
 
 
 def run_config(study: Study, params_path: Path, config_id: str, rdir: Path, *, notebooks: bool,
-               reduced: bool) -> None:
+               reduced: bool, resume: bool = False) -> None:
     """One configuration: provision, launch, benchmark, diagnose. The engine always stops."""
     params = {"params_path": str(params_path.resolve()), "config_id": config_id, "run_dir": str(rdir.resolve()),
-              "reduced": reduced}
+              "reduced": reduced, "resume": resume}
+    if (rdir / stages.ENGINE_JSON).exists():  # an engine left by a killed run would hold the port
+        _log(f"{config_id}: leftover engine from an earlier run: {stages.stop(rdir)}")
     try:
         if notebooks:
             for name in STAGES:
@@ -101,11 +103,19 @@ def run_config(study: Study, params_path: Path, config_id: str, rdir: Path, *, n
         else:
             stages.provision(study, config_id, rdir)
             stages.launch(study, config_id, rdir)
-            res = stages.benchmark(study, config_id, rdir)
+            res = stages.benchmark(study, config_id, rdir, resume=resume)
             if res.message:
                 _log(res.message)
     finally:
         _log(f"{config_id}: {stages.stop(rdir)}")
+    run = json.loads((rdir / "run.json").read_text()) if (rdir / "run.json").exists() else {}
+    if run.get("status") != "complete":
+        raise RunIncomplete(f"{config_id}: run {run.get('status', 'missing')}: {run.get('message', '')} "
+                            f"(continue with --resume)")
+
+
+class RunIncomplete(RuntimeError):
+    pass
 
 
 class StageFailed(RuntimeError):
@@ -117,7 +127,8 @@ class StageFailed(RuntimeError):
 
 
 def run_study(study: Study, params_path: Path, *, only: list[str] | None = None, reduced: bool = False,
-              force: bool = False, dry_run: bool = False, notebooks: bool = True, report: bool = True) -> int:
+              force: bool = False, dry_run: bool = False, notebooks: bool = True, report: bool = True,
+              resume: bool = False) -> int:
     """Measure every (or `only` the named) configuration, then publish the report. Returns an exit status."""
     if dry_run:
         print(describe(study))
@@ -140,23 +151,30 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
         assert study.host.attach is not None
         attach(study.host.attach)
     root = stages.runs_root() / study.study
+    todo = []
     for cid in configs:
         rdir = root / cid
-        if rdir.exists():
+        if resume and (rdir / "run.json").exists() and json.loads((rdir / "run.json").read_text()).get("status") == "complete":
+            _log(f"configuration {cid}: complete, skipped (--resume)")
+            continue
+        if rdir.exists() and not resume:
             if not force:
-                raise FileExistsError(f"{rdir} exists (runs are immutable): pass --force to measure again")
+                raise FileExistsError(f"{rdir} exists (runs are immutable): pass --force to measure again "
+                                      "or --resume to continue an interrupted run")
             shutil.rmtree(rdir)
+        todo.append(cid)
     root.mkdir(parents=True, exist_ok=True)
     write_json(root / STUDY_JSON, {"params_path": str(params_path), "reduced": reduced,
                                    "study": json.loads(study.model_dump_json())})
     shutil.copy(params_path, root / "params.yaml")
     t0 = time.monotonic()
     failed = []
-    for cid in configs:
+    for cid in todo:
         rdir = root / cid
-        _log(f"configuration {cid}: start")
+        _log(f"configuration {cid}: {'resume' if resume and rdir.exists() else 'start'}")
         try:
-            run_config(study, params_path, cid, rdir, notebooks=notebooks, reduced=reduced)
+            run_config(study, params_path, cid, rdir, notebooks=notebooks, reduced=reduced,
+                       resume=resume and (rdir / RECORDS).exists())
         except (StageFailed, EngineError, RuntimeError) as e:
             _log(str(e))
             failed.append(cid)

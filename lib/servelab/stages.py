@@ -92,7 +92,7 @@ def server_from_handle(rdir: Path, study: Study) -> Server:
 
 
 def benchmark(study: Study, config_id: str, rdir: Path, *, progress: bool = True,
-              log: Callable[[str], None] = print) -> Any:
+              log: Callable[[str], None] = print, resume: bool = False) -> Any:
     """Run the study's workload against the configuration's server; returns RunResult."""
     from .runner import run_workload
 
@@ -107,7 +107,7 @@ def benchmark(study: Study, config_id: str, rdir: Path, *, progress: bool = True
     rec["model"] = model_record(h.get("tokenizer_dir") if h["mode"] == "launched" else None)
     try:
         return run_workload(server, study.workload, rdir, study=study.study, config_id=config_id, record=rec,
-                            progress=progress, log=log)
+                            progress=progress, log=log, resume=resume)
     finally:
         if rss:
             rss.stop()
@@ -128,6 +128,8 @@ def stop(rdir: Path, grace_s: float = 20.0) -> str:
     pid = h.get("pid")
     if not pid:
         return "attached server left running"
+    if not _is_engine(pid, h):
+        return "engine already stopped"
     try:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -146,6 +148,18 @@ def stop(rdir: Path, grace_s: float = 20.0) -> str:
         return "engine killed after grace period"
     except ProcessLookupError:
         return "engine stopped"
+
+
+def _is_engine(pid: int, handle: dict[str, Any]) -> bool:
+    """True when `pid` still runs the engine of this handle (guards against pid reuse)."""
+    import psutil
+
+    try:
+        cmd = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    want = (handle.get("info") or {}).get("command") or []
+    return bool(cmd) and cmd[:3] == want[:3]
 
 
 def _reap(pid: int) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-LEVEL_KEYS = ["config", "bucket", "target_input_tokens", "target_output_tokens", "concurrency"]
+LEVEL_KEYS = ["config", "bucket", "target_input_tokens", "target_output_tokens", "concurrency", "rate_rps"]
 
 # Tag every exported metric with its definition (design.md); the report prints this table.
 DEFINITIONS: dict[str, str] = {
@@ -35,8 +35,15 @@ def _pct(s: pd.Series, q: float) -> float:
     return float(np.percentile(s, q)) if len(s) else float("nan")
 
 
+def _with_level_keys(df: pd.DataFrame) -> pd.DataFrame:
+    if not df.empty and "rate_rps" not in df:
+        df = df.assign(rate_rps=0.0)  # closed-loop records from before open-loop arrivals existed
+    return df
+
+
 def round_throughput(df: pd.DataFrame) -> pd.DataFrame:
     """Aggregate output tok/s of each measured round: one row per (level, round)."""
+    df = _with_level_keys(df)
     if df.empty:
         return pd.DataFrame(columns=LEVEL_KEYS + ["round", "wall_s", "output_tokens_sum", "aggregate_output_tps"])
     m = df[~df["warmup"]]
@@ -56,6 +63,7 @@ def itl_values(g: pd.DataFrame) -> np.ndarray:
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:
     """One row per level (configuration x bucket x concurrency) of measured requests."""
+    df = _with_level_keys(df)
     if df.empty:
         return pd.DataFrame()
     rt = round_throughput(df)

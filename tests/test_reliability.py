@@ -1,0 +1,111 @@
+"""Reliability: a fault matrix against the reference server, SIGKILL + --resume, Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from servelab.config import Bucket, Workload
+from servelab.engine import Server
+from servelab.records import read_json, read_jsonl
+from servelab.runinfo import base_record
+from servelab.runner import run_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+
+EXPECTED = {"http_429": "http_status", "http_500": "http_status", "http_503": "http_status",
+            "reset": "disconnect", "stall": "timeout", "malformed": "malformed_stream",
+            "empty_choices": "no_tokens", "no_usage": "no_usage", "no_done": "malformed_stream"}
+
+
+@pytest.mark.parametrize("fault", sorted(EXPECTED))
+def test_fault_matrix_accounts_for_every_request(refserver, tmp_path, fault):
+    """Every third request faults: sent = succeeded + failed by reason, no successful record lost."""
+    s = refserver(ttft_s=0.005, itl_s=0.002, fault=fault, fault_every=3)
+    wl = Workload(buckets=[Bucket(input_tokens=20, output_tokens=10)], concurrency=[3], warmup_rounds=0, rounds=3,
+                  requests_per_round=2, timeout_s=1.0)
+    res = run_workload(Server(s.url, "ref"), wl, tmp_path / "r", study="t", config_id="r",
+                       record=base_record("t", "r"), progress=False, metrics_interval_s=None)
+    recs = read_jsonl(tmp_path / "r" / "records.jsonl")
+    ok = [r for r in recs if r["ok"]]
+    bad = [r for r in recs if not r["ok"]]
+    assert res.status == "complete" and len(recs) == 18
+    assert sorted(r["seq"] for r in recs) == list(range(18))
+    assert len(bad) == s.stats.faults[fault] == 6  # (tokenize probes are not completions)
+    assert {r["error_kind"] for r in bad} == {EXPECTED[fault]}
+    assert all(r["output_tokens"] == 10 and r["ttft_s"] > 0 for r in ok) and len(ok) == 12
+    row = res.summary.iloc[0]
+    assert row["sent"] == 18 and row["ok"] == 12 and row["failures"] == f"{EXPECTED[fault]}=6"
+    print(f"{fault}: sent 18, ok 12, {EXPECTED[fault]} 6")
+
+
+def _study(tmp_path: Path, url: str, rounds: int) -> Path:
+    d = {"study": "resume-test", "title": "resume", "host": {"kind": "attach", "attach": {"url": url}},
+         "workload": {"buckets": [{"input_tokens": 20, "output_tokens": 30}, {"input_tokens": 40, "output_tokens": 30}],
+                      "concurrency": [1, 2], "warmup_rounds": 0, "rounds": rounds, "timeout_s": 10},
+         "configurations": [{"id": "only"}]}
+    p = tmp_path / "resume-test.yaml"
+    p.write_text(yaml.safe_dump(d))
+    return p
+
+
+def _cli(args, env, **kw):
+    return subprocess.Popen([sys.executable, "-m", "servelab.cli", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def test_sigkill_mid_level_then_resume_is_complete_and_duplicate_free(refserver, tmp_path):
+    s = refserver(ttft_s=0.01, itl_s=0.01)  # ~0.3 s per request
+    params = _study(tmp_path, s.url, rounds=4)
+    env = {**os.environ, "SERVELAB_RUNS": str(tmp_path / "runs"), "SERVELAB_REPORTS": str(tmp_path / "reports")}
+    rdir = tmp_path / "runs" / "resume-test" / "only"
+    p = _cli(["run", str(params), "--no-notebooks", "--no-report"], env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # kill in the middle of the third level (in40 c=1)
+        if len(read_jsonl(rdir / "levels.jsonl")) >= 2 and len(read_jsonl(rdir / "records.jsonl")) >= 4 + 8 + 2:
+            break
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait(10)
+    before = read_jsonl(rdir / "records.jsonl")
+    done = read_jsonl(rdir / "levels.jsonl")
+    assert len(done) == 2 and read_json(rdir / "run.json")["status"] == "running"
+    kept = [r for r in before if r["level"] in {d["level"] for d in done}]
+    r = _cli(["run", str(params), "--no-notebooks", "--no-report", "--resume"], env)
+    out, err = r.communicate(timeout=120)
+    assert r.returncode == 0, err
+    after = read_jsonl(rdir / "records.jsonl")
+    # levels: 4 rounds x (1 + 2 + 1 + 2) = 24 requests in all, each level exactly once
+    assert len(after) == 24
+    per_level = {lv: sum(1 for x in after if x["level"] == lv) for lv in range(4)}
+    assert per_level == {0: 4, 1: 8, 2: 4, 3: 8}
+    assert len({x["seq"] for x in after}) == 24
+    assert [x for x in after if x["level"] in (0, 1)] == kept  # completed levels untouched
+    run = read_json(rdir / "run.json")
+    assert run["status"] == "complete" and run["resumed"][0]["skipped_levels"] == [0, 1]
+
+
+def test_ctrl_c_writes_partial_summary(refserver, tmp_path):
+    s = refserver(ttft_s=0.01, itl_s=0.02)
+    params = _study(tmp_path, s.url, rounds=20)
+    env = {**os.environ, "SERVELAB_RUNS": str(tmp_path / "runs"), "SERVELAB_REPORTS": str(tmp_path / "reports")}
+    rdir = tmp_path / "runs" / "resume-test" / "only"
+    p = _cli(["run", str(params), "--no-notebooks", "--no-report"], env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(read_jsonl(rdir / "records.jsonl")) < 3:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    run = read_json(rdir / "run.json")
+    assert run["status"] == "partial" and "interrupted by the user" in run["message"]
+    recs = read_jsonl(rdir / "records.jsonl")
+    assert run["records"] == len(recs) >= 3
+    assert (rdir / "summary.csv").exists()
+    assert p.returncode != 0
