@@ -4,14 +4,17 @@ re-rendering from data alone, and no overwrite without --force."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import uuid
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from servelab import report
 
@@ -24,13 +27,32 @@ def _servelab(*args, env, timeout=900):
                           text=True, timeout=timeout)
 
 
+CANARY = "sk-canary-" + uuid.uuid4().hex
+
+
 @pytest.fixture(scope="module")
 def study_run(tmp_path_factory):
+    """The default study, reduced, with a canary API key that the engine requires."""
     base = tmp_path_factory.mktemp("study")
-    env = {**os.environ, "SERVELAB_RUNS": str(base / "runs"), "SERVELAB_REPORTS": str(base / "reports")}
-    r = _servelab("run", "params/local-cpu.yaml", "--reduced", env=env)
+    params = yaml.safe_load((ROOT / "params" / "local-cpu.yaml").read_text())
+    params["engine"]["api_key_env"] = "SERVELAB_CANARY_API_KEY"
+    (base / "local-cpu.yaml").write_text(yaml.safe_dump(params))
+    env = {**os.environ, "SERVELAB_RUNS": str(base / "runs"), "SERVELAB_REPORTS": str(base / "reports"),
+           "SERVELAB_CANARY_API_KEY": CANARY}
+    r = _servelab("run", str(base / "local-cpu.yaml"), "--reduced", env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     return base, env, r
+
+
+def test_canary_secret_reaches_no_artifact(study_run):
+    base, _, r = study_run
+    files = [p for p in base.rglob("*") if p.is_file()]
+    assert len(files) > 20
+    leaks = [p for p in files if CANARY.encode() in p.read_bytes()]
+    assert leaks == [] and CANARY not in r.stdout + r.stderr
+    run = json.loads((base / "runs" / "local-cpu" / "roomy" / "run.json").read_text())
+    assert run["server"]["env"]["VLLM_API_KEY"] == "***"  # the engine did get a key
+    assert run["headline"]["success_rate"] == 1.0  # and the client authenticated with it
 
 
 def test_report_is_published_with_data(study_run):
@@ -74,7 +96,7 @@ def test_second_run_never_overwrites_published_report(study_run):
     base, env, _ = study_run
     index = base / "reports" / "local-cpu" / "index.html"
     mtime = index.stat().st_mtime_ns
-    r = _servelab("run", "params/local-cpu.yaml", "--reduced", env=env, timeout=120)
+    r = _servelab("run", str(base / "local-cpu.yaml"), "--reduced", env=env, timeout=120)
     assert r.returncode == 1
     assert "is published: pass --force to replace it" in r.stderr
     assert index.stat().st_mtime_ns == mtime

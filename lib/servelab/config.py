@@ -48,6 +48,20 @@ class EngineParams(Strict):
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables for the engine")
     startup_timeout_s: float = Field(600.0, gt=0, description="deadline for /health to answer 200")
     load_format: str | None = Field("dummy", description="vLLM --load-format (dummy: random weights)")
+    api_key_env: str | None = Field(
+        None, description="environment variable whose value the engine requires as API key (client sends it)")
+
+    @model_validator(mode="after")
+    def _no_secrets(self) -> "EngineParams":
+        from .secrets import SECRET_FLAG, SECRET_NAME
+
+        for k in self.args:
+            if SECRET_FLAG.search(k):
+                raise ValueError(f"args.{k}: secrets come only from the environment; use engine.api_key_env")
+        for k in self.env:
+            if SECRET_NAME.search(k):
+                raise ValueError(f"env.{k}: secrets come only from the environment, never from params")
+        return self
 
 
 class AttachParams(Strict):
@@ -59,8 +73,13 @@ class AttachParams(Strict):
 
     @model_validator(mode="after")
     def _url(self) -> "AttachParams":
+        from .secrets import SECRET_HEADER
+
         if not re.match(r"^https?://[^/\s]+", self.url):
             raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
+        for h in self.headers:
+            if SECRET_HEADER.match(h):
+                raise ValueError(f"header {h}: secrets come only from the environment; use api_key_env")
         return self
 
 
@@ -138,6 +157,15 @@ class Configuration(Strict):
     engine: dict[str, Any] = Field(default_factory=dict, description="overrides merged into the study's engine")
     note: str | None = Field(None, description="prose for the report")
 
+    @model_validator(mode="after")
+    def _known_overrides(self) -> "Configuration":
+        for k in self.engine:
+            if k not in EngineParams.model_fields:
+                close = difflib.get_close_matches(k, list(EngineParams.model_fields), n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                raise ValueError(f"engine.{k}: unknown key{hint}")
+        return self
+
 
 class Study(Strict):
     study: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="study id (folder name)")
@@ -160,8 +188,13 @@ class Study(Strict):
         dup = {i for i in ids if ids.count(i) > 1}
         if dup:
             raise ValueError(f"configuration ids must be unique, repeated: {sorted(dup)}")
-        for c in self.configurations:
-            resolve_engine(self.engine, c)  # raise early on a bad override
+        for i, c in enumerate(self.configurations):
+            try:
+                resolve_engine(self.engine, c)  # raise early on a bad override
+            except ValidationError as e:
+                first = e.errors()[0]
+                where = ".".join(str(x) for x in first["loc"])
+                raise ValueError(f"configurations[{i}].engine.{where}: {first['msg']}") from None
         if self.host.kind == "local" and self.engine.model is None:
             raise ValueError("a local host needs engine.model (preset or path)")
         return self
@@ -238,6 +271,8 @@ def format_errors(path: str | Path, err: ValidationError, model: type[BaseModel]
             msg = "unknown key" + (f" (did you mean '{close[0]}'?)" if close else f" (expected one of: {', '.join(known)})" if known else "")
         elif e["type"] == "missing":
             msg = "required key is missing"
+        elif e["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
         else:
             got = e.get("input")
             if not isinstance(got, (dict, list)):

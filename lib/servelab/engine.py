@@ -77,6 +77,8 @@ def build_command(p: EngineParams, model_dir: str, python: str | None = None) ->
                "--host", p.host, "--port", str(p.port)]
         if p.load_format:
             cmd += ["--load-format", p.load_format]
+        if p.api_key_env:  # SGLang takes the key only as a flag; records scrub its value
+            cmd += ["--api-key", os.environ.get(p.api_key_env, f"${p.api_key_env}")]
     return cmd + flag_args(p.args)
 
 
@@ -95,16 +97,24 @@ def engine_env(p: EngineParams, workdir: Path) -> dict[str, str]:
     extra.setdefault("VLLM_CACHE_ROOT", str(cache))
     extra.setdefault("TMPDIR", str(tmp))
     extra.update(p.env)
+    if p.api_key_env:
+        key = os.environ.get(p.api_key_env)
+        if not key:
+            raise EngineError(f"environment variable {p.api_key_env} (engine.api_key_env) is not set")
+        if p.kind == "vllm":
+            extra["VLLM_API_KEY"] = key  # through the environment, so the key never shows in argv
     env.update(extra)
     return env
 
 
 def log_tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
+    from .secrets import scrub
+
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return "(no engine log)"
-    return "\n".join(lines[-n:])
+    return scrub("\n".join(lines[-n:]))
 
 
 def _port_in_use(host: str, port: int) -> bool:
@@ -251,7 +261,7 @@ class Engine:
 
     def server(self) -> Server:
         return Server(base_url=self.base_url, model=self.model_dir, info=self.record(),
-                      tokenizer_dir=self.model_dir)
+                      tokenizer_dir=self.model_dir, headers=auth_headers(self.params.api_key_env))
 
     def record(self) -> dict[str, Any]:
         """What run.json keeps about the engine."""
@@ -268,6 +278,12 @@ class Engine:
             "base_url": self.base_url,
             "pid": self.proc.pid if self.proc else None,
         }
+
+
+def auth_headers(api_key_env: str | None) -> dict[str, str]:
+    """Authorization header from the named environment variable (none if not set)."""
+    key = os.environ.get(api_key_env) if api_key_env else None
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _get_version(base_url: str, headers: dict[str, str] | None = None) -> str | None:

@@ -260,7 +260,7 @@ def prefill_bound_s(active_params: float, prompt_tokens: float, flops: float) ->
     multiply-add per parameter per token; attention's quadratic term is ignored)."""
     if flops <= 0:
         raise ValueError("flops must be > 0")
-    return 1.0 * float(active_params) * float(prompt_tokens) / float(flops)
+    return 2.0 * float(active_params) * float(prompt_tokens) / float(flops)
 
 
 def _dtype_bytes(facts: Mapping[str, Any]) -> float:

@@ -20,6 +20,7 @@ from . import stages
 from .config import Study, load_study
 from .engine import EngineError, build_command
 from .records import RECORDS, write_json
+from .secrets import scrub_file, scrub_tree
 
 STAGES = ["01_provision", "02_launch", "03_benchmark", "04_diagnose"]
 WRITEUP = "05_writeup"
@@ -63,6 +64,8 @@ def execute_notebook(name: str, out_dir: Path, parameters: dict[str, Any], *, lo
                             request_save_on_cell_execute=True)
     finally:
         nb_in.unlink(missing_ok=True)
+        if nb_out.exists():
+            scrub_file(nb_out)
     return nb_out
 
 
@@ -179,6 +182,7 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
             _log(str(e))
             failed.append(cid)
             break
+    scrub_tree(root)  # engine logs and anything else written by child processes
     df = load_records([root / c for c in configs])
     print(format_table(summarize(df)))
     _log(f"measured {len(configs) - len(failed)} configuration(s) in {time.monotonic() - t0:.0f} s")
@@ -208,6 +212,7 @@ def publish(study_id: str, run_root: Path, *, force: bool = False) -> Path:
         for f in ("records.jsonl", "run.json", "server_metrics.jsonl", "summary.csv", "engine.log"):
             if (cdir / f).exists():
                 shutil.copy(cdir / f, dst / f)
+    scrub_tree(data)
     render(study_id, keep_dir=run_root)
     return pub / "index.html"
 

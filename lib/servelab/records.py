@@ -21,13 +21,19 @@ class RecordWriter:
     """Appends JSON lines; each line is flushed and fsynced so a killed run keeps it."""
 
     def __init__(self, path: Path) -> None:
+        from .secrets import secret_values
+
+        self._secrets = secret_values()
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = open(self.path, "a", encoding="utf-8")
         self.count = 0
 
     def write(self, rec: dict[str, Any]) -> None:
-        self._f.write(json.dumps(rec, separators=(",", ":"), default=str) + "\n")
+        from .secrets import scrub
+
+        line = json.dumps(rec, separators=(",", ":"), default=str)
+        self._f.write((scrub(line, self._secrets) if self._secrets else line) + "\n")
         self._f.flush()
         os.fsync(self._f.fileno())
         self.count += 1
@@ -75,7 +81,9 @@ def write_json(path: Path, obj: Any) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str, ensure_ascii=False) + "\n", encoding="utf-8")
+    from .secrets import scrub
+
+    tmp.write_text(scrub(json.dumps(obj, indent=2, default=str, ensure_ascii=False)) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 

@@ -296,7 +296,9 @@ def notebook_to_html(nb_path: Path, out: Path, title: str = "servelab report") -
     exp = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
     body, _ = exp.from_notebook_node(nb, resources={"metadata": {"name": title}})
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(body, encoding="utf-8")
+    from .secrets import scrub
+
+    out.write_text(scrub(body), encoding="utf-8")
     return out
 
 

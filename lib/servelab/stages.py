@@ -82,9 +82,11 @@ def launch(study: Study, config_id: str, rdir: Path) -> dict[str, Any]:
     return handle
 
 
-def server_from_handle(rdir: Path, study: Study) -> Server:
+def server_from_handle(rdir: Path, study: Study, config_id: str) -> Server:
     h = read_json(rdir / ENGINE_JSON)
-    headers: dict[str, str] = {}
+    from .engine import auth_headers
+
+    headers: dict[str, str] = auth_headers(study.engine_for(config_id).api_key_env) if h["mode"] == "launched" else {}
     if study.host.kind == "attach" and study.host.attach:
         headers = attach(study.host.attach).headers  # re-reads the key from the environment
     return Server(base_url=h["base_url"], model=h["model"], headers=headers, info=h["info"],
@@ -96,7 +98,7 @@ def benchmark(study: Study, config_id: str, rdir: Path, *, progress: bool = True
     """Run the study's workload against the configuration's server; returns RunResult."""
     from .runner import run_workload
 
-    server = server_from_handle(rdir, study)
+    server = server_from_handle(rdir, study, config_id)
     h = read_json(rdir / ENGINE_JSON)
     rss = _RssWatcher(h["pid"]) if h.get("pid") else None
     if rss:
