@@ -65,3 +65,61 @@ Markdown(f"## {sd.t('repro')}")
 
 # %%
 report.repro_table(sd)
+
+# %%
+Markdown("## Diagnosis\n\n### TTFT vs prompt length\n\n"
+         "A least-squares fit of TTFT = overhead + prompt tokens / prefill rate over the measured "
+         "requests at concurrency 1.")
+
+# %%
+report.prefill_fit_table(sd)
+
+# %%
+Markdown(f"### Saturation and goodput\n\n{report.slo_text(sd)} The knee is the lowest concurrency after "
+         "which each doubling adds less than 10% aggregate throughput.")
+
+# %%
+report.saturation_table(sd)
+
+# %%
+Markdown("### KV-cache residency\n\nKV usage, running and waiting requests and preemptions, sampled from the "
+         "engine's `/metrics` during every level.")
+
+# %%
+for cid in sd.config_ids:
+    text, table, fig = report.kv_section(sd, cid)
+    display(Markdown(text))
+    display(table)
+
+# %%
+hw_table, efficiency = report.roofline_table(sd)
+Markdown("### Roofline\n\nDecode is memory-bound: a step reads every weight plus the KV cache, so time per token "
+         "≥ bytes / bandwidth. Efficiency = bound / measured TPOT.")
+
+# %%
+hw_table
+
+# %%
+efficiency
+
+# %%
+spec_text, spec_table = report.spec_section(sd)
+Markdown(f"### Speculative decoding\n\n{spec_text}")
+
+# %%
+spec_table
+
+# %%
+Markdown("### One change at a time\n\nEach configuration against the previous one; a change is attributed only "
+         "when exactly one setting differs.")
+
+# %%
+report.one_change_table(sd)
+
+# %%
+Markdown(f"### Observation → first check (seed 002)\n\n{report.client_overhead_text(sd)}")
+
+# %%
+for cid in sd.config_ids:
+    display(Markdown(f"**{cid}**"))
+    display(report.symptom_table(sd, cid))

@@ -44,7 +44,7 @@ from typing import Any
 
 import matplotlib
 
-matplotlib.use("Agg")
+
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402

@@ -353,3 +353,176 @@ def check_in_browser(html_path: Path, screenshot: Path | None = None, chromium: 
         finally:
             b.close()
     return res
+
+
+# -- diagnosis sections (issue: diagnosis) ---------------------------------------------------------
+
+def _samples(sd: StudyData, cid: str) -> pd.DataFrame | None:
+    from .metrics import load_samples
+
+    p = sd.metrics_paths.get(cid)
+    return load_samples(p) if p else None
+
+
+def _facts(sd: StudyData, cid: str) -> dict[str, Any]:
+    return ((sd.runs.get(cid) or {}).get("model") or {}).get("facts") or {}
+
+
+def prefill_fit_table(sd: StudyData) -> pd.DataFrame:
+    """TTFT = overhead + prompt_tokens / prefill_rate at concurrency 1, per configuration."""
+    from .diagnose import fit_prefill
+
+    fits = fit_prefill(sd.records[~sd.records["warmup"]] if not sd.records.empty else sd.records)
+    rows = []
+    for cid in sd.config_ids:
+        f = fits.get(cid)
+        if not f:
+            continue
+        def pm(v: float, se: float, scale: float = 1.0, nd: int = 0) -> str:
+            if v != v:  # nan
+                return "n/a"
+            return f"{v * scale:.{nd}f}" + (f" ± {se * scale:.{nd}f}" if se == se else "")
+        rows.append({"configuration": cid, "prefill tok/s (± SE)": pm(f["prefill_tps"], f["prefill_tps_se"]),
+                     "fixed overhead ms (± SE)": pm(f["overhead_s"], f["overhead_s_se"], 1000, 1),
+                     "r²": round(f["r2"], 3) if f["r2"] == f["r2"] else None, "requests": f["n"],
+                     "note": f.get("note") or ""})
+    return pd.DataFrame(rows).set_index("configuration") if rows else pd.DataFrame()
+
+
+def saturation_table(sd: StudyData) -> pd.DataFrame:
+    """Knee (where doubling concurrency stops paying) and goodput under the study's SLO."""
+    from .diagnose import goodput, knee
+
+    if sd.summary.empty:
+        return pd.DataFrame()
+    k = knee(sd.summary)
+    g = goodput(sd.summary, sd.study.get("slo") or {})
+    t = k.merge(g, on=["config", "bucket"], how="outer")
+    cols = ["config", "bucket", "knee_concurrency", "reason", "goodput_concurrency", "aggregate_output_tps",
+            "failing"]
+    return t[[c for c in cols if c in t]].rename(columns={"aggregate_output_tps": "aggregate tok/s at goodput",
+                                                          "reason": "knee rule"}).set_index(["config", "bucket"])
+
+
+def slo_text(sd: StudyData) -> str:
+    slo = sd.study.get("slo") or {}
+    parts = []
+    if slo.get("ttft_p95_s"):
+        parts.append(f"p95 TTFT ≤ {slo['ttft_p95_s'] * 1000:.0f} ms")
+    if slo.get("tpot_p95_s"):
+        parts.append(f"p95 TPOT ≤ {slo['tpot_p95_s'] * 1000:.0f} ms")
+    parts.append(f"error rate ≤ {slo.get('error_rate', 0.01) * 100:.1f}%")
+    return "SLO: " + ", ".join(parts) + ". Goodput is the highest load level meeting all of them."
+
+
+def kv_section(sd: StudyData, cid: str) -> tuple[str, pd.DataFrame, Any]:
+    """Verdict sentence, per-level residency table and time-series figure of one configuration."""
+    from .diagnose import kv_residency, kv_timeseries, kv_verdict
+
+    s = _samples(sd, cid)
+    if s is None or s.empty:
+        return f"**{cid}**: the server exposed no `/metrics`; KV residency cannot be assessed.", pd.DataFrame(), None
+    run = sd.runs[cid]
+    v = kv_verdict(s, facts=_facts(sd, cid) or None, engine_args=run.get("engine_params"))
+    verdict = ("**KV capacity limits concurrency.** " if v["limited"] else "**KV capacity does not limit concurrency.** ")
+    res = kv_residency(s)
+    cols = {"level": "level", "kv_usage_max_frac": "KV max %", "running_max": "running max", "waiting_max": "waiting max",
+            "preemptions_delta": "preemptions", "crowded_samples": "samples waiting at KV ≥ 90%"}
+    t = res[[c for c in cols if c in res]].rename(columns=cols)
+    if "KV max %" in t:
+        t["KV max %"] = (t["KV max %"] * 100).round(1)
+    fig = kv_timeseries(s, title=f"KV cache and scheduler over time: {cid}")
+    return f"**{cid}**: {verdict}{v['sentence']}", t.set_index("level"), fig
+
+
+def roofline_table(sd: StudyData) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(hardware table, measured vs bound per level). The local CPU entry is the one measured
+    during the run (run.json hardware_measured); a GPU entry is picked by the GPU's name."""
+    from .hardware import HARDWARE, get_hardware, local_cpu_entry, roofline_efficiency
+
+    def row(h: dict[str, Any], source: str | None = None) -> dict[str, Any]:
+        return {"hardware": h["name"], "memory GB": (h.get("memory_bytes") or 0) / 1e9 or None,
+                "bandwidth TB/s": h["memory_bandwidth_Bps"] / 1e12,
+                "bf16 dense TFLOP/s": (h.get("bf16_dense_flops") or 0) / 1e12 or None,
+                "fp8 dense TFLOP/s": (h.get("fp8_dense_flops") or 0) / 1e12 or None,
+                "source": source or f"{h.get('source', '')} ({h.get('as_of', '')})"}
+
+    hw_rows = [row(h) for h in HARDWARE]
+    eff = []
+    for cid in sd.config_ids:
+        run = sd.runs[cid]
+        facts = _facts(sd, cid)
+        if not facts:
+            continue
+        gpus = (run.get("client_host") or {}).get("gpus") or []
+        if run.get("hardware_measured"):
+            hw = local_cpu_entry(run["hardware_measured"])
+            hw_rows.append(row(hw, f"measured in this run ({cid}): numpy copy bandwidth, float32 matmul"))
+        elif gpus:
+            try:
+                hw = get_hardware(gpus[0]["name"])
+            except KeyError:
+                continue
+        else:
+            continue
+        e = roofline_efficiency(sd.summary[sd.summary["config"] == cid], facts, hw)
+        eff.append(e)
+    hw_t = pd.DataFrame(hw_rows).drop_duplicates(subset=["hardware", "source"]).set_index("hardware").round(3)
+    eff_t = pd.concat(eff) if eff else pd.DataFrame()
+    return hw_t, eff_t
+
+
+def spec_section(sd: StudyData) -> tuple[str, pd.DataFrame]:
+    """Speculative decoding: acceptance from server counters, A/B against the previous
+    configuration, and CUDA-graph capture-size warnings (seed 001's pitfall)."""
+    from .diagnose import capture_size_warnings, spec_ab, spec_stats
+
+    lines, tables = [], []
+    conc = sd.study["workload"].get("concurrency", [])
+    for i, cid in enumerate(sd.config_ids):
+        args = (sd.runs[cid].get("engine_params") or {}).get("args") or {}
+        for w in capture_size_warnings(args, conc):
+            lines.append(f"- ⚠ **{cid}**: {w}")
+        if "speculative-config" not in args and "speculative-algorithm" not in args:
+            continue
+        s = _samples(sd, cid)
+        st = spec_stats(s) if s is not None else {}
+        lines.append(f"- **{cid}**: acceptance rate {st.get('acceptance_rate', float('nan')):.1%}, mean acceptance "
+                     f"length {st.get('mean_acceptance_length', float('nan')):.2f} ({st.get('source') or st.get('note')})")
+        if i:
+            base = sd.config_ids[i - 1]
+            ab = spec_ab(sd.summary[sd.summary["config"] == base], sd.summary[sd.summary["config"] == cid])
+            tables.append(ab.assign(config=cid, baseline=base))
+    if not lines:
+        lines.append("No configuration of this study uses speculative decoding, and no CUDA-graph capture-size "
+                     "problem was found.")
+    return "\n".join(lines), pd.concat(tables) if tables else pd.DataFrame()
+
+
+def one_change_table(sd: StudyData) -> pd.DataFrame:
+    """Each configuration against the previous: the variable that differs and the % changes."""
+    from .diagnose import compare_configs
+
+    if len(sd.config_ids) < 2:
+        return pd.DataFrame()
+    t = compare_configs([(c, sd.runs[c].get("engine_params") or {}) for c in sd.config_ids], sd.summary)
+    keep = ["config", "baseline", "changed", "bucket", "concurrency", "ttft_p50_change_pct", "aggregate_change_pct",
+            "decode_change_pct", "warning"]
+    return t[[c for c in keep if c in t]].round(1)
+
+
+def symptom_table(sd: StudyData, cid: str) -> pd.DataFrame:
+    """Seed 002's observation -> first check table, filled from this configuration's data."""
+    from .diagnose import symptoms
+
+    return symptoms(sd.summary, _samples(sd, cid), slo=sd.study.get("slo"), config=cid).set_index("observation")
+
+
+def client_overhead_text(sd: StudyData) -> str:
+    """Levels where the client itself may have limited the result (run.json client_limited_levels)."""
+    lines = []
+    for cid in sd.config_ids:
+        for lv in sd.runs[cid].get("client_limited_levels") or []:
+            lines.append(f"- ⚠ **{cid}** {lv['label']} round {lv['round'] + 1}: {'; '.join(lv['reasons'])}")
+    return ("The client limited these measurements, not the server:\n" + "\n".join(lines)) if lines else \
+        "The client's event loop and CPU stayed within limits at every measured level (no client-limited level)."

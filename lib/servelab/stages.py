@@ -107,6 +107,11 @@ def benchmark(study: Study, config_id: str, rdir: Path, *, progress: bool = True
     rec["configuration"] = study.config(config_id).model_dump()
     rec["engine_params"] = study.engine_for(config_id).model_dump()
     rec["model"] = model_record(h.get("tokenizer_dir") if h["mode"] == "launched" else None)
+    if h["mode"] == "launched" and not rec["client_host"].get("gpus"):
+        # the engine runs on this CPU: measure its memory bandwidth and matmul rate for the roofline
+        from .hardware import measure_cpu_bandwidth
+
+        rec["hardware_measured"] = measure_cpu_bandwidth(seconds=1.0)
     try:
         return run_workload(server, study.workload, rdir, study=study.study, config_id=config_id, record=rec,
                             progress=progress, log=log, resume=resume)
