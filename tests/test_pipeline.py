@@ -118,3 +118,23 @@ def test_nbval_on_executed_notebooks(study_run, tmp_path):
 
     passed = int(re.search(r"(\d+) passed", r.stdout).group(1))
     assert passed >= 15  # every cell of the three notebooks is one nbval item
+
+
+def test_kv_verdicts_tight_vs_roomy(study_run):
+    """The tight KV cache shows near-full usage and waiting requests; the roomy one does not."""
+    from servelab.diagnose import kv_verdict
+    from servelab.metrics import load_samples
+
+    base, _, _ = study_run
+    data = base / "reports" / "local-cpu" / "data"
+    tight = kv_verdict(load_samples(data / "kv-tight" / "server_metrics.jsonl"))
+    roomy = kv_verdict(load_samples(data / "roomy" / "server_metrics.jsonl"))
+    assert tight["limited"] and tight["kv_usage_max_frac"] >= 0.9
+    assert tight["waiting_max"] > 0 or tight["preemptions_delta"] > 0
+    assert not roomy["limited"] and roomy["kv_usage_max_frac"] < 0.5 and roomy["waiting_max"] == 0
+    html = (base / "reports" / "local-cpu" / "index.html").read_text()
+    assert "kv-tight</strong>: <strong>KV capacity limits concurrency." in html
+    assert "roomy</strong>: <strong>KV capacity does not limit concurrency." in html
+    for section in ("TTFT vs prompt length", "Saturation and goodput", "KV-cache residency", "Roofline",
+                    "Speculative decoding", "One change at a time", "Observation → first check"):
+        assert section in html

@@ -92,6 +92,18 @@ def cmd_report(a: argparse.Namespace) -> int:
     return render_reports(None if a.all else a.study)
 
 
+def cmd_calibrate(a: argparse.Namespace) -> int:
+    """Client self-check against the reference server (servelab.selfcheck)."""
+    from .selfcheck import calibrate
+
+    out = Path(a.out or Path("runs") / "selfcheck" / f"{datetime.now():%Y%m%d-%H%M%S}.json")
+    df = calibrate(levels=a.levels, ttft_s=a.ttft, itl_s=a.itl, tokens=a.tokens, workers=a.workers,
+                   server_process=not a.in_process, tokens_per_chunk=a.tokens_per_chunk, api=a.api,
+                   port=a.port, uvloop_server=not a.no_uvloop, late_ms=a.late_ms, out=out)
+    print(f"self-check: {out}")
+    return 0 if len(df) else EXIT_FAIL
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="servelab", description="Reproducible LLM serving benchmarks")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -143,6 +155,21 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("study", nargs="?")
     rep.add_argument("--all", action="store_true")
     rep.set_defaults(fn=cmd_report)
+
+    cal = sub.add_parser("calibrate", help="client self-check: servelab's error against the reference server")
+    cal.add_argument("--levels", type=_ints, default=[1, 4, 16, 64, 256, 512, 1024], help="concurrent streams")
+    cal.add_argument("--ttft", type=float, default=0.1, help="programmed TTFT (s)")
+    cal.add_argument("--itl", type=float, default=0.02, help="programmed inter-token gap (s)")
+    cal.add_argument("--tokens", type=int, default=64, help="output tokens per request")
+    cal.add_argument("--tokens-per-chunk", type=int, default=1)
+    cal.add_argument("--workers", type=int, default=1, help="client processes")
+    cal.add_argument("--api", choices=["chat", "completions"], default="chat")
+    cal.add_argument("--port", type=int, help="reference server port (default: first free from 8050)")
+    cal.add_argument("--late-ms", type=float, default=5.0, help="a chunk arriving this late is counted late")
+    cal.add_argument("--in-process", action="store_true", help="run the reference server in a thread here")
+    cal.add_argument("--no-uvloop", action="store_true", help="reference server on the default asyncio loop")
+    cal.add_argument("--out", help="result JSON (default runs/selfcheck/<timestamp>.json)")
+    cal.set_defaults(fn=cmd_calibrate)
     return p
 
 

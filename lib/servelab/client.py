@@ -99,6 +99,7 @@ class Result:
     chunk_times_s: list[float] = field(default_factory=list)  # offsets of text chunks from start
     finish_reason: str | None = None
     output_chars: int = 0
+    server_chunk_ns: list[int] = field(default_factory=list)  # emission stamps (reference server only)
 
     @property
     def decode_tps(self) -> float | None:
@@ -167,6 +168,8 @@ class StreamParser:
                     self.r.ttft_s = t_s
                 self.r.n_text_chunks += 1
                 self.r.chunk_times_s.append(t_s)
+                if "servelab_t_ns" in obj:
+                    self.r.server_chunk_ns.append(obj["servelab_t_ns"])
                 d = ch.get("delta") or {}
                 self.r.output_chars += len(d.get("content") or d.get("reasoning_content") or d.get("reasoning") or ch.get("text") or "")
             if ch.get("finish_reason"):

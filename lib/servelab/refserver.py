@@ -227,10 +227,13 @@ class RefServer:
             text = " tok" * step
             choice = ({"index": 0, "delta": {"content": text}, "finish_reason": None} if chat
                       else {"index": 0, "text": text, "finish_reason": None})
+            # emission time on the machine-wide monotonic clock: the self-check compares it with
+            # the client's arrival time, and with the schedule (server lateness)
+            stamp = {"servelab_t_ns": time.perf_counter_ns(), "servelab_due_ns": int((t0 + due) * 1e9)}
             if fault == "empty_choices":
-                await event({**base, "choices": []})
+                await event({**base, "choices": [], **stamp})
             else:
-                await event({**base, "choices": [choice]})
+                await event({**base, "choices": [choice], **stamp})
             self.stats.generation_tokens_total += step
         if fault != "empty_choices":
             fin = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
@@ -244,3 +247,39 @@ class RefServer:
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         return fault != "no_done"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the reference server in the foreground (its own process: own core, own GIL)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m servelab.refserver")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8100)
+    ap.add_argument("--ttft", type=float, default=0.05, help="seconds to the first token")
+    ap.add_argument("--itl", type=float, default=0.01, help="seconds between tokens")
+    ap.add_argument("--jitter", type=float, default=0.0)
+    ap.add_argument("--tokens-per-chunk", type=int, default=1)
+    ap.add_argument("--fault", choices=FAULTS)
+    ap.add_argument("--fault-every", type=int, default=0)
+    ap.add_argument("--uvloop", action="store_true", help="use uvloop if installed (faster at many streams)")
+    a = ap.parse_args(argv)
+    if a.uvloop:
+        try:
+            import uvloop
+
+            uvloop.install()
+        except ImportError:
+            pass
+    srv = RefServer(Behaviour(ttft_s=a.ttft, itl_s=a.itl, jitter_s=a.jitter, tokens_per_chunk=a.tokens_per_chunk,
+                              fault=a.fault, fault_every=a.fault_every), a.host, a.port)
+    srv.start()
+    print(f"reference server on {srv.url}", flush=True)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        srv.stop()
+
+
+if __name__ == "__main__":
+    main()
