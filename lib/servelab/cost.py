@@ -57,14 +57,20 @@ class CostParams(BaseModel):
     @classmethod
     def _known(cls, keys: list[str]) -> list[str]:
         for k in keys:
-            resolve_managed([k])  # raises with a suggestion
+            try:
+                resolve_managed([k])
+            except PriceError as e:
+                raise ValueError(str(e)) from None
         return keys
 
     @field_validator("replay_price")
     @classmethod
     def _known_replay(cls, key: str | None) -> str | None:
         if key is not None:
-            resolve_managed([key])
+            try:
+                resolve_managed([key])
+            except PriceError as e:
+                raise ValueError(str(e)) from None
         return key
 
 

@@ -294,5 +294,5 @@ def ec2_hourly_usd(instance_type: str, region: str, *, cache_dir: str | Path | N
         except Exception as e:  # noqa: BLE001 - any failure falls back to the table, and says so
             why = f"Pricing API unavailable: {type(e).__name__}: {str(e)[:160]}"
     p = table_price(instance_type, region, table)
-    note = "; ".join(x for x in (p.note, why) if x)
+    note = "; ".join(x for x in (p.note, why) if x) or None
     return Price(p.usd_per_hour, p.source, p.as_of, p.instance_type, p.region, p.status, note)
