@@ -45,8 +45,15 @@ def aws(monkeypatch):
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
     monkeypatch.setenv("SERVELAB_AWS_ACCOUNT_ID", ACCOUNT)
-    with mock_aws():
-        yield
+    from moto.moto_api import state_manager
+
+    # moto walks a task from RUNNING to STOPPED on every describe; a served engine stays up
+    state_manager.set_transition(model_name="ecs::task", transition={"progression": "manual", "times": 10**9})
+    try:
+        with mock_aws():
+            yield
+    finally:
+        state_manager.unset_transition(model_name="ecs::task")
 
 
 def build_stack(region: str, *, protect: bool = False, other_service: bool = False) -> dict:
@@ -77,7 +84,7 @@ def build_stack(region: str, *, protect: bool = False, other_service: bool = Fal
     ecs.put_cluster_capacity_providers(cluster=CLUSTER, capacityProviders=[CP],
                                        defaultCapacityProviderStrategy=[{"capacityProvider": CP, "weight": 1}])
     td = ecs.register_task_definition(family="llm-vllm", networkMode="bridge", containerDefinitions=[{
-        "name": "vllm", "image": "vllm/vllm-openai:v0.26.0", "memory": 180000, "essential": True,
+        "name": "vllm", "image": "vllm/vllm-openai:v0.26.0", "memory": 1024, "essential": True,  # moto places by memory; the real one asks ~180 GB
         "portMappings": [{"containerPort": 8000, "hostPort": 8000}],
         "environment": [{"name": "HF_HOME", "value": "/cache"}],
         "mountPoints": [{"sourceVolume": "model-cache", "containerPath": "/cache"}],

@@ -100,3 +100,11 @@ def test_malformed_params_error_lines(tmp_path, name):
 
 def test_there_are_at_least_20_cases():
     assert len(CASES) >= 20 and set(CASES) == set(EXPECTED)
+
+
+def test_counts_named_tokens_are_not_secrets(tmp_path):
+    d = m(["engine", "args", "max-num-batched-tokens"], 4096)
+    d["engine"]["env"] = {"VLLM_MAX_TOKENS_PER_STEP": "1"}
+    p = tmp_path / "ok.yaml"
+    p.write_text(yaml.safe_dump(d))
+    assert load_study(p).engine.args["max-num-batched-tokens"] == 4096

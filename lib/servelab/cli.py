@@ -79,8 +79,27 @@ def cmd_run(a: argparse.Namespace) -> int:
     from .pipeline import run_study
 
     study = load_study(a.params)
+    if a.url:
+        if study.host.kind != "attach" or study.host.attach is None:
+            raise ParamsError(f"{a.params}: --url needs host.kind: attach")
+        study = study.model_copy(update={"host": study.host.model_copy(
+            update={"attach": study.host.attach.model_copy(update={"url": a.url})})})
     return run_study(study, Path(a.params), only=a.config, reduced=a.reduced, force=a.force,
                      dry_run=a.dry_run, notebooks=not a.no_notebooks, report=not a.no_report, resume=a.resume)
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    """Start (or stop) a configuration's engine detached, for studies that attach to it."""
+    from . import stages
+
+    study = load_study(a.params)
+    if a.stop:
+        print(f"{a.config}: {stages.stop_served(study.study, a.config)}")
+        return 0
+    env = dict(e.split("=", 1) for e in a.env or [])
+    h = stages.serve(study, a.config, port=a.port, env=env)
+    print(f"{a.config}: serving on {h['base_url']} (pid {h['pid']}, healthy after {h['startup_s']:.0f} s)")
+    return 0
 
 
 def cmd_report(a: argparse.Namespace) -> int:
@@ -149,7 +168,16 @@ def parser() -> argparse.ArgumentParser:
                    help="continue an interrupted run from its first incomplete level (completed levels are kept)")
     r.add_argument("--no-notebooks", action="store_true", help="call the stages directly, no papermill")
     r.add_argument("--no-report", action="store_true", help="measure only")
+    r.add_argument("--url", help="override host.attach.url (attach studies)")
     r.set_defaults(fn=cmd_run)
+
+    sv = sub.add_parser("serve", help="start a configuration's engine detached (for attach studies)")
+    sv.add_argument("params")
+    sv.add_argument("--config", required=True)
+    sv.add_argument("--port", type=int, help="override engine.port")
+    sv.add_argument("--env", action="append", help="extra NAME=value for the engine (e.g. CUDA_VISIBLE_DEVICES=1)")
+    sv.add_argument("--stop", action="store_true", help="stop the engine started for this configuration")
+    sv.set_defaults(fn=cmd_serve)
 
     rep = sub.add_parser("report", help="re-render published reports from their data/ (no server)")
     rep.add_argument("study", nargs="?")

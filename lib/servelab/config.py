@@ -155,6 +155,10 @@ class Configuration(Strict):
     id: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="run folder name")
     label: str | None = Field(None, description="human label in the report")
     engine: dict[str, Any] = Field(default_factory=dict, description="overrides merged into the study's engine")
+    workload: dict[str, Any] = Field(
+        default_factory=dict,
+        description="overrides of the study's workload for this configuration only (e.g. a saturation sweep); "
+                    "the report compares configurations on the levels they share")
     note: str | None = Field(None, description="prose for the report")
 
     @model_validator(mode="after")
@@ -190,6 +194,12 @@ class Study(Strict):
             raise ValueError(f"configuration ids must be unique, repeated: {sorted(dup)}")
         for i, c in enumerate(self.configurations):
             try:
+                Workload.model_validate(_merge(self.workload.model_dump(), c.workload))
+            except ValidationError as e:
+                first = e.errors()[0]
+                where = ".".join(str(x) for x in first["loc"])
+                raise ValueError(f"configurations[{i}].workload.{where}: {first['msg']}") from None
+            try:
                 resolve_engine(self.engine, c)  # raise early on a bad override
             except ValidationError as e:
                 first = e.errors()[0]
@@ -210,6 +220,10 @@ class Study(Strict):
             if c.id == config_id:
                 return c
         raise KeyError(f"study {self.study!r} has no configuration {config_id!r}; have {[c.id for c in self.configurations]}")
+
+    def workload_for(self, config_id: str) -> Workload:
+        """The study's workload with the configuration's overrides (usually none)."""
+        return Workload.model_validate(_merge(self.workload.model_dump(), self.config(config_id).workload))
 
     def engine_for(self, config_id: str) -> EngineParams:
         return resolve_engine(self.engine, self.config(config_id))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,8 +25,8 @@ from typing import Any
 import httpx
 
 from .config import AttachParams, EngineParams
+from .secrets import SECRET_NAME as SECRET_ENV
 
-SECRET_ENV = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.I)
 LOG_TAIL_LINES = 30
 
 # Environment the CPU build needs on a small machine (../shared/cpu-engine.md).
@@ -84,7 +85,11 @@ def build_command(p: EngineParams, model_dir: str, python: str | None = None) ->
 
 def engine_env(p: EngineParams, workdir: Path) -> dict[str, str]:
     env = dict(os.environ)
-    extra = dict(VLLM_CPU_ENV) if p.kind == "vllm" else {"HF_HUB_OFFLINE": "1"}
+    extra = {"HF_HUB_OFFLINE": "1"}
+    if p.kind == "vllm":
+        extra = dict(VLLM_CPU_ENV)
+        if shutil.which("nvidia-smi"):  # in-process engine core is a CPU-only remedy (cpu-engine.md)
+            extra.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
     from .modelmake import default_cache_root
 
     # A shared compile cache keeps restarts warm; TMPDIR stays short because the engine binds

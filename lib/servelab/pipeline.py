@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from . import stages
 from .config import Study, load_study
 from .engine import EngineError, build_command
@@ -175,8 +177,12 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
     for cid in todo:
         rdir = root / cid
         _log(f"configuration {cid}: {'resume' if resume and rdir.exists() else 'start'}")
+        rdir.mkdir(parents=True, exist_ok=True)
+        # the notebooks read the study as validated here (--reduced and --url applied)
+        effective = rdir / "params.effective.yaml"
+        effective.write_text(yaml.safe_dump(json.loads(study.model_dump_json()), sort_keys=False))
         try:
-            run_config(study, params_path, cid, rdir, notebooks=notebooks, reduced=reduced,
+            run_config(study, effective, cid, rdir, notebooks=notebooks, reduced=False,
                        resume=resume and (rdir / RECORDS).exists())
         except (StageFailed, EngineError, RuntimeError) as e:
             _log(str(e))

@@ -14,8 +14,10 @@ import os
 import re
 from pathlib import Path
 
-SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL|ACCESS_KEY|SESSION_KEY)", re.I)
-SECRET_FLAG = re.compile(r"(api[-_]?key|token|secret|password|credential)", re.I)
+# Names that END in a secret word ("VLLM_API_KEY", "HF_TOKEN", "hf-token"); plurals such as
+# "max-num-batched-tokens" are counts, not secrets.
+SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|CREDENTIALS?|ACCESS_KEY|SESSION_KEY)$", re.I)
+SECRET_FLAG = re.compile(r"(?:^|[-_])(api[-_]?key|token|secret|password|credentials?)$", re.I)
 SECRET_HEADER = re.compile(r"^(authorization|x-api-key|api-key|proxy-authorization)$", re.I)
 MIN_LEN = 6
 MASK = "***"

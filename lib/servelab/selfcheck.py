@@ -69,7 +69,7 @@ COLUMNS = ["streams", "requests", "ok", "failed", "wall_s",
 
 # -- the reference server in its own process ---------------------------------------------------
 
-def _free_port(host: str, start: int, stop: int = 8069) -> int:
+def free_port(host: str, start: int, stop: int = 8069) -> int:
     for p in range(start, stop + 1):
         with socket.socket() as s:
             try:
@@ -87,7 +87,7 @@ class RefProcess:
                  port: int | None = None, host: str = "127.0.0.1", uvloop: bool = True,
                  extra_args: Iterable[str] = ()) -> None:
         self.host = host
-        self.port = port or _free_port(host, DEFAULT_PORT)
+        self.port = port or free_port(host, DEFAULT_PORT)
         self.cmd = [sys.executable, "-m", "servelab.refserver", "--host", host, "--port", str(self.port),
                     "--ttft", repr(ttft_s), "--itl", repr(itl_s), "--jitter", repr(jitter_s),
                     "--tokens-per-chunk", str(tokens_per_chunk), *(["--uvloop"] if uvloop else []), *extra_args]

@@ -71,7 +71,14 @@ def launch(study: Study, config_id: str, rdir: Path) -> dict[str, Any]:
     if study.host.kind == "attach":
         assert study.host.attach is not None
         srv = attach(study.host.attach)
-        handle = {"mode": "attached", "base_url": srv.base_url, "model": srv.model, "info": srv.info,
+        info = dict(srv.info)
+        served = served_path(study.study, config_id)
+        if served.exists():  # started by `servelab serve`: keep its command, env, start-up time
+            info["served"] = read_json(served)
+            info["command"] = info["served"].get("command")
+            info["startup_s"] = info["served"].get("startup_s")
+            info["env"] = info["served"].get("env")
+        handle = {"mode": "attached", "base_url": srv.base_url, "model": srv.model, "info": info,
                   "tokenizer_dir": srv.tokenizer_dir}
     else:
         eng = Engine(study.engine_for(config_id), host["model_dir"], rdir)
@@ -80,6 +87,43 @@ def launch(study: Study, config_id: str, rdir: Path) -> dict[str, Any]:
                   "info": eng.record(), "tokenizer_dir": eng.model_dir}
     write_json(rdir / ENGINE_JSON, handle)
     return handle
+
+
+def served_path(study_id: str, config_id: str) -> Path:
+    """Where `servelab serve` leaves the handle of an engine it started for an attach study."""
+    return runs_root() / study_id / ".served" / f"{config_id}.json"
+
+
+def serve(study: Study, config_id: str, *, port: int | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Start the configuration's engine detached (for studies whose host attaches to it) and
+    wait for /health. Writes the handle that `launch` and `stop_served` read."""
+    eng_p = study.engine_for(config_id)
+    if port or env:
+        eng_p = eng_p.model_copy(update={"port": port or eng_p.port, "env": {**eng_p.env, **(env or {})}})
+    assert eng_p.model is not None, "engine.model is needed to serve"
+    if eng_p.model.preset:
+        from .modelmake import make_model
+
+        model_dir = str(make_model(eng_p.model.preset))
+    else:
+        model_dir = str(eng_p.model.path)
+    p = served_path(study.study, config_id)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    eng = Engine(eng_p, model_dir, p.parent / config_id)
+    eng.start()
+    handle = {**eng.record(), "model_dir": model_dir, "config": config_id}
+    write_json(p, handle)
+    return handle
+
+
+def stop_served(study_id: str, config_id: str) -> str:
+    p = served_path(study_id, config_id)
+    if not p.exists():
+        return "no served engine"
+    h = read_json(p)
+    tmp = p.parent / config_id
+    write_json(tmp / ENGINE_JSON, {"pid": h.get("pid"), "info": {"command": h.get("command")}})
+    return stop(tmp)
 
 
 def server_from_handle(rdir: Path, study: Study, config_id: str) -> Server:
@@ -113,7 +157,7 @@ def benchmark(study: Study, config_id: str, rdir: Path, *, progress: bool = True
 
         rec["hardware_measured"] = measure_cpu_bandwidth(seconds=1.0)
     try:
-        return run_workload(server, study.workload, rdir, study=study.study, config_id=config_id, record=rec,
+        return run_workload(server, study.workload_for(config_id), rdir, study=study.study, config_id=config_id, record=rec,
                             progress=progress, log=log, resume=resume)
     finally:
         if rss:
