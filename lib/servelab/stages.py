@@ -79,7 +79,7 @@ def launch(study: Study, config_id: str, rdir: Path) -> dict[str, Any]:
             info["startup_s"] = info["served"].get("startup_s")
             info["env"] = info["served"].get("env")
         handle = {"mode": "attached", "base_url": srv.base_url, "model": srv.model, "info": info,
-                  "tokenizer_dir": srv.tokenizer_dir}
+                  "tokenizer_dir": srv.tokenizer_dir or (info.get("served") or {}).get("model_dir")}
     else:
         eng = Engine(study.engine_for(config_id), host["model_dir"], rdir)
         eng.start()
@@ -150,7 +150,7 @@ def benchmark(study: Study, config_id: str, rdir: Path, *, progress: bool = True
     rec = base_record(study.study, config_id)
     rec["configuration"] = study.config(config_id).model_dump()
     rec["engine_params"] = study.engine_for(config_id).model_dump()
-    rec["model"] = model_record(h.get("tokenizer_dir") if h["mode"] == "launched" else None)
+    rec["model"] = model_record(h.get("tokenizer_dir"))
     if h["mode"] == "launched" and not rec["client_host"].get("gpus"):
         # the engine runs on this CPU: measure its memory bandwidth and matmul rate for the roofline
         from .hardware import measure_cpu_bandwidth

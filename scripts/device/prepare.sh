@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Prepare the wheel parts for a GPU study on the device machine (../shared/gpu/README.md):
+# vLLM 0.26.0's missing wheels plus what servelab needs there (scripts/device/requirements.txt),
+# packed into 62 MiB parts under .gpu/wheels (git-ignored) for the device tool's 64 MiB carry.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+shared=${SERVELAB_SHARED:-../shared}
+bash "$shared/gpu/fetch-wheels.sh" .gpu/wheels scripts/device/requirements.txt
+# The tool carries the working tree (~3 MB) and one part per call within 64 MiB: use 56 MiB parts.
+(cd .gpu/wheels && cat p[0-9][0-9] > all.tar && rm p[0-9][0-9] && split -b 56M -d -a 2 all.tar p && rm all.tar)
+ls -la .gpu/wheels
