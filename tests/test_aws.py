@@ -117,6 +117,7 @@ class Cloud:
         self.sleeps = 0
         self.activities: dict[str, list[dict]] = {}
         self.run_instances_calls: dict[str, int] = {}
+        self._clients: dict[tuple[str, str], object] = {}
 
     # injected into the host
     def clock(self) -> float:
@@ -148,10 +149,15 @@ class Cloud:
                            "requested. Our system will be working on provisioning additional capacity."}}
         return None
 
+    def c(self, region: str, service: str):
+        key = (region, service)
+        if key not in self._clients:
+            self._clients[key] = boto3.client(service, region_name=region)
+        return self._clients[key]
+
     # one step of the control plane
     def step(self, region: str) -> None:
-        ecs, auto = boto3.client("ecs", region_name=region), boto3.client("autoscaling", region_name=region)
-        elb = boto3.client("elbv2", region_name=region)
+        ecs, auto, elb = self.c(region, "ecs"), self.c(region, "autoscaling"), self.c(region, "elbv2")
         try:
             svc = ecs.describe_services(cluster=CLUSTER, services=[SERVICE])["services"][0]
         except Exception:  # noqa: BLE001 - no stack in this region
@@ -205,7 +211,7 @@ class Cloud:
             elb.register_targets(TargetGroupArn=tg, Targets=[{"Id": iid, "Port": 8000}])
 
     def service_tasks(self, region: str) -> list[dict]:
-        ecs = boto3.client("ecs", region_name=region)
+        ecs = self.c(region, "ecs")
         arns = ecs.list_tasks(cluster=CLUSTER, desiredStatus="RUNNING")["taskArns"]
         if not arns:
             return []
@@ -385,9 +391,12 @@ def test_time_guard_after_start_and_watchdog(aws):
         host.guard()
     assert stopped("eu-west-2") and host.tripped
     # the watchdog thread does the same while a benchmark runs
-    host2 = host_for(cloud, max_hours=1)
+    # (moto stamps LaunchTime with the real clock, which the fake clock is now 2 h ahead of:
+    # the guard counts from the instance's launch, so give the second host room for that)
+    host2 = host_for(cloud, max_hours=5)
     host2.start(COMMAND_A)
-    cloud.now += 3600
+    assert host2.guard()["hours"] < 5
+    cloud.now += 5 * 3600
     with host2.watchdog(interval_s=0.01) as w:
         deadline = time.monotonic() + 10
         while w.error is None and time.monotonic() < deadline:
@@ -513,6 +522,13 @@ def test_single_instance_refuses_secrets_in_user_data(aws):
     ud = host.user_data(COMMAND_A, {}, "eu-west-2")
     assert "export HF_TOKEN=$(aws ssm get-parameter --region eu-west-2 --with-decryption --name /servelab/hf-token" in ud
     assert " -e HF_TOKEN " in ud and "hf_abc" not in ud
+    logged = SingleInstanceHost(si_params(["eu-west-2"], log_group="/servelab/engine"), boto3.Session)
+    ud = logged.user_data(COMMAND_B, {"A": "x y"}, "eu-west-2")
+    assert '--log-opt awslogs-create-group=true --log-opt "awslogs-stream=$IID"' in ud
+    assert "-e 'A=x y'" in ud and "'{\"mode\":0,\"cudagraph_mode\":\"FULL_DECODE_ONLY\"}'" in ud
+    import subprocess
+
+    assert subprocess.run(["bash", "-n"], input=ud, text=True).returncode == 0  # valid shell
 
 
 def test_plans_call_no_aws():

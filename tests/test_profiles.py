@@ -4,7 +4,6 @@ unknown and conflicting flags are errors; derived capture sizes; the smoke check
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from pathlib import Path
 from typing import Literal
@@ -81,17 +80,6 @@ class SeedStudy(Study):
     cost: CostParams | None = None
 
 
-@pytest.fixture(autouse=True)
-def _token_is_not_a_secret(monkeypatch):
-    """servelab.secrets.SECRET_FLAG matches 'token' anywhere, so config rejects seed 001's
-    max-num-batched-tokens as a secret. Use the word-boundary form proposed to the lead until
-    secrets.py has it (harmless afterwards)."""
-    import servelab.secrets as sec
-
-    monkeypatch.setattr(sec, "SECRET_FLAG", re.compile(
-        r"(^|[-_])(api[-_]?key|token|secret|password|credentials?)($|[-_])", re.I))
-
-
 def load(name: str) -> SeedStudy:
     return SeedStudy.model_validate(yaml.safe_load((PARAMS / name).read_text()))
 
@@ -124,15 +112,15 @@ def seed_tokens(cmd: str) -> list[str]:
 def test_seed001_eager_is_the_seed_command_with_a_16k_context():
     s = load("seed-001-vllm-g7e.yaml")
     ours = argv(s, "eager")
-    assert ours[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     seed = seed_tokens(SEED_001_EAGER)
+    # `vllm serve MODEL` is the `vllm` console script = python -m vllm.entrypoints.cli.main
     assert seed[:3] == ["vllm", "serve", "nvidia/DeepSeek-V4-Flash-NVFP4"]
+    assert ours[:5] == ["python3", "-m", "vllm.entrypoints.cli.main", "serve", "nvidia/DeepSeek-V4-Flash-NVFP4"]
     got = pairs(ours)
-    assert got[0] == ("--model", "nvidia/DeepSeek-V4-Flash-NVFP4")  # vllm serve's positional model
     # --revision comes first in the seed, --host/--port first in ours: compare in order otherwise
     expected = [(f, v) for f, v in pairs(seed)]
     expected_wo = [p for p in expected if p[0] not in ("--host", "--port", "--revision")]
-    got_wo = [p for p in got[1:] if p[0] not in ("--host", "--port", "--revision")]
+    got_wo = [p for p in got if p[0] not in ("--host", "--port", "--revision")]
     diff = [(a, b) for a, b in zip(expected_wo, got_wo) if a != b]
     assert diff == [(("--max-model-len", "8192"), ("--max-model-len", "16384"))]  # the one documented change
     assert len(expected_wo) == len(got_wo)
@@ -403,3 +391,17 @@ def test_smoke_check_with_dummy_weights_does_not_apply():
     assert r["applies"] is False and r["ok"] is None and r["answered"] is True
     assert r["reason"].startswith("dummy weights")
     assert r["chat"]["text"] == "zq vx random" and len(seen) == 2  # still sent and recorded
+
+
+def test_validate_study_names_the_configuration():
+    for name in ("seed-001-vllm-g7e.yaml", "seed-000-sglang-g7e.yaml", "seed-000-sglang-g7e-8gpu.yaml"):
+        assert profiles.validate_study(load(name)) == [], name
+    data = yaml.safe_load((PARAMS / "seed-001-vllm-g7e.yaml").read_text())
+    data["configurations"][5]["engine"]["args"]["compilation-config"]["cudagraph_capture_sizes"] = [1, 2, 4]
+    data["configurations"][1]["engine"]["args"]["max-num-seq"] = 4
+    s = SeedStudy.model_validate(data)
+    assert profiles.validate_study(s) == [
+        "configurations[1] (cuda-graph): engine: unknown flag 'max-num-seq' (did you mean 'max-num-seqs'?)",
+        "configurations[5] (mtp1): engine: compilation-config.cudagraph_capture_sizes [1, 2, 4] stops below 8 "
+        "(4 requests x (1 + 1) tokens): that batch would run without a CUDA graph; include 8 or use 'auto'",
+    ]

@@ -240,6 +240,7 @@ class _Base:
         self._factory = session_factory or self._default_factory
         self._sessions: dict[str, Any] = {}
         self._clients: dict[tuple[str, str], Any] = {}
+        self._hourly: dict[str, float] = {}
         self.sleep, self.clock = sleep, clock
         self._price_lookup = price_lookup
         self.log = log or (lambda m: None)
@@ -283,15 +284,20 @@ class _Base:
         return got
 
     def hourly_usd(self, region: str) -> float:
+        """The guard's price: params, else the Pricing API (cached) or the committed table; looked
+        up once per region."""
         if self.p.hourly_usd:
             return self.p.hourly_usd
-        if self._price_lookup:
-            v = self._price_lookup(self.p.instance_type, region)
-            return float(getattr(v, "usd_per_hour", v))
-        from .prices import ec2_hourly_usd
+        if region not in self._hourly:
+            if self._price_lookup:
+                v = self._price_lookup(self.p.instance_type, region)
+            else:
+                from .prices import default_cache_dir, ec2_hourly_usd
 
-        return ec2_hourly_usd(self.p.instance_type, region, use_api=self.p.price_source == "pricing-api",
-                              session=self._sessions.get(region)).usd_per_hour
+                v = ec2_hourly_usd(self.p.instance_type, region, use_api=self.p.price_source == "pricing-api",
+                                   session=self._sessions.get(region), cache_dir=default_cache_dir())
+            self._hourly[region] = float(getattr(v, "usd_per_hour", v))
+        return self._hourly[region]
 
     def spend(self, region: str | None = None) -> dict[str, Any]:
         r = region or self.region
@@ -353,7 +359,7 @@ class _Base:
     def start(self, command: list[str] | None = None, env: dict[str, str] | None = None) -> HostInfo:
         """Start in the first region with capacity; tear down on every failure."""
         self.check_account()
-        self.attempts = []
+        self.attempts, self.teardown_errors, self.tripped = [], [], None
         for region in self.p.regions:
             try:
                 info = self._start_in(region, command, env or {})
@@ -969,22 +975,21 @@ class SingleInstanceHost(_Base):
             lines.append(f"export {name}=$(aws ssm get-parameter --region {q(region)} --with-decryption --name "
                          f"{q(param)} --query Parameter.Value --output text)")
         entry, args = container_argv(command)
-        run = ["docker", "run", "-d", "--name", "servelab-engine", "--restart", "no", "--gpus", "all",
-               "--ipc=host", "--ulimit", "memlock=-1:-1", "-p", f"{self.p.container_port}:{self.p.container_port}",
-               "-v", "/var/lib/llm-model-cache:/root/.cache/huggingface"]
+        words = ["docker", "run", "-d", "--name", "servelab-engine", "--restart", "no", "--gpus", "all",
+                 "--ipc=host", "--ulimit", "memlock=-1:-1", "-p", f"{self.p.container_port}:{self.p.container_port}",
+                 "-v", "/var/lib/llm-model-cache:/root/.cache/huggingface"]
+        run = [q(w) for w in words]
         if self.p.log_group:
-            run += ["--log-driver", "awslogs", "--log-opt", f"awslogs-region={region}", "--log-opt",
-                    f"awslogs-group={self.p.log_group}", "--log-opt", "awslogs-create-group=true"]
+            run += [q(w) for w in ["--log-driver", "awslogs", "--log-opt", f"awslogs-region={region}", "--log-opt",
+                                   f"awslogs-group={self.p.log_group}", "--log-opt", "awslogs-create-group=true",
+                                   "--log-opt"]]
+            run.append('"awslogs-stream=$IID"')  # expanded by the shell: one stream per instance
         for k, v in sorted(env.items()):
-            run += ["-e", f"{k}={v}"]
+            run += ["-e", q(f"{k}={v}")]
         for name in self.p.secret_parameters:
-            run += ["-e", name]
-        run += ["--entrypoint", entry[0], str(self.p.image), *entry[1:], *args]
-        text = " ".join(q(a) for a in run)
-        if self.p.log_group:
-            text = text.replace(q("awslogs-create-group=true"),
-                                q("awslogs-create-group=true") + ' --log-opt "awslogs-stream=$IID"')
-        lines.append(text)
+            run += ["-e", q(name)]
+        run += [q(w) for w in ["--entrypoint", entry[0], str(self.p.image), *entry[1:], *args]]
+        lines.append(" ".join(run))
         return "\n".join(lines) + "\n"
 
     def _find(self, region: str, states: tuple[str, ...] = ("pending", "running")) -> list[dict[str, Any]]:

@@ -16,6 +16,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .aws import AwsParams
+from .cost import CostParams
+
 FlagValue = str | int | float | bool | list[Any] | dict[str, Any] | None
 
 
@@ -87,13 +90,22 @@ class AttachParams(Strict):
 
 
 class HostParams(Strict):
-    kind: Literal["local", "attach"] = Field("local", description="local: start the engine here; attach: use url")
+    kind: Literal["local", "attach", "aws-ecs", "aws-instance"] = Field(
+        "local", description="local: start the engine here; attach: use url; aws-*: an AWS GPU host (boto3)")
     attach: AttachParams | None = Field(None, description="server to attach to (kind: attach)")
+    aws: AwsParams | None = Field(None, description="AWS host (aws-ecs: mode ecs-service; aws-instance: "
+                                                    "single-instance)")
 
     @model_validator(mode="after")
     def _attach(self) -> "HostParams":
         if self.kind == "attach" and self.attach is None:
             raise ValueError("host.kind 'attach' needs host.attach.url")
+        if self.kind.startswith("aws"):
+            if self.aws is None:
+                raise ValueError(f"host.kind '{self.kind}' needs host.aws")
+            want = "ecs-service" if self.kind == "aws-ecs" else "single-instance"
+            if self.aws.mode != want:
+                raise ValueError(f"host.kind '{self.kind}' needs host.aws.mode '{want}', got '{self.aws.mode}'")
         return self
 
 
@@ -183,6 +195,7 @@ class Study(Strict):
     engine: EngineParams = Field(default_factory=EngineParams, description="engine set-up shared by configurations")
     workload: Workload = Field(..., description="what is sent")
     slo: Slo = Field(default_factory=Slo, description="service-level objective for goodput")
+    cost: CostParams | None = Field(None, description="prices and cost model for the write-up")
     configurations: list[Configuration] = Field(..., min_length=1, description="ordered, one change at a time")
     reduced: dict[str, Any] = Field(
         default_factory=lambda: {"warmup_rounds": 0, "rounds": 1},
@@ -210,6 +223,11 @@ class Study(Strict):
                 raise ValueError(f"configurations[{i}].engine.{where}: {first['msg']}") from None
         if self.host.kind == "local" and self.engine.model is None:
             raise ValueError("a local host needs engine.model (preset or path)")
+        from .profiles import validate_study
+
+        errs = validate_study(self)
+        if errs:
+            raise ValueError("\n".join(errs))
         return self
 
     def reduced_copy(self) -> "Study":

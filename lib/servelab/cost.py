@@ -290,14 +290,17 @@ def cost_estimate_lines(study: Any) -> list[str]:
             limits.append(f"{_money(aws.max_spend_usd)} (= {aws.max_spend_usd / price.usd_per_hour:.1f} h)")
         lines.append("cost: guard stops the host after " + " or ".join(limits) + ", whichever comes first")
     if price is not None and kind != "attach":
-        wl = study.workload
         host_min = cost.startup_estimate_min + max(n_conf - 1, 0) * cost.switch_estimate_min
         if cost.assumed_decode_tps:
-            rounds = (wl.warmup_rounds + wl.rounds) * wl.requests_per_round * len(wl.concurrency)
-            meas_s = sum(rounds * b.output_tokens / cost.assumed_decode_tps for b in wl.buckets)
-            host_min += n_conf * meas_s / 60
+            meas_s = 0.0
+            for c in study.configurations:  # a round lasts about one request's decode time
+                wl = study.workload_for(c.id) if hasattr(study, "workload_for") else study.workload
+                rounds = (wl.warmup_rounds + wl.rounds) * wl.requests_per_round * len(wl.concurrency)
+                meas_s += sum(rounds * b.output_tokens / cost.assumed_decode_tps for b in wl.buckets)
+            host_min += meas_s / 60
             how = (f"first start ~{cost.startup_estimate_min:g} min, ~{cost.switch_estimate_min:g} min per switch, "
-                   f"~{meas_s / 60:.1f} min measuring per configuration at an assumed {cost.assumed_decode_tps:g} tok/s")
+                   f"~{meas_s / 60 / max(n_conf, 1):.1f} min measuring per configuration at an assumed "
+                   f"{cost.assumed_decode_tps:g} tok/s per request")
         else:
             how = (f"first start ~{cost.startup_estimate_min:g} min, ~{cost.switch_estimate_min:g} min per switch; "
                    "measuring time not estimated (set cost.assumed_decode_tps)")

@@ -77,15 +77,22 @@ def describe(study: Study) -> str:
     n = sum((wl.warmup_rounds + wl.rounds) * c * wl.requests_per_round for c in wl.concurrency) * len(wl.buckets)
     lines.append(f"workload: {len(wl.buckets)} buckets x concurrency {wl.concurrency}, "
                  f"{wl.warmup_rounds} warmup + {wl.rounds} rounds, {n} requests per configuration")
+    from .aws import aws_plan_lines
+    from .cost import cost_estimate_lines
+    from .profiles import resolve_profile
+
     for c in study.configurations:
-        eng = study.engine_for(c.id)
+        eng = resolve_profile(study, c.id)  # derived values (e.g. capture sizes) filled in
         if study.host.kind == "attach":
             lines.append(f"[{c.id}] attach {study.host.attach.url if study.host.attach else '?'}")
-        else:
-            model = eng.model.path if eng.model and eng.model.path else f"<model:{eng.model.preset if eng.model else '?'}>"
-            lines.append(f"[{c.id}] " + " ".join(build_command(eng, model, python="python")))
+        if eng.model is not None:
+            model = eng.model.path if eng.model.path else f"<model:{eng.model.preset}>"
+            verb = "serve" if study.host.kind == "attach" else "launch"
+            lines.append(f"[{c.id}] {verb}: " + " ".join(build_command(eng, model, python="python")))
             if eng.env:
                 lines.append(f"[{c.id}] env " + " ".join(f"{k}={v}" for k, v in eng.env.items()))
+    lines += aws_plan_lines(study)
+    lines += cost_estimate_lines(study)
     return "\n".join(lines)
 
 
@@ -174,6 +181,25 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
     shutil.copy(params_path, root / "params.yaml")
     t0 = time.monotonic()
     failed = []
+    try:
+        failed = _measure(study, root, todo, notebooks=notebooks, resume=resume)
+    finally:
+        if study.host.kind.startswith("aws"):  # teardown in every path, also Ctrl-C
+            _log(stages.stop_aws(study))
+    scrub_tree(root)  # engine logs and anything else written by child processes
+    df = load_records([root / c for c in configs])
+    print(format_table(summarize(df)))
+    _log(f"measured {len(todo) - len(failed)} configuration(s) in {time.monotonic() - t0:.0f} s")
+    if failed:
+        _log(f"failed: {failed}; records kept under {root}")
+        return 1
+    if report:
+        publish(study.study, root, force=force)
+    return 0
+
+
+def _measure(study: Study, root: Path, todo: list[str], *, notebooks: bool, resume: bool) -> list[str]:
+    failed: list[str] = []
     for cid in todo:
         rdir = root / cid
         _log(f"configuration {cid}: {'resume' if resume and rdir.exists() else 'start'}")
@@ -188,16 +214,7 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
             _log(str(e))
             failed.append(cid)
             break
-    scrub_tree(root)  # engine logs and anything else written by child processes
-    df = load_records([root / c for c in configs])
-    print(format_table(summarize(df)))
-    _log(f"measured {len(configs) - len(failed)} configuration(s) in {time.monotonic() - t0:.0f} s")
-    if failed:
-        _log(f"failed: {failed}; records kept under {root}")
-        return 1
-    if report:
-        publish(study.study, root, force=force)
-    return 0
+    return failed
 
 
 def publish(study_id: str, run_root: Path, *, force: bool = False) -> Path:

@@ -624,7 +624,9 @@ def _check_value(kind: str, spec: FlagSpec, key: str, val: Any) -> list[str]:
     if isinstance(val, (dict, list)):
         if spec.kind == "list":
             return [f"{key}: a list would be passed as one JSON string; give a single value"]
-        return [f"{key}: expected a single value, got {type(val).__name__}"]
+        if spec.kind in ("int", "float"):
+            return [f"{key}: expected a single value, got {type(val).__name__}"]
+        return []  # many string-typed flags parse JSON (limit-mm-per-prompt, json-model-override-args)
     if val == AUTO and (kind, spec.name) == ("sglang", "cuda-graph-max-bs-decode"):
         return []
     if spec.kind == "int":
@@ -808,10 +810,31 @@ def deprecated_flags(kind: str, args: dict[str, Any]) -> list[str]:
     return out
 
 
+def study_concurrency(study: Any, config_id: str) -> list[int]:
+    """Concurrency levels the configuration is measured at (its own workload override if any)."""
+    wl = study.workload_for(config_id) if hasattr(study, "workload_for") else study.workload
+    return list(wl.concurrency)
+
+
 def resolve_profile(study: Any, config_id: str) -> Any:
     """The configuration's EngineParams with derived values applied (what launches)."""
     eng = study.engine_for(config_id)
-    return eng.model_copy(update={"args": apply_derived(eng.kind, eng.args, study.workload.concurrency)})
+    return eng.model_copy(update={"args": apply_derived(eng.kind, eng.args, study_concurrency(study, config_id))})
+
+
+def validate_study(study: Any) -> list[str]:
+    """Every engine problem of every configuration, prefixed with where it is ([] = fine).
+
+    For config.Study's validator: `errs = validate_study(self); if errs: raise ValueError(...)`.
+    """
+    out = [f"engine: {e}" for e in validate_engine(study.engine.kind, study.engine.args, study.engine.env)]
+    for i, c in enumerate(study.configurations):
+        eng = study.engine_for(c.id)
+        base = set(out)
+        for e in validate_engine(eng.kind, eng.args, eng.env, study_concurrency(study, c.id)):
+            if f"engine: {e}" not in base:
+                out.append(f"configurations[{i}] ({c.id}): engine: {e}")
+    return out
 
 
 def describe_profile(kind: str, args: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:

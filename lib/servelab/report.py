@@ -270,6 +270,7 @@ def repro_table(sd: StudyData) -> pd.DataFrame:
             "parallel layout": f"TP={eng.get('args', {}).get('tensor-parallel-size', 1)}",
             "startup time": f"{srv.get('startup_s', float('nan')):.1f} s" if srv.get("startup_s") else "n/a",
             "peak engine RSS": f"{srv.get('peak_rss_bytes', 0) / 2**30:.2f} GiB" if srv.get("peak_rss_bytes") else "n/a",
+            "functional check": _smoke_text(srv.get("smoke_check")),
             "run window": f"{r.get('started_at')} → {r.get('finished_at')}",
             "status": f"{r.get('status')} ({r.get('records')} records) {r.get('message') or ''}".strip(),
             "success rate": f"{hd.get('success_rate', float('nan')) * 100:.1f}%" if hd.get("success_rate") is not None else "n/a",
@@ -283,6 +284,18 @@ def repro_table(sd: StudyData) -> pd.DataFrame:
     t = pd.DataFrame(rows)
     return t.pivot(index="field", columns="configuration", values="value").reindex(
         index=list(dict.fromkeys(t["field"])), columns=sd.config_ids) if not t.empty else t
+
+
+def _smoke_text(sm: dict[str, Any] | None) -> str:
+    if not sm:
+        return "not recorded"
+    chat = (sm.get("chat") or {})
+    reply = (chat.get("text") or "")[:60].replace("\n", " ")
+    tool = sm.get("tool_call")
+    tool_txt = f"; tool call: {json.dumps((tool or {}).get('function'))[:80]}" if tool else ""
+    if sm.get("applies") is False:
+        return f"does not apply ({sm.get('reason')}); server answered: {sm.get('answered')}{tool_txt}"
+    return f"{'passed' if sm.get('ok') else 'FAILED'}: reply {reply!r}{tool_txt} {sm.get('reason') or ''}".strip()
 
 
 # -- HTML -------------------------------------------------------------------------------------

@@ -58,11 +58,55 @@ def provision(study: Study, config_id: str, rdir: Path) -> dict[str, Any]:
             if not (p / "config.json").exists():
                 raise FileNotFoundError(f"engine.model.path {p} has no config.json")
             host["model_dir"] = str(p.resolve())
-    else:
+    elif study.host.kind == "attach":
         assert study.host.attach is not None
         host["url"] = study.host.attach.url
+    else:
+        host.update(provision_aws(study, config_id))
     write_json(rdir / HOST_JSON, host)
     return host
+
+
+def aws_state_path(study: Study) -> Path:
+    return runs_root() / study.study / "aws-host.json"
+
+
+def provision_aws(study: Study, config_id: str) -> dict[str, Any]:
+    """Start the AWS host with this configuration's engine command, or switch the running one
+    to it (a new task definition on the same instance). The host stays up for the next
+    configuration; `stop_aws` ends it after the study, and on every failure."""
+    from .aws import make_host
+    from .engine import build_command
+    from .profiles import resolve_profile
+
+    assert study.host.aws is not None
+    eng = resolve_profile(study, config_id)
+    model = (eng.model.path or eng.model.preset) if eng.model else ""
+    cmd = build_command(eng, str(model), python="python3")
+    h = make_host(study.host.aws)
+    state = aws_state_path(study)
+    if state.exists():
+        prev = read_json(state)
+        h.region, h.started_at = prev["region"], prev["started_at"]
+        h.guard()  # stops the host and raises once max_hours / max_spend_usd is reached
+        info = h.deploy(cmd, dict(eng.env))
+    else:
+        info = h.start(cmd, dict(eng.env))
+        write_json(state, {"region": info.region, "started_at": info.started_at, "config": config_id})
+    return {"aws": info.record(), "url": info.url, "tunnel": info.tunnel, "command": cmd}
+
+
+def stop_aws(study: Study) -> str:
+    """Stop the study's AWS host (idempotent); called after the study and on failure."""
+    from .aws import make_host
+
+    if study.host.aws is None:
+        return "no AWS host"
+    state = aws_state_path(study)
+    region = read_json(state)["region"] if state.exists() else None
+    out = make_host(study.host.aws).stop(region)
+    state.unlink(missing_ok=True)
+    return f"AWS host stopped: {out}"
 
 
 def launch(study: Study, config_id: str, rdir: Path) -> dict[str, Any]:
@@ -80,13 +124,36 @@ def launch(study: Study, config_id: str, rdir: Path) -> dict[str, Any]:
             info["env"] = info["served"].get("env")
         handle = {"mode": "attached", "base_url": srv.base_url, "model": srv.model, "info": info,
                   "tokenizer_dir": srv.tokenizer_dir or (info.get("served") or {}).get("model_dir")}
+    elif study.host.kind.startswith("aws"):
+        handle = launch_aws(study, host)
     else:
         eng = Engine(study.engine_for(config_id), host["model_dir"], rdir)
         eng.start()
         handle = {"mode": "launched", "base_url": eng.base_url, "model": eng.model_dir, "pid": eng.proc.pid,
                   "info": eng.record(), "tokenizer_dir": eng.model_dir}
+    handle["info"]["smoke_check"] = smoke(study, config_id, handle)
     write_json(rdir / ENGINE_JSON, handle)
     return handle
+
+
+def smoke(study: Study, config_id: str, handle: dict[str, Any]) -> dict[str, Any]:
+    """Seed 000's functional check: a chat reply and, with a tool-call parser, a tool call.
+    With dummy weights the answers are recorded but the check does not apply."""
+    from .engine import auth_headers
+    from .profiles import smoke_check
+
+    eng = study.engine_for(config_id)
+    headers = auth_headers(eng.api_key_env) if handle["mode"] == "launched" else {}
+    if study.host.kind == "attach" and study.host.attach:
+        headers = attach(study.host.attach).headers
+    # servelab knows the weights only of an engine it started (here, via serve, or on AWS)
+    ours = handle["mode"] in ("launched", "aws") or bool(handle["info"].get("served"))
+    try:
+        return smoke_check(handle["base_url"], handle["model"], headers,
+                           tool_call=bool(eng.args.get("tool-call-parser")),
+                           dummy_weights=ours and eng.load_format == "dummy", max_tokens=16)
+    except Exception as e:  # the check is a record, never a reason to stop the measurement
+        return {"applies": None, "ok": False, "reason": f"smoke check failed: {type(e).__name__}: {e}"}
 
 
 def served_path(study_id: str, config_id: str) -> Path:
@@ -124,6 +191,23 @@ def stop_served(study_id: str, config_id: str) -> str:
     tmp = p.parent / config_id
     write_json(tmp / ENGINE_JSON, {"pid": h.get("pid"), "info": {"command": h.get("command")}})
     return stop(tmp)
+
+
+def launch_aws(study: Study, host: dict[str, Any]) -> dict[str, Any]:
+    """Reach the engine the AWS host runs: through the SSM port forward when there is one."""
+    from .aws import open_tunnel
+    from .config import AttachParams
+
+    url, tunnel_pid = host.get("url"), None
+    if host.get("tunnel"):
+        assert study.host.aws is not None
+        port = study.host.aws.local_port
+        tunnel_pid = open_tunnel(host["tunnel"], port).pid
+        url = f"http://127.0.0.1:{port}"
+    srv = attach(AttachParams(url=url))
+    info = {**srv.info, "command": host.get("command"), "aws": host.get("aws")}
+    return {"mode": "aws", "base_url": srv.base_url, "model": srv.model, "info": info, "tokenizer_dir": None,
+            "tunnel_pid": tunnel_pid}
 
 
 def server_from_handle(rdir: Path, study: Study, config_id: str) -> Server:
@@ -176,6 +260,11 @@ def stop(rdir: Path, grace_s: float = 20.0) -> str:
     if not p.exists():
         return "no engine handle"
     h = read_json(p)
+    if h.get("tunnel_pid"):
+        try:
+            os.killpg(h["tunnel_pid"], signal.SIGTERM)
+        except ProcessLookupError:
+            pass
     pid = h.get("pid")
     if not pid:
         return "attached server left running"
