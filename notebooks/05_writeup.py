@@ -123,3 +123,17 @@ Markdown(f"### Observation → first check (seed 002)\n\n{report.client_overhead
 for cid in sd.config_ids:
     display(Markdown(f"**{cid}**"))
     display(report.symptom_table(sd, cid))
+
+# %%
+cost_text, cost_table = report.cost_section(sd)
+Markdown(f"## Cost: self-host vs managed API\n\n{cost_text}")
+
+# %%
+cost_table
+
+# %%
+peer_text, peer_table = report.peer_section(sd)
+Markdown(f"## Side by side with `vllm bench serve`\n\n{peer_text}")
+
+# %%
+peer_table

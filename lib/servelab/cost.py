@@ -38,6 +38,8 @@ class CostParams(BaseModel):
                                      "committed table for host.aws.instance_type in the region used")
     instance_type: str | None = Field(None, description="instance the cost rows assume (default host.aws.instance_type)")
     region: str | None = Field(None, description="region of the price (default the first of host.aws.regions)")
+    gpus_used: int | None = Field(None, gt=0, description="charge only this many of the instance's GPUs "
+                                  "(per-GPU share of the instance price, e.g. one H200 of a p5en.48xlarge)")
     hours_per_month: float = Field(HOURS_PER_MONTH, gt=0, description="billed hours per month")
     utilization: float = Field(1.0, gt=0, le=1, description="share of the month at the measured throughput")
     always_on: bool = Field(True, description="bill every hour (true) or only busy hours (false)")

@@ -229,12 +229,18 @@ def publish(study_id: str, run_root: Path, *, force: bool = False) -> Path:
     for f in ("params.yaml", STUDY_JSON):
         if (run_root / f).exists():
             shutil.copy(run_root / f, data / f)
+    if (run_root / "peer").is_dir():  # peer tools' results (vllm bench serve) measured beside the runs
+        shutil.copytree(run_root / "peer", data / "peer")
     for cdir in sorted(p for p in run_root.iterdir() if p.is_dir() and (p / RECORDS).exists()):
         dst = data / cdir.name
         dst.mkdir()
-        for f in ("records.jsonl", "run.json", "server_metrics.jsonl", "summary.csv", "engine.log"):
+        for f in ("records.jsonl", "run.json", "server_metrics.jsonl", "summary.csv", "engine.log",
+                  "client_stats.jsonl", "levels.jsonl"):
             if (cdir / f).exists():
                 shutil.copy(cdir / f, dst / f)
+        served_log = run_root / ".served" / cdir.name / "engine.log"  # engine started by `servelab serve`
+        if served_log.exists() and not (dst / "engine.log").exists():
+            shutil.copy(served_log, dst / "engine.log")
     scrub_tree(data)
     render(study_id, keep_dir=run_root)
     return pub / "index.html"

@@ -185,11 +185,27 @@ def progression(sd: StudyData, metric: str = "aggregate_output_tps") -> pd.DataF
     piv = s.pivot_table(index=["bucket", "concurrency"], columns="config", values=metric, aggfunc="first", sort=False)
     cols = [c for c in sd.config_ids if c in piv.columns]
     out = pd.DataFrame(index=piv.index)
-    for i, c in enumerate(cols):
+    for c in cols:
         out[c] = piv[c]
-        if i:
-            out[f"Δ% {c} vs {cols[i - 1]}"] = (piv[c] / piv[cols[i - 1]] - 1) * 100
+    for c, base in baselines(sd, piv).items():
+        out[f"Δ% {c} vs {base}"] = (piv[c] / piv[base] - 1) * 100
     return out.round(1)
+
+
+def baselines(sd: StudyData, piv: pd.DataFrame | None = None) -> dict[str, str]:
+    """Each configuration's baseline: the nearest earlier configuration measured on at least one
+    of the same levels (a configuration with its own workload skips those it shares none with)."""
+    if piv is None:
+        piv = sd.summary.pivot_table(index=["bucket", "concurrency"], columns="config", values="aggregate_output_tps",
+                                     aggfunc="first", sort=False)
+    cols = [c for c in sd.config_ids if c in piv.columns]
+    out = {}
+    for i, c in enumerate(cols):
+        for prev in reversed(cols[:i]):
+            if (piv[c].notna() & piv[prev].notna()).any():
+                out[c] = prev
+                break
+    return out
 
 
 def definitions_table() -> pd.DataFrame:
@@ -235,9 +251,9 @@ def headline(sd: StudyData) -> str:
     ids = sd.config_ids
     if len(ids) >= 2:
         p = progression(sd)
-        for a, b in zip(ids, ids[1:]):
+        for b, a in baselines(sd).items():
             col = f"Δ% {b} vs {a}"
-            if col in p:
+            if col in p and p[col].notna().any():
                 worst = p[col].idxmin()
                 val = p.loc[worst, col]
                 lvl = f"{worst[0]}, c={worst[1]}"
@@ -296,6 +312,103 @@ def _smoke_text(sm: dict[str, Any] | None) -> str:
     if sm.get("applies") is False:
         return f"does not apply ({sm.get('reason')}); server answered: {sm.get('answered')}{tool_txt}"
     return f"{'passed' if sm.get('ok') else 'FAILED'}: reply {reply!r}{tool_txt} {sm.get('reason') or ''}".strip()
+
+
+# -- cost -------------------------------------------------------------------------------------------
+
+COST_COLUMNS = {
+    "config": "config", "bucket": "bucket", "concurrency": "c", "aggregate_output_tps": "agg tok/s",
+    "usd_per_m_output": "self-host $/1M out", "selfhost_monthly_usd": "self-host $/month",
+    "managed": "managed API", "managed_usd_per_m_output": "managed $/1M out (incl. input)",
+    "managed_monthly_usd": "managed $/month, same tokens", "selfhost_to_managed": "self-host / managed",
+    "break_even_utilization": "break-even utilization", "selfhost_usd_per_request": "self-host $/request",
+}
+
+
+def _cost_view(t: pd.DataFrame) -> pd.DataFrame:
+    return t[[c for c in COST_COLUMNS if c in t]].rename(columns=COST_COLUMNS).round(4)
+
+
+def cost_section(sd: StudyData) -> tuple[str, pd.DataFrame]:
+    """Self-host vs managed API at the measured aggregate throughput (computed, never typed in).
+    Prices come from the committed, dated table (servelab/data/prices.yaml)."""
+    from .config import Study
+    from .cost import CostParams, cost_table, resolve_managed, seed001_published, seed001_summary
+    from .prices import load_table
+
+    study = Study.model_validate(sd.study)
+    cost = study.cost
+    if cost is None:
+        pub = seed001_published()
+        keys = ["fireworks/deepseek-v4-flash"]
+        t = cost_table(seed001_summary(), pub["monthly_usd"] / pub["hours"], resolve_managed(keys))
+        text = ("This study runs on a local machine with no instance price, so no cost applies to its numbers. "
+                "For scale, the same computation on **seed 001's published figures** (g7e.12xlarge, "
+                f"{pub['monthly_usd']:,.0f} USD per 730 h all-in, aggregate tok/s as published: 102.67 at "
+                "concurrency 1, 297.09 at 4, MTP 135.55 / 358.4; Fireworks $0.22 in / $0.66 out per 1M, as quoted "
+                "in seed 001):")
+        return text, _cost_view(t)
+    from .cost import study_price
+
+    price = study_price(study, use_api=False)
+    hourly = price.usd_per_hour
+    share = ""
+    if cost.gpus_used:
+        gpus = next((e.get("gpus") for e in load_table().get("ec2_on_demand", [])
+                     if e["instance_type"] == price.instance_type), None)
+        if gpus:
+            hourly = hourly * cost.gpus_used / gpus
+            share = f" x {cost.gpus_used}/{gpus} GPUs = ${hourly:,.4f}/h"
+    managed = resolve_managed(cost.managed)
+    rows = []
+    best = sd.summary.loc[sd.summary.groupby("config", sort=False)["aggregate_output_tps"].idxmax()]
+    t = cost_table(best, hourly, managed, hours=cost.hours_per_month, utilization=cost.utilization,
+                   fixed_monthly_usd=sum(cost.fixed_monthly_usd.values()), always_on=cost.always_on,
+                   cached_input_fraction=cost.cached_input_fraction)
+    rows.append(t)
+    lines = [f"Instance price: {price.instance_type} {price.region}: {price.label()}{share}.",
+             "Managed APIs: " + "; ".join(m.label() for m in managed.values()) + ".",
+             f"Each row takes the configuration's highest measured aggregate throughput (its best level) and holds "
+             f"it for {cost.hours_per_month:g} h at utilization {cost.utilization:g}; input tokens follow that "
+             "level's measured prompt/output ratio. The managed prices are for the models the seeds compared; "
+             "they price the same token volume, not the same model."]
+    return "\n\n".join(lines), _cost_view(pd.concat(rows))
+
+
+# -- peer tools ---------------------------------------------------------------------------------------
+
+def peer_section(sd: StudyData) -> tuple[str, pd.DataFrame]:
+    """`vllm bench serve` results saved beside the runs (data/peer/<config>/*.json), each next to
+    servelab's measurement of the same configuration at the same concurrency and prompt length."""
+    from .importers import import_vllm_bench
+
+    root = sd.root / "data" / "peer" if (sd.root / "data").is_dir() else sd.root / "peer"
+    files = sorted(root.glob("*/*.json")) if root.is_dir() else []
+    if not files:
+        return "No peer tool was run for this study.", pd.DataFrame()
+    rows = []
+    for f in files:
+        cid = f.parent.name
+        peer = summarize(import_vllm_bench(f, config=cid))
+        mine = sd.summary[sd.summary["config"] == cid]
+        for p in peer.itertuples():
+            cand = mine[mine["concurrency"] == p.concurrency]
+            if cand.empty:
+                continue
+            m = cand.loc[(cand["prompt_tokens"] - p.prompt_tokens).abs().idxmin()]
+            for tool, r in (("servelab", m), ("vllm bench serve", pd.Series(p._asdict()))):
+                rows.append({"config": cid, "concurrency": int(p.concurrency), "tool": tool,
+                             "requests": int(r["ok"]), "prompt tokens (p50)": r["prompt_tokens"],
+                             "TTFT p50 ms": r["ttft_p50_s"] * 1000, "TTFT p95 ms": r["ttft_p95_s"] * 1000,
+                             "TPOT p50 ms": r["tpot_p50_s"] * 1000, "output tok/s": r["aggregate_output_tps"]})
+    t = pd.DataFrame(rows).round(1)
+    text = ("Both tools measured the same server in the same session. Definitions differ in small ways "
+            "(benchmarks/README.md): vLLM's TTFT ends at the first chunk with a non-empty `choices` list (for chat, "
+            "the role-only chunk), servelab's at the first chunk carrying text; `vllm bench serve`'s random "
+            "dataset sets the prompt length before the chat template, servelab after it; its output tok/s is total "
+            "output over the whole benchmark, servelab's the median over rounds of each round's output over its "
+            "wall time.")
+    return text, t.set_index(["config", "concurrency", "tool"]) if not t.empty else t
 
 
 # -- HTML -------------------------------------------------------------------------------------
