@@ -229,6 +229,8 @@ def publish(study_id: str, run_root: Path, *, force: bool = False) -> Path:
     for f in ("params.yaml", STUDY_JSON):
         if (run_root / f).exists():
             shutil.copy(run_root / f, data / f)
+    for failed in run_root.glob("*-failed"):  # logs of configurations that could not be measured
+        shutil.copytree(failed, data / failed.name)
     if (run_root / "peer").is_dir():  # peer tools' results (vllm bench serve) measured beside the runs
         shutil.copytree(run_root / "peer", data / "peer")
     for cdir in sorted(p for p in run_root.iterdir() if p.is_dir() and (p / RECORDS).exists()):

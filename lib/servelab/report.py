@@ -80,6 +80,7 @@ class StudyData:
     summary: pd.DataFrame
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)
     metrics_paths: dict[str, Path] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  # study.json beside the study (e.g. device session)
 
     @property
     def language(self) -> str:
@@ -111,7 +112,9 @@ def load_study_data(study_dir: str | Path) -> StudyData:
             if (d / SERVER_METRICS).exists():
                 mpaths[c["id"]] = d / SERVER_METRICS
     recs = _load_records(dirs)
-    return StudyData(root=root, study=study, records=recs, summary=summarize(recs), runs=runs, metrics_paths=mpaths)
+    meta = {k: v for k, v in sj.items() if k != "study"}
+    return StudyData(root=root, study=study, records=recs, summary=summarize(recs), runs=runs, metrics_paths=mpaths,
+                     meta=meta)
 
 
 def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -146,6 +149,10 @@ def config_table(sd: StudyData) -> pd.DataFrame:
                      "engine": f"{run.get('engine_params', {}).get('kind', '?')} {run.get('server', {}).get('version') or ''}".strip(),
                      "change vs previous": change, "status": run.get("status")})
         prev = cur
+    for c in sd.study["configurations"]:  # planned but not measured: say so, don't drop silently
+        if c["id"] not in sd.runs:
+            rows.append({"configuration": c["id"], "label": c.get("label") or c["id"], "engine": "",
+                         "change vs previous": "", "status": "not measured (no run data)"})
     return pd.DataFrame(rows).set_index("configuration") if rows else pd.DataFrame()
 
 
@@ -248,6 +255,14 @@ def headline(sd: StudyData) -> str:
                          f"({best.bucket}, concurrency {int(best.concurrency)}); TTFT p50 at concurrency "
                          f"{int(c1.concurrency.min())} by prompt tokens: {ttfts}; success rate "
                          f"{d['ok'].sum() / d['sent'].sum() * 100:.1f}%.")
+    missing = [c["id"] for c in sd.study["configurations"] if c["id"] not in sd.runs]
+    if missing:
+        lines.append(f"- Not measured: {', '.join(missing)} (planned in the params file; no run data)."
+                     + (f" {sd.meta['not_measured_note']}" if sd.meta.get("not_measured_note") else ""))
+    dev = sd.meta.get("device")
+    if dev:
+        lines.append(f"- Measured on the device machine `{dev.get('kind')}` ({dev.get('machine')}) on {dev.get('date')}, "
+                     f"{dev.get('held_s', 0) / 60:.1f} min of device time in all.")
     ids = sd.config_ids
     if len(ids) >= 2:
         p = progression(sd)
