@@ -76,3 +76,27 @@ def test_stop_runs_when_a_configuration_fails(aws_study, monkeypatch):
     monkeypatch.setattr(stages, "launch", boom)
     assert pipeline.run_study(study, p, notebooks=False, report=False) == 1
     assert [c[0] for c in FakeHost.calls] == ["start", "stop"]
+
+
+def test_replayed_managed_endpoint_gets_a_cost_row(refserver, tmp_path, monkeypatch):
+    """host.kind attach + cost.replay_price: the write-up prices the measured tokens."""
+    from servelab import report
+    from servelab.cost import managed_cost, resolve_managed
+
+    s = refserver(ttft_s=0.005, itl_s=0.001)
+    monkeypatch.setenv("SERVELAB_RUNS", str(tmp_path / "runs"))
+    monkeypatch.setenv("SERVELAB_REPORTS", str(tmp_path / "reports"))
+    d = {"study": "replay", "title": "managed replay", "host": {"kind": "attach", "attach": {"url": s.url}},
+         "workload": {"buckets": [{"input_tokens": 40, "output_tokens": 8}], "concurrency": [2],
+                      "warmup_rounds": 0, "rounds": 2},
+         "cost": {"replay_price": "atlas/deepseek-v4.1-flash"}, "configurations": [{"id": "atlas"}]}
+    p = tmp_path / "replay.yaml"
+    p.write_text(yaml.safe_dump(d))
+    assert pipeline.run_study(load_study(p), p, notebooks=False, report=False) == 0
+    sd = report.load_study_data(tmp_path / "runs" / "replay")
+    text, t = report.cost_section(sd)
+    price = resolve_managed(["atlas/deepseek-v4.1-flash"])["atlas/deepseek-v4.1-flash"]
+    assert "Atlas" in text or "atlas" in text
+    row = t.iloc[0]
+    assert row["ok"] == 4 and row["usd"] == pytest.approx(round(4 * managed_cost(40, 8, price), 4), abs=1e-4)
+    assert 4 * (40 * 0.30 + 8 * 1.20) / 1e6 == pytest.approx(row["usd"], abs=1e-4)  # by hand: $0.30 in, $1.20 out

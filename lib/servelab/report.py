@@ -363,8 +363,13 @@ def cost_section(sd: StudyData) -> tuple[str, pd.DataFrame]:
                 "concurrency 1, 297.09 at 4, MTP 135.55 / 358.4; Fireworks $0.22 in / $0.66 out per 1M, as quoted "
                 "in seed 001):")
         return text, _cost_view(t)
-    from .cost import study_price
+    from .cost import replay_cost_table, study_price
 
+    if cost.replay_price and study.host.kind == "attach":  # a managed endpoint replayed: what it charged
+        m = resolve_managed([cost.replay_price])[cost.replay_price]
+        t = replay_cost_table(sd.summary, m, cost.cached_input_fraction)
+        return (f"The measured tokens priced at the managed endpoint's list price: {m.label()}. Latency of the "
+                "same workload is in the tables above, so self-hosted and managed sit side by side."), t.round(4)
     price = study_price(study, use_api=False)
     hourly = price.usd_per_hour
     share = ""
