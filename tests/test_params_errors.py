@@ -62,7 +62,7 @@ EXPECTED = {
     'missing title': 'bad.yaml: title: required key is missing',
     'study id with space': "bad.yaml: study: String should match pattern '^[A-Za-z0-9][A-Za-z0-9_.-]*$' (got 'local cpu')",
     'language not en/ja': "bad.yaml: language: Input should be 'en' or 'ja' (got 'fr')",
-    'host kind unknown': "bad.yaml: host.kind: Input should be 'local' or 'attach' (got 'kubernetes')",
+    'host kind unknown': "bad.yaml: host.kind: Input should be 'local', 'attach', 'aws-ecs' or 'aws-instance' (got 'kubernetes')",
     'attach without url': "bad.yaml: host: host.kind 'attach' needs host.attach.url",
     'attach url without scheme': "bad.yaml: host.attach: url must start with http:// or https://, got 'localhost:8000'",
     'secret header in params': 'bad.yaml: host.attach: header Authorization: secrets come only from the environment; use api_key_env',

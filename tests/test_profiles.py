@@ -399,9 +399,14 @@ def test_validate_study_names_the_configuration():
     data = yaml.safe_load((PARAMS / "seed-001-vllm-g7e.yaml").read_text())
     data["configurations"][5]["engine"]["args"]["compilation-config"]["cudagraph_capture_sizes"] = [1, 2, 4]
     data["configurations"][1]["engine"]["args"]["max-num-seq"] = 4
-    s = SeedStudy.model_validate(data)
-    assert profiles.validate_study(s) == [
-        "configurations[1] (cuda-graph): engine: unknown flag 'max-num-seq' (did you mean 'max-num-seqs'?)",
-        "configurations[5] (mtp1): engine: compilation-config.cudagraph_capture_sizes [1, 2, 4] stops below 8 "
-        "(4 requests x (1 + 1) tokens): that batch would run without a CUDA graph; include 8 or use 'auto'",
+    from servelab.config import ParamsError, study_from_dict
+
+    with pytest.raises(ParamsError) as e:  # config.Study runs validate_study: a params file cannot load
+        study_from_dict(data, "seed-001.yaml")
+    assert str(e.value).splitlines() == [
+        "seed-001.yaml: <top>: configurations[1] (cuda-graph): engine: unknown flag 'max-num-seq' "
+        "(did you mean 'max-num-seqs'?)",
+        "seed-001.yaml: <top>: configurations[5] (mtp1): engine: compilation-config.cudagraph_capture_sizes "
+        "[1, 2, 4] stops below 8 (4 requests x (1 + 1) tokens): that batch would run without a CUDA graph; "
+        "include 8 or use 'auto'",
     ]

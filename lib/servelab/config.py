@@ -312,7 +312,7 @@ def format_errors(path: str | Path, err: ValidationError, model: type[BaseModel]
             got = e.get("input")
             if not isinstance(got, (dict, list)):
                 msg = f"{msg} (got {got!r})"
-        lines.append(f"{path}: {key or '<top>'}: {msg}")
+        lines += [f"{path}: {key or '<top>'}: {m}" for m in msg.split("\n")]
     return "\n".join(lines)
 
 
