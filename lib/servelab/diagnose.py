@@ -725,6 +725,17 @@ def kv_verdict(samples: pd.DataFrame, kv_threshold_frac: float = 0.9, facts: Map
             facts, mem, server_cap, block_size=block,
             kv_dtype=kv_dtype or _arg(args, "kv-cache-dtype") or "auto",
             tensor_parallel_size=tensor_parallel_size or int(_arg(args, "tensor-parallel-size") or 1))
+        override = _arg(args, "num-gpu-blocks-override")
+        if override and block:  # the block count was forced: that, not the memory budget, sets capacity
+            forced = int(override) * block
+            cap["predicted_capacity_tokens"] = forced
+            cap["diff_pct"] = _pct_change(server_cap, forced)
+            agree = "agrees" if abs(cap["diff_pct"]) < 1.0 else "differs"
+            cap["sentence"] = (f"num-gpu-blocks-override {int(override)} x block size {block} fixes the cache at "
+                               f"{forced:,} tokens (the {cap['kv_memory_bytes']:,}-byte budget alone would hold "
+                               f"{kv_capacity(cap['kv_memory_bytes'], cap['kv_bytes_per_token'], block):,}); the "
+                               f"server reports {int(server_cap):,}: {agree}." if math.isfinite(server_cap) else
+                               f"num-gpu-blocks-override fixes the cache at {forced:,} tokens.")
         out["capacity"] = cap
         cap_sentence = " " + cap["sentence"]
     if not ok:
