@@ -96,7 +96,8 @@ def test_open_loop_arrivals_record_schedule_and_lag(refserver, tmp_path, arrival
         assert sched == pytest.approx(arrival_offsets(wl, lv, 20, (wl.seed or 0) + 0))  # seeded: reproducible
         assert sched != pytest.approx([i / 20 for i in range(20)])
     lags = [r["send_lag_s"] for r in recs]
-    assert all(lag is not None and lag >= 0 for lag in lags) and max(lags) < 0.5  # precision: benchmarks/
+    # uvloop timers have 1 ms resolution: a send may leave up to ~1 ms early (negative lag)
+    assert all(lag is not None and lag >= -0.002 for lag in lags) and max(lags) < 0.5  # precision: benchmarks/
     assert res.summary.iloc[0]["rate_rps"] == 20.0
 
 

@@ -18,7 +18,10 @@ SUMMARY_CSV = "summary.csv"
 
 
 class RecordWriter:
-    """Appends JSON lines; each line is flushed and fsynced so a killed run keeps it."""
+    """Appends JSON lines; each line is flushed as it is written, so a killed run (Ctrl-C,
+    SIGKILL, a crash) keeps it: the kernel holds the bytes once flushed. The file is fsynced
+    on close; a per-line fsync (0.3 ms median, 3 ms p99 here) would sit on the client's event
+    loop and distort the timing of requests in flight."""
 
     def __init__(self, path: Path) -> None:
         from .secrets import secret_values
@@ -35,11 +38,13 @@ class RecordWriter:
         line = json.dumps(rec, separators=(",", ":"), default=str)
         self._f.write((scrub(line, self._secrets) if self._secrets else line) + "\n")
         self._f.flush()
-        os.fsync(self._f.fileno())
         self.count += 1
 
     def close(self) -> None:
-        self._f.close()
+        if not self._f.closed:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
 
     def __enter__(self) -> "RecordWriter":
         return self

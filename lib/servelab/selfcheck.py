@@ -9,7 +9,10 @@ CLOCK_MONOTONIC that the client's `perf_counter_ns` also reads).
 
 Per level (all times in ms):
 - TTFT error = measured ttft - (first text chunk's emission - request send time)
-  = arrival - emission of the first chunk (median, p95);
+  = arrival - emission of the first chunk (median, p95): the client's read-side error;
+- TTFT vs programmed = measured ttft - programmed ttft: the whole bias, which also holds the
+  time the request spends in the client's own send path (httpx request build, pooled
+  connection, write) before the server sees it, plus the server's timer lateness (~0.1 ms);
 - ITL error = median |measured gap - emitted gap| / median emitted gap (%), pooled gaps;
 - lost chunks = expected text chunks (ceil(tokens / tokens_per_chunk) per request sent)
   - text chunks received; failed requests count all their missing chunks;
@@ -283,9 +286,13 @@ def calibrate(levels: Iterable[int] = DEFAULT_LEVELS, ttft_s: float = 0.1, itl_s
     """Measure servelab's client error against the reference server at each stream count.
 
     Each level sends max(c * requests_per_stream, min_requests) requests of `tokens` tokens
-    with c in flight (closed loop). Returns one row per level (columns `COLUMNS`); writes
-    them to `out` (JSON with the settings and machine facts) when given, and prints the table
-    unless `quiet`.
+    with c in flight (closed loop), after an unmeasured warmup round of c one-token requests
+    that opens the connections. `workers > 1` sends through `runner.WorkerPool` processes;
+    `client_uvloop` runs the in-process client (workers=1) on uvloop instead of the asyncio loop
+    the runner uses, to measure what that changes; `uvloop_server` trades the reference server's
+    precise timers for uvloop. Returns one row per level (columns `COLUMNS`); writes them to
+    `out` (JSON with the settings and machine facts) when given, and prints the table unless
+    `quiet`.
     """
     levels = [int(c) for c in levels]
     timeout_s = timeout_s or max(60.0, 10 * (ttft_s + tokens * itl_s))
