@@ -37,3 +37,24 @@ def test_rerender_matches_committed(study, tmp_path):
 
 def test_both_studies_are_published():
     assert {"local-cpu", "h200-llama8b-vllm"} <= set(PUBLISHED)
+
+
+def test_japanese_report_renders(tmp_path):
+    """language: ja -> Japanese headings and prose, figures with a CJK font, opens in Chromium."""
+    import json
+
+    from servelab import report
+
+    shutil.copytree(ROOT / "reports" / "local-cpu", tmp_path / "local-cpu-ja")
+    sj = tmp_path / "local-cpu-ja" / "data" / "study.json"
+    d = json.loads(sj.read_text())
+    d["study"]["language"] = "ja"
+    sj.write_text(json.dumps(d, ensure_ascii=False))
+    env = {**os.environ, "SERVELAB_REPORTS": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-m", "servelab.cli", "report", "local-cpu-ja"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    html = (tmp_path / "local-cpu-ja" / "index.html").read_text()
+    assert "測定方法" in html and "段階別の性能推移" in html and "合計スループット最大" in html
+    res = report.check_in_browser(tmp_path / "local-cpu-ja" / "index.html")
+    assert res["images"] >= 5 and res["broken_images"] == 0 and res["errors"] == []
