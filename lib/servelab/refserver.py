@@ -222,7 +222,10 @@ class RefServer:
         p_tok = count_tokens(prompt) + (TEMPLATE_TOKENS if chat else 0)
         n_tok = int(req.get("max_tokens") or 16)
         include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        # a stream that will end abnormally says so up front, so the client never reuses the connection
+        close = b"Connection: close\r\n" if fault in ("no_done", "reset", "stall") else b""
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+                     + close + b"\r\n")
         await writer.drain()
         self.stats.running += 1
         self.stats.prompt_tokens_total += p_tok
