@@ -234,27 +234,12 @@ class Engine:
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self, grace_s: float = 20.0) -> int | None:
-        """SIGTERM the process group, then SIGKILL after `grace_s`. Returns the exit status."""
+        """Stop the whole process group (see stop_process_group). Returns the exit status."""
         if self._rss:
             self._rss.stop()
         if self.proc is None:
             return None
-        pgid = self.proc.pid
-        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(pgid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(wait_s)
-                # the leader is gone; make sure no child of the group survives
-                try:
-                    os.killpg(pgid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        stop_process_group(self.proc.pid, grace_s, self.proc)
         return self.proc.poll()
 
     def __enter__(self) -> "Engine":
@@ -286,6 +271,43 @@ class Engine:
             "base_url": self.base_url,
             "pid": self.proc.pid if self.proc else None,
         }
+
+
+def stop_process_group(pgid: int, grace_s: float = 20.0, proc: subprocess.Popen[bytes] | None = None) -> str:
+    """SIGTERM a process group, wait until every member is gone, SIGKILL what is left after
+    `grace_s`. The leader is reaped when it is our child (`proc`, or found by waitpid), so a
+    zombie leader does not keep the group alive. Safe on a group that is already gone."""
+
+    def reap() -> None:
+        if proc is not None:
+            proc.poll()
+        else:
+            try:
+                os.waitpid(pgid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+    def gone(wait_s: float) -> bool:
+        deadline = time.monotonic() + wait_s
+        while True:
+            reap()
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+
+    for sig, wait_s, done in ((signal.SIGTERM, grace_s, "engine stopped"),
+                              (signal.SIGKILL, 10.0, "engine killed after grace period")):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return "engine already stopped" if sig == signal.SIGTERM else "engine stopped"
+        if gone(wait_s):
+            return done
+    return f"process group {pgid} did not exit after SIGKILL"
 
 
 def auth_headers(api_key_env: str | None) -> dict[str, str]:

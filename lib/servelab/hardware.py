@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import math
 import os
-import platform
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from .runinfo import cpu_model
 
 __all__ = [
     "HARDWARE",
@@ -186,20 +187,9 @@ def measure_cpu_bandwidth(seconds: float = 2.0, array_bytes: int = 256 * 2**20,
         "matmul_n": int(matmul_n),
         "copy_repeats": n_copy,
         "matmul_repeats": n_mm,
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
     }
-
-
-def _cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
 
 
 def local_cpu_entry(measured: Mapping[str, Any] | None = None, seconds: float = 2.0) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import yaml
 from . import stages
 from .config import Study, load_study
 from .engine import EngineError, build_command
-from .records import RECORDS, write_json
+from .records import RECORDS, read_json, write_json
 from .secrets import scrub_file, scrub_tree
 
 STAGES = ["01_provision", "02_launch", "03_benchmark", "04_diagnose"]
@@ -120,7 +120,7 @@ def run_config(study: Study, params_path: Path, config_id: str, rdir: Path, *, n
                 _log(res.message)
     finally:
         _log(f"{config_id}: {stages.stop(rdir)}")
-    run = json.loads((rdir / "run.json").read_text()) if (rdir / "run.json").exists() else {}
+    run = read_json(rdir / "run.json") if (rdir / "run.json").exists() else {}
     if run.get("status") != "complete":
         raise RunIncomplete(f"{config_id}: run {run.get('status', 'missing')}: {run.get('message', '')} "
                             f"(continue with --resume)")
@@ -166,7 +166,7 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
     todo = []
     for cid in configs:
         rdir = root / cid
-        if resume and (rdir / "run.json").exists() and json.loads((rdir / "run.json").read_text()).get("status") == "complete":
+        if resume and (rdir / "run.json").exists() and read_json(rdir / "run.json").get("status") == "complete":
             _log(f"configuration {cid}: complete, skipped (--resume)")
             continue
         if rdir.exists() and not resume:
@@ -264,7 +264,7 @@ def render(study_id: str, keep_dir: Path | None = None) -> Path:
     with tempfile.TemporaryDirectory(prefix="servelab-render-") as tmp:
         work = Path(keep_dir) if keep_dir else Path(tmp)
         nb = execute_notebook(WRITEUP, work, {"study_dir": str(pub.resolve())})
-        title = json.loads((pub / "data" / STUDY_JSON).read_text())["study"].get("title", study_id)
+        title = read_json(pub / "data" / STUDY_JSON)["study"].get("title", study_id)
         notebook_to_html(nb, pub / "index.html", title=title)
     write_index(reports_root())
     _log(f"report {pub / 'index.html'} rendered in {time.monotonic() - t0:.1f} s")

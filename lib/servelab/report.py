@@ -136,13 +136,15 @@ def engine_settings(sd: StudyData, config_id: str) -> dict[str, Any]:
 
 def config_table(sd: StudyData) -> pd.DataFrame:
     """One row per configuration: id, label, engine version, and what differs from the previous."""
+    from .diagnose import config_diff
+
     rows, prev = [], None
     for cid in sd.config_ids:
-        cur = engine_settings(sd, cid)
+        cur = sd.runs[cid].get("engine_params") or {}
         if prev is None:
             change = sd.t("baseline")
         else:
-            diffs = [f"{k}: {prev.get(k)} → {cur.get(k)}" for k in sorted(set(cur) | set(prev)) if cur.get(k) != prev.get(k)]
+            diffs = [f"{k}: {a} → {b}" for k, a, b in config_diff(prev, cur)]
             change = "; ".join(diffs) if diffs else sd.t("no_change")
         run = sd.runs[cid]
         rows.append({"configuration": cid, "label": sd.labels().get(cid, cid),

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .config import Study
-from .engine import Engine, EngineError, Server, _RssWatcher, attach, log_tail
+from .engine import Engine, EngineError, Server, _RssWatcher, attach, log_tail, stop_process_group
 from .records import RUN_JSON, read_json, write_json
 from .runinfo import base_record, model_record
 
@@ -139,13 +139,10 @@ def launch(study: Study, config_id: str, rdir: Path) -> dict[str, Any]:
 def smoke(study: Study, config_id: str, handle: dict[str, Any]) -> dict[str, Any]:
     """Seed 000's functional check: a chat reply and, with a tool-call parser, a tool call.
     With dummy weights the answers are recorded but the check does not apply."""
-    from .engine import auth_headers
     from .profiles import smoke_check
 
     eng = study.engine_for(config_id)
-    headers = auth_headers(eng.api_key_env) if handle["mode"] == "launched" else {}
-    if study.host.kind == "attach" and study.host.attach:
-        headers = attach(study.host.attach).headers
+    headers = client_headers(study, config_id, handle["mode"])
     # servelab knows the weights only of an engine it started (here, via serve, or on AWS)
     ours = handle["mode"] in ("launched", "aws") or bool(handle["info"].get("served"))
     try:
@@ -188,9 +185,9 @@ def stop_served(study_id: str, config_id: str) -> str:
     if not p.exists():
         return "no served engine"
     h = read_json(p)
-    tmp = p.parent / config_id
-    write_json(tmp / ENGINE_JSON, {"pid": h.get("pid"), "info": {"command": h.get("command")}})
-    return stop(tmp)
+    if not h.get("pid") or not _is_engine(h["pid"], {"info": h}):
+        return "engine already stopped"
+    return stop_process_group(h["pid"])
 
 
 def launch_aws(study: Study, host: dict[str, Any]) -> dict[str, Any]:
@@ -210,14 +207,20 @@ def launch_aws(study: Study, host: dict[str, Any]) -> dict[str, Any]:
             "tunnel_pid": tunnel_pid}
 
 
-def server_from_handle(rdir: Path, study: Study, config_id: str) -> Server:
-    h = read_json(rdir / ENGINE_JSON)
+def client_headers(study: Study, config_id: str, mode: str) -> dict[str, str]:
+    """Headers the client sends: the attach block's (key re-read from the environment), or the
+    API key of an engine servelab launched with engine.api_key_env."""
     from .engine import auth_headers
 
-    headers: dict[str, str] = auth_headers(study.engine_for(config_id).api_key_env) if h["mode"] == "launched" else {}
     if study.host.kind == "attach" and study.host.attach:
-        headers = attach(study.host.attach).headers  # re-reads the key from the environment
-    return Server(base_url=h["base_url"], model=h["model"], headers=headers, info=h["info"],
+        return attach(study.host.attach).headers
+    return auth_headers(study.engine_for(config_id).api_key_env) if mode == "launched" else {}
+
+
+def server_from_handle(rdir: Path, study: Study, config_id: str) -> Server:
+    h = read_json(rdir / ENGINE_JSON)
+    return Server(base_url=h["base_url"], model=h["model"], headers=client_headers(study, config_id, h["mode"]),
+                  info=h["info"],
                   tokenizer_dir=h.get("tokenizer_dir"))
 
 
@@ -270,24 +273,7 @@ def stop(rdir: Path, grace_s: float = 20.0) -> str:
         return "attached server left running"
     if not _is_engine(pid, h):
         return "engine already stopped"
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return "engine already stopped"
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            break
-        _reap(pid)
-        time.sleep(0.2)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-        _reap(pid)
-        return "engine killed after grace period"
-    except ProcessLookupError:
-        return "engine stopped"
+    return stop_process_group(pid, grace_s)
 
 
 def _is_engine(pid: int, handle: dict[str, Any]) -> bool:
@@ -300,13 +286,6 @@ def _is_engine(pid: int, handle: dict[str, Any]) -> bool:
         return False
     want = (handle.get("info") or {}).get("command") or []
     return bool(cmd) and cmd[:3] == want[:3]
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 # -- views the stage notebooks show ------------------------------------------------------------
