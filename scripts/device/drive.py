@@ -7,6 +7,7 @@ whose run.json says complete is skipped, so a later call continues where time ra
 
 Usage (on the device, from the repository root, PYTHONPATH holding the wheels and lib/):
   python3 scripts/device/drive.py params/h200-llama8b-vllm.yaml --deadline-s 520 [--gpus 2]
+  python3 scripts/device/drive.py params/h200-llama8b-vllm.yaml --gpus 2 --only tp2,tp2-saturation
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from servelab.config import load_study  # noqa: E402
 
 # (lane configs on one GPU each); configurations listed later run on all GPUs
 LANES_2GPU = [["eager", "mnbt-2048", "mnbt-8192"], ["cudagraph", "cudagraph-saturation", "mnbt-4096", "mnbt-16384"]]
-ALL_GPU = ["tp2"]
+ALL_GPU = ["tp2", "tp2-saturation"]
 PEER_RUNS = {  # vllm bench serve on the same server as these configurations: (input, output, concurrency)
     "cudagraph": [(256, 256, 1), (2048, 256, 4), (8192, 256, 4)],
+    "tp2": [(256, 256, 1), (2048, 256, 4), (8192, 256, 4)],
 }
 
 
@@ -114,11 +116,14 @@ def main() -> None:
     ap.add_argument("params", type=Path)
     ap.add_argument("--deadline-s", type=float, default=520, help="stop starting work after this many seconds")
     ap.add_argument("--gpus", type=int, default=1)
+    ap.add_argument("--only", help="comma-separated configurations to run (in this order, on all GPUs)")
     a = ap.parse_args()
     deadline = time.monotonic() + a.deadline_s
     study = load_study(a.params)
     log(study.study, f"drive start: {a.gpus} GPU(s), deadline {a.deadline_s:.0f} s")
-    if a.gpus >= 2:
+    if a.only:
+        run_lane(a.params, a.only.split(","), ",".join(str(i) for i in range(a.gpus)), 8000, deadline)
+    elif a.gpus >= 2:
         threads = [threading.Thread(target=run_lane, args=(a.params, lane, str(i), 8000 + i, deadline))
                    for i, lane in enumerate(LANES_2GPU)]
         for t in threads:

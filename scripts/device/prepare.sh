@@ -6,6 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 shared=${SERVELAB_SHARED:-../shared}
 bash "$shared/gpu/fetch-wheels.sh" .gpu/wheels scripts/device/requirements.txt
-# The tool carries the working tree (~3 MB) and one part per call within 64 MiB: use 56 MiB parts.
-(cd .gpu/wheels && cat p[0-9][0-9] > all.tar && rm p[0-9][0-9] && split -b 56M -d -a 2 all.tar p && rm all.tar)
+# The tool carries the working tree (~10 MB with the published reports) and one part per call within 64 MiB: use 50 MiB parts.
+(cd .gpu/wheels && cat p[0-9][0-9] > all.tar && rm p[0-9][0-9] && split -b 50M -d -a 2 all.tar p && rm all.tar)
 ls -la .gpu/wheels
