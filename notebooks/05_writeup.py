@@ -110,7 +110,8 @@ Markdown(f"### Speculative decoding\n\n{spec_text}")
 spec_table
 
 # %%
-Markdown("### One change at a time\n\nEach configuration against the previous one; a change is attributed only "
+Markdown("### One change at a time\n\nEach configuration against its baseline (the configuration named in the "
+         "params, else the nearest earlier one measured on the same levels); a change is attributed only "
          "when exactly one setting differs.")
 
 # %%

@@ -402,6 +402,10 @@ def test_compare_configs_percentages_and_attribution_warning():
     assert second["warning"] == "not attributable: 2 variables differ: args.max-num-seqs, env.X"
     same = d.compare_configs([("eager", BASE), ("budget", BASE)], summ).iloc[0]
     assert same["warning"].startswith("nothing differs")
+    # a named baseline replaces "the previous one": both vs eager, two variables changed
+    named = d.compare_configs([("eager", BASE), ("budget", one), ("both", two)], summ, baselines={"both": "eager"})
+    assert list(named["baseline"]) == ["eager", "eager"]
+    assert named.iloc[1]["aggregate_change_pct"] == pytest.approx(140.0) and named.iloc[1]["n_changed"] == 3
 
 
 # --------------------------------------------------------------------------- 7. symptom table

@@ -59,6 +59,19 @@ def test_roofline_efficiency_hand_computed():
     assert math.isnan(r["prefill_efficiency_pct"].iloc[1])
 
 
+def test_roofline_two_devices_halve_the_bound():
+    # tensor parallel over 2 devices: same bytes, twice the bandwidth and FLOP/s
+    summ = pd.DataFrame([{"config": "a", "bucket": "b", "concurrency": 1, "prompt_tokens": 100,
+                          "output_tokens_p50": 20, "tpot_p50_s": 0.58, "ttft_p50_s": 0.32}])
+    one = hwm.roofline_efficiency(summ, TOY, TOY_HW)
+    two = hwm.roofline_efficiency(summ, TOY, TOY_HW, devices=2)
+    assert two["decode_bound_s_per_token"].iloc[0] == pytest.approx(0.145)
+    assert two["decode_efficiency_pct"].iloc[0] == pytest.approx(one["decode_efficiency_pct"].iloc[0] / 2)
+    assert two["prefill_bound_s"].iloc[0] == pytest.approx(0.08)
+    assert two["implied_bandwidth_Bps"].iloc[0] == pytest.approx(one["implied_bandwidth_Bps"].iloc[0])
+    assert two["hardware"].iloc[0] == "2 x toy"
+
+
 def test_moe_decode_weight_bytes_expected_experts():
     # fixed 100 params + 8 experts of 10 params, 2 active; 1 byte per param
     moe = {"param_count": 180, "active_param_count": 120, "num_experts": 8, "num_active_experts": 2,

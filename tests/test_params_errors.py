@@ -55,6 +55,7 @@ CASES = {
  "configuration override typo": m(["configurations"], [{"id": "a", "engine": {"portt": 1}}]),
  "no configurations": m(["configurations"], []),
  "configuration id with slash": m(["configurations"], [{"id": "a/b"}]),
+ "baseline not an earlier configuration": m(["configurations"], [{"id": "a", "baseline": "b"}, {"id": "b"}]),
 }
 
 EXPECTED = {
@@ -86,6 +87,7 @@ EXPECTED = {
     'configuration override typo': "bad.yaml: configurations[0]: engine.portt: unknown key (did you mean 'port'?)",
     'no configurations': 'bad.yaml: configurations: List should have at least 1 item after validation, not 0',
     'configuration id with slash': "bad.yaml: configurations[0].id: String should match pattern '^[A-Za-z0-9][A-Za-z0-9_.-]*$' (got 'a/b')",
+    'baseline not an earlier configuration': "bad.yaml: <top>: configurations[0].baseline: 'b' is not an earlier configuration (earlier: [])",
 }
 
 

@@ -58,3 +58,29 @@ def test_japanese_report_renders(tmp_path):
     assert "測定方法" in html and "段階別の性能推移" in html and "合計スループット最大" in html
     res = report.check_in_browser(tmp_path / "local-cpu-ja" / "index.html")
     assert res["images"] >= 5 and res["broken_images"] == 0 and res["errors"] == []
+
+
+def test_h200_tp2_is_charged_two_gpus_and_compared_with_one_gpu():
+    """TP=2 spans two GPUs: the cost rows charge 2/8 of the p5en.48xlarge, the roofline uses two
+    H200s' bandwidth, and the report compares it with the one-GPU CUDA-graph configuration."""
+    from servelab import report
+
+    sd = report.load_study_data(ROOT / "reports" / "h200-llama8b-vllm")
+    assert report.baselines(sd)["tp2"] == "cudagraph"
+    assert report.baselines(sd)["tp2-saturation"] == "cudagraph-saturation"
+    text, t = report.cost_section(sd)
+    assert "2/8 GPUs = $15.8240/h (tp2, tp2-saturation)" in text and "1/8 GPUs = $7.9120/h (eager" in text
+    t = t.reset_index(drop=True)
+    for cid, hourly in (("cudagraph", 63.296 / 8), ("tp2", 63.296 * 2 / 8)):
+        r = t[t["config"] == cid].iloc[0]
+        assert r["self-host $/month"] == pytest.approx(hourly * 730, abs=0.01)
+        assert r["self-host $/1M out"] == pytest.approx(hourly / (r["agg tok/s"] * 3600) * 1e6, rel=1e-3)
+    _, eff = report.roofline_table(sd)
+    tp2 = eff[eff["config"] == "tp2"]
+    assert set(tp2["hardware"]) == {"2 x H200 SXM"}
+    one = eff[eff["config"] == "cudagraph"]
+    assert set(one["hardware"]) == {"H200 SXM"}
+    # the bound halves with twice the bandwidth: bound x 2 is the one-GPU bound of the same level
+    m = tp2.merge(one, on=["bucket", "concurrency"], suffixes=("_2", "_1"))
+    assert len(m) == 9
+    assert (m["decode_bound_s_per_token_2"] * 2).tolist() == pytest.approx(m["decode_bound_s_per_token_1"].tolist())

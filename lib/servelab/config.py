@@ -175,6 +175,8 @@ class Configuration(Strict):
         description="overrides of the study's workload for this configuration only (e.g. a saturation sweep); "
                     "the report compares configurations on the levels they share")
     note: str | None = Field(None, description="prose for the report")
+    baseline: str | None = Field(None, description="an earlier configuration this one is compared with in the report "
+                                 "(default: the nearest earlier one measured on a shared level)")
 
     @model_validator(mode="after")
     def _known_overrides(self) -> "Configuration":
@@ -209,6 +211,9 @@ class Study(Strict):
         if dup:
             raise ValueError(f"configuration ids must be unique, repeated: {sorted(dup)}")
         for i, c in enumerate(self.configurations):
+            if c.baseline is not None and c.baseline not in ids[:i]:
+                raise ValueError(f"configurations[{i}].baseline: {c.baseline!r} is not an earlier configuration "
+                                 f"(earlier: {ids[:i]})")
             try:
                 Workload.model_validate(_merge(self.workload.model_dump(), c.workload))
             except ValidationError as e:

@@ -1021,8 +1021,10 @@ def config_diff(engine_params_a: Mapping[str, Any], engine_params_b: Mapping[str
     return out
 
 
-def compare_configs(study_configs: Sequence[tuple[str, Mapping[str, Any]]], summary: pd.DataFrame) -> pd.DataFrame:
-    """Each configuration against the previous one in study order, per level both measured.
+def compare_configs(study_configs: Sequence[tuple[str, Mapping[str, Any]]], summary: pd.DataFrame,
+                    baselines: Mapping[str, str] | None = None) -> pd.DataFrame:
+    """Each configuration against its baseline (``baselines[config]``, default the previous one
+    in study order), per level both measured.
 
     ``study_configs`` is ``[(config_id, engine_params), ...]`` (run.json ``engine_params``
     per configuration). Columns: config, baseline, changed ("path: a -> b; ..."),
@@ -1037,7 +1039,11 @@ def compare_configs(study_configs: Sequence[tuple[str, Mapping[str, Any]]], summ
     rows = []
     keys = [k for k in ["bucket", "target_input_tokens", "target_output_tokens", "concurrency"]
             if summary is not None and k in summary.columns]
-    for (prev_id, prev), (cur_id, cur) in zip(study_configs, study_configs[1:]):
+    params = dict(study_configs)
+    pairs = [((baselines or {}).get(cur_id, prev_id), cur_id)
+             for (prev_id, _), (cur_id, _) in zip(study_configs, study_configs[1:])]
+    for prev_id, cur_id in pairs:
+        prev, cur = params[prev_id], params[cur_id]
         diff = config_diff(prev, cur)
         changed = "; ".join(f"{p}: {a!r} -> {b!r}" for p, a, b in diff)
         if len(diff) > 1:

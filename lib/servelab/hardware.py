@@ -294,7 +294,8 @@ def prefill_matmul_params(facts: Mapping[str, Any]) -> float:
 
 
 def roofline_efficiency(summary: pd.DataFrame, facts: Mapping[str, Any], hw: Mapping[str, Any],
-                        precision: str | None = None, kv_bytes_per_token: float | None = None) -> pd.DataFrame:
+                        precision: str | None = None, kv_bytes_per_token: float | None = None,
+                        devices: int = 1) -> pd.DataFrame:
     """Measured decode and prefill speed of every summary level against the roofline.
 
     Decode, per level: the bound is :func:`decode_bound_s_per_token` with
@@ -309,7 +310,9 @@ def roofline_efficiency(summary: pd.DataFrame, facts: Mapping[str, Any], hw: Map
     the first decode step, so short prompts look inefficient); other rows are NaN.
 
     ``precision`` picks the FLOP/s column (default from the model dtype: fp8 weights ->
-    "fp8", else "bf16"); ``kv_bytes_per_token`` defaults to the facts' value.
+    "fp8", else "bf16"); ``kv_bytes_per_token`` defaults to the facts' value. ``devices``
+    is how many of ``hw`` the engine spans (tensor/pipeline/data parallel): the bound uses
+    their summed bandwidth and FLOP/s (tensor parallel shards the bytes across them).
     """
     cols = ["config", "bucket", "concurrency", "prompt_tokens", "context_tokens", "tpot_p50_s",
             "decode_bound_s_per_token", "decode_efficiency_pct", "implied_bandwidth_Bps", "ttft_p50_s",
@@ -318,8 +321,9 @@ def roofline_efficiency(summary: pd.DataFrame, facts: Mapping[str, Any], hw: Map
         return pd.DataFrame(columns=cols)
     if precision is None:
         precision = "fp8" if "float8" in str(facts.get("dtype", "")) else "bf16"
-    flops = flops_for(hw, precision)
-    bw = float(hw["memory_bandwidth_Bps"])
+    n = max(1, int(devices))
+    flops = flops_for(hw, precision) * n
+    bw = float(hw["memory_bandwidth_Bps"]) * n
     kv = float(kv_bytes_per_token if kv_bytes_per_token is not None else facts["kv_cache_bytes_per_token"])
     mm_params = prefill_matmul_params(facts)
     rows = []
@@ -342,6 +346,6 @@ def roofline_efficiency(summary: pd.DataFrame, facts: Mapping[str, Any], hw: Map
             "implied_bandwidth_Bps": step_bytes / tpot if tpot > 0 else math.nan,
             "ttft_p50_s": ttft, "prefill_bound_s": pbound,
             "prefill_efficiency_pct": pbound / ttft * 100 if c == cmin and ttft > 0 else math.nan,
-            "hardware": hw.get("name"),
+            "hardware": hw.get("name") if n == 1 else f"{n} x {hw.get('name')}",
         })
     return pd.DataFrame(rows, columns=cols)

@@ -526,6 +526,15 @@ def _on(args: dict[str, Any], flag: str) -> bool:
     return v is not None and v is not False
 
 
+def gpu_count(args: dict[str, Any]) -> int:
+    """GPUs one engine occupies: tensor x pipeline x data parallel size (vLLM and SGLang spellings)."""
+    n = 1
+    for names in (("tensor-parallel-size", "tp-size", "tp"), ("pipeline-parallel-size", "pp-size", "pp"),
+                  ("data-parallel-size", "dp-size", "dp")):
+        n *= int(next((v for v in (_get(args, f) for f in names) if v is not None), 1))
+    return n
+
+
 def spec_tokens(kind: str, args: dict[str, Any]) -> int:
     """Draft tokens verified per step (k): 0 without speculative decoding.
 

@@ -28,7 +28,7 @@ TEXT: dict[str, dict[str, str]] = {
         "figures": "Figures",
         "repro": "Reproducibility record",
         "definitions": "Metric definitions",
-        "no_change": "identical to the previous configuration",
+        "no_change": "identical engine settings",
         "baseline": "baseline",
         "method_body": (
             "Every request streams from `{api}` with `stream_options.include_usage`, `ignore_eos`, "
@@ -52,7 +52,7 @@ TEXT: dict[str, dict[str, str]] = {
         "figures": "図",
         "repro": "再現性の記録",
         "definitions": "指標の定義",
-        "no_change": "前の構成と同一",
+        "no_change": "エンジン設定は同一",
         "baseline": "基準",
         "method_body": (
             "すべてのリクエストは `{api}` へストリーミングで送信し、`stream_options.include_usage`、`ignore_eos`、"
@@ -96,6 +96,10 @@ class StudyData:
     def labels(self) -> dict[str, str]:
         return {c["id"]: c.get("label") or c["id"] for c in self.study["configurations"]}
 
+    def baselines(self) -> dict[str, str]:
+        """Baselines named in the params (`configurations[].baseline`)."""
+        return {c["id"]: c["baseline"] for c in self.study["configurations"] if c.get("baseline")}
+
 
 def load_study_data(study_dir: str | Path) -> StudyData:
     """Read `<study_dir>/data/` (a published report) or a runs/<study> folder."""
@@ -135,26 +139,26 @@ def engine_settings(sd: StudyData, config_id: str) -> dict[str, Any]:
 
 
 def config_table(sd: StudyData) -> pd.DataFrame:
-    """One row per configuration: id, label, engine version, and what differs from the previous."""
+    """One row per configuration: id, label, engine version, and what differs from its baseline."""
     from .diagnose import config_diff
 
-    rows, prev = [], None
+    rows, bases = [], baselines(sd)
     for cid in sd.config_ids:
         cur = sd.runs[cid].get("engine_params") or {}
-        if prev is None:
+        base = bases.get(cid)
+        if base is None:
             change = sd.t("baseline")
         else:
-            diffs = [f"{k}: {a} → {b}" for k, a, b in config_diff(prev, cur)]
+            diffs = [f"{k}: {a} → {b}" for k, a, b in config_diff(sd.runs[base].get("engine_params") or {}, cur)]
             change = "; ".join(diffs) if diffs else sd.t("no_change")
         run = sd.runs[cid]
         rows.append({"configuration": cid, "label": sd.labels().get(cid, cid),
                      "engine": f"{run.get('engine_params', {}).get('kind', '?')} {run.get('server', {}).get('version') or ''}".strip(),
-                     "change vs previous": change, "status": run.get("status")})
-        prev = cur
+                     "compared with": base or "", "change": change, "status": run.get("status")})
     for c in sd.study["configurations"]:  # planned but not measured: say so, don't drop silently
         if c["id"] not in sd.runs:
             rows.append({"configuration": c["id"], "label": c.get("label") or c["id"], "engine": "",
-                         "change vs previous": "", "status": "not measured (no run data)"})
+                         "compared with": "", "change": "", "status": "not measured (no run data)"})
     return pd.DataFrame(rows).set_index("configuration") if rows else pd.DataFrame()
 
 
@@ -187,7 +191,7 @@ def seed_table(sd: StudyData, config_id: str) -> pd.DataFrame:
 
 
 def progression(sd: StudyData, metric: str = "aggregate_output_tps") -> pd.DataFrame:
-    """Stage-by-stage progression: each configuration's value per level and % change vs the previous."""
+    """Stage-by-stage progression: each configuration's value per level and % change vs its baseline."""
     s = sd.summary
     if s.empty:
         return pd.DataFrame()
@@ -202,14 +206,19 @@ def progression(sd: StudyData, metric: str = "aggregate_output_tps") -> pd.DataF
 
 
 def baselines(sd: StudyData, piv: pd.DataFrame | None = None) -> dict[str, str]:
-    """Each configuration's baseline: the nearest earlier configuration measured on at least one
-    of the same levels (a configuration with its own workload skips those it shares none with)."""
+    """Each configuration's baseline: the one its params name (`baseline:`), else the nearest earlier
+    configuration measured on at least one of the same levels (a configuration with its own workload
+    skips those it shares none with)."""
     if piv is None:
         piv = sd.summary.pivot_table(index=["bucket", "concurrency"], columns="config", values="aggregate_output_tps",
                                      aggfunc="first", sort=False)
     cols = [c for c in sd.config_ids if c in piv.columns]
+    named = sd.baselines()
     out = {}
     for i, c in enumerate(cols):
+        if named.get(c) in cols[:i]:
+            out[c] = named[c]
+            continue
         for prev in reversed(cols[:i]):
             if (piv[c].notna() & piv[prev].notna()).any():
                 out[c] = prev
@@ -261,10 +270,11 @@ def headline(sd: StudyData) -> str:
     if missing:
         lines.append(f"- Not measured: {', '.join(missing)} (planned in the params file; no run data)."
                      + (f" {sd.meta['not_measured_note']}" if sd.meta.get("not_measured_note") else ""))
-    dev = sd.meta.get("device")
-    if dev:
-        lines.append(f"- Measured on the device machine `{dev.get('kind')}` ({dev.get('machine')}) on {dev.get('date')}, "
-                     f"{dev.get('held_s', 0) / 60:.1f} min of device time in all.")
+    dev = sd.meta.get("device") or []
+    for d in dev if isinstance(dev, list) else [dev]:  # one entry per device session
+        what = f": {d['configurations']}" if d.get("configurations") else ""
+        lines.append(f"- Measured on the device machine `{d.get('kind')}` ({d.get('machine')}) on {d.get('date')}, "
+                     f"{d.get('held_s', 0) / 60:.1f} min of device time{what}.")
     ids = sd.config_ids
     if len(ids) >= 2:
         p = progression(sd)
@@ -366,6 +376,7 @@ def cost_section(sd: StudyData) -> tuple[str, pd.DataFrame]:
                 "in seed 001):")
         return text, _cost_view(t)
     from .cost import replay_cost_table, study_price
+    from .profiles import gpu_count
 
     if cost.replay_price and study.host.kind == "attach":  # a managed endpoint replayed: what it charged
         m = resolve_managed([cost.replay_price])[cost.replay_price]
@@ -373,22 +384,24 @@ def cost_section(sd: StudyData) -> tuple[str, pd.DataFrame]:
         return (f"The measured tokens priced at the managed endpoint's list price: {m.label()}. Latency of the "
                 "same workload is in the tables above, so self-hosted and managed sit side by side."), t.round(4)
     price = study_price(study, use_api=False)
-    hourly = price.usd_per_hour
-    share = ""
-    if cost.gpus_used:
-        gpus = next((e.get("gpus") for e in load_table().get("ec2_on_demand", [])
-                     if e["instance_type"] == price.instance_type), None)
-        if gpus:
-            hourly = hourly * cost.gpus_used / gpus
-            share = f" x {cost.gpus_used}/{gpus} GPUs = ${hourly:,.4f}/h"
+    gpus = next((e.get("gpus") for e in load_table().get("ec2_on_demand", [])
+                 if e["instance_type"] == price.instance_type), None) if cost.gpus_used else None
     managed = resolve_managed(cost.managed)
-    rows = []
+    rows, shares = [], {}
     best = sd.summary.loc[sd.summary.groupby("config", sort=False)["aggregate_output_tps"].idxmax()]
-    t = cost_table(best, hourly, managed, hours=cost.hours_per_month, utilization=cost.utilization,
-                   fixed_monthly_usd=sum(cost.fixed_monthly_usd.values()), always_on=cost.always_on,
-                   cached_input_fraction=cost.cached_input_fraction)
-    rows.append(t)
-    lines = [f"Instance price: {price.instance_type} {price.region}: {price.label()}{share}.",
+    for cid, b in best.groupby("config", sort=False):
+        hourly = price.usd_per_hour
+        if gpus:  # a per-GPU share: the study's gpus_used, or more where the engine spans more GPUs (TP/PP/DP)
+            used = max(cost.gpus_used, gpu_count(study.engine_for(cid).args))
+            hourly = hourly * used / gpus
+            shares.setdefault(f"{used}/{gpus} GPUs = ${hourly:,.4f}/h", []).append(cid)
+        rows.append(cost_table(b, hourly, managed, hours=cost.hours_per_month, utilization=cost.utilization,
+                               fixed_monthly_usd=sum(cost.fixed_monthly_usd.values()), always_on=cost.always_on,
+                               cached_input_fraction=cost.cached_input_fraction))
+    share = ("" if not shares else " Each configuration is charged its share of the instance's GPUs (the engine's "
+             "tensor x pipeline x data parallel size, at least cost.gpus_used): "
+             + "; ".join(f"{k} ({', '.join(v)})" for k, v in shares.items()) + ".")
+    lines = [f"Instance price: {price.instance_type} {price.region}: {price.label()}.{share}",
              "Managed APIs: " + "; ".join(m.label() for m in managed.values()) + ".",
              f"Each row takes the configuration's highest measured aggregate throughput (its best level) and holds "
              f"it for {cost.hours_per_month:g} h at utilization {cost.utilization:g}; input tokens follow that "
@@ -587,6 +600,7 @@ def roofline_table(sd: StudyData) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(hardware table, measured vs bound per level). The local CPU entry is the one measured
     during the run (run.json hardware_measured); a GPU entry is picked by the GPU's name."""
     from .hardware import HARDWARE, get_hardware, local_cpu_entry, roofline_efficiency
+    from .profiles import gpu_count
 
     def row(h: dict[str, Any], source: str | None = None) -> dict[str, Any]:
         return {"hardware": h["name"], "memory GB": (h.get("memory_bytes") or 0) / 1e9 or None,
@@ -613,7 +627,8 @@ def roofline_table(sd: StudyData) -> tuple[pd.DataFrame, pd.DataFrame]:
                 continue
         else:
             continue
-        e = roofline_efficiency(sd.summary[sd.summary["config"] == cid], facts, hw)
+        devices = gpu_count((run.get("engine_params") or {}).get("args") or {}) if gpus else 1
+        e = roofline_efficiency(sd.summary[sd.summary["config"] == cid], facts, hw, devices=devices)
         eff.append(e)
     hw_t = pd.DataFrame(hw_rows).drop_duplicates(subset=["hardware", "source"]).set_index("hardware").round(3)
     eff_t = pd.concat(eff) if eff else pd.DataFrame()
@@ -621,13 +636,13 @@ def roofline_table(sd: StudyData) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def spec_section(sd: StudyData) -> tuple[str, pd.DataFrame]:
-    """Speculative decoding: acceptance from server counters, A/B against the previous
-    configuration, and CUDA-graph capture-size warnings (seed 001's pitfall)."""
+    """Speculative decoding: acceptance from server counters, A/B against the configuration's
+    baseline, and CUDA-graph capture-size warnings (seed 001's pitfall)."""
     from .diagnose import capture_size_warnings, spec_ab, spec_stats
 
-    lines, tables = [], []
+    lines, tables, bases = [], [], baselines(sd)
     conc = sd.study["workload"].get("concurrency", [])
-    for i, cid in enumerate(sd.config_ids):
+    for cid in sd.config_ids:
         args = (sd.runs[cid].get("engine_params") or {}).get("args") or {}
         for w in capture_size_warnings(args, conc):
             lines.append(f"- ⚠ **{cid}**: {w}")
@@ -637,8 +652,8 @@ def spec_section(sd: StudyData) -> tuple[str, pd.DataFrame]:
         st = spec_stats(s) if s is not None else {}
         lines.append(f"- **{cid}**: acceptance rate {st.get('acceptance_rate', float('nan')):.1%}, mean acceptance "
                      f"length {st.get('mean_acceptance_length', float('nan')):.2f} ({st.get('source') or st.get('note')})")
-        if i:
-            base = sd.config_ids[i - 1]
+        if cid in bases:
+            base = bases[cid]
             ab = spec_ab(sd.summary[sd.summary["config"] == base], sd.summary[sd.summary["config"] == cid])
             tables.append(ab.assign(config=cid, baseline=base))
     if not lines:
@@ -648,12 +663,13 @@ def spec_section(sd: StudyData) -> tuple[str, pd.DataFrame]:
 
 
 def one_change_table(sd: StudyData) -> pd.DataFrame:
-    """Each configuration against the previous: the variable that differs and the % changes."""
+    """Each configuration against its baseline: the variable that differs and the % changes."""
     from .diagnose import compare_configs
 
     if len(sd.config_ids) < 2:
         return pd.DataFrame()
-    t = compare_configs([(c, sd.runs[c].get("engine_params") or {}) for c in sd.config_ids], sd.summary)
+    t = compare_configs([(c, sd.runs[c].get("engine_params") or {}) for c in sd.config_ids], sd.summary,
+                        baselines=baselines(sd))
     keep = ["config", "baseline", "changed", "bucket", "concurrency", "ttft_p50_change_pct", "aggregate_change_pct",
             "decode_change_pct", "warning"]
     return t[[c for c in keep if c in t]].round(1)
