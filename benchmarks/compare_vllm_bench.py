@@ -57,6 +57,7 @@ CPU_ARGS = {"enforce-eager": True, "dtype": "bfloat16", "max-model-len": 4096, "
 # its seeded random prompts repeat across runs; both would hit the cache, servelab's salted ones not.
 COMPARE_ENGINE_ARGS = {**CPU_ARGS, "no-enable-prefix-caching": True}
 ITL_LIMIT_PCT = 2.0
+METRICS_INTERVAL_S = 0.5  # servelab's /metrics sampling period during its runs (--servelab-metrics-interval)
 
 
 def log(msg: str) -> None:
@@ -128,7 +129,7 @@ def run_servelab(*, server: Server, input_len: int, output_len: int, n: int, c: 
         raise ValueError(f"n={n} must be a multiple of c={c}")
     wl = Workload(api="completions", buckets=[Bucket(input_tokens=input_len, output_tokens=output_len)],
                   concurrency=[c], warmup_rounds=1 if warmup else 0, rounds=1, requests_per_round=n // c,
-                  timeout_s=600, workers=workers)
+                  timeout_s=600, workers=workers, metrics_interval_s=METRICS_INTERVAL_S)
     t0 = time.perf_counter()
     res = run_workload(server, wl, run_dir, study="compare", config_id=run_dir.name,
                        record=base_record("compare", run_dir.name), progress=False, log=lambda m: None)
@@ -402,16 +403,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--overhead-reps", type=int, default=2)
     ap.add_argument("--port", type=int, default=8050, help="reference server port (first free from here)")
     ap.add_argument("--engine-port", type=int, default=8060)
-    ap.add_argument("--servelab-uvloop", action="store_true",
-                    help="run servelab's event loop on uvloop (asyncio policy; runner unchanged) to measure its effect")
+    ap.add_argument("--servelab-metrics-interval", type=float, default=0.5,
+                    help="servelab's /metrics sampling period during its runs (s; 0 = off), as `servelab run` does")
     ap.add_argument("--out", help="result JSON (default benchmarks/results/compare-<timestamp>.json)")
     a = ap.parse_args(argv)
-    if a.servelab_uvloop:
-        import asyncio
-
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    global METRICS_INTERVAL_S
+    METRICS_INTERVAL_S = a.servelab_metrics_interval
     parts = [p.strip() for p in a.parts.split(",") if p.strip()]
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = ROOT / "runs" / "compare" / stamp

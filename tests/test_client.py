@@ -38,6 +38,26 @@ def test_parser_skips_role_chunk_and_counts_text_chunks():
     assert r.end_s == pytest.approx(0.152)
 
 
+def test_parser_bytes_split_anywhere():
+    """Raw reads cut lines, CRLF pairs and UTF-8 characters anywhere; each line is timed by the
+    read that completed it."""
+    body = ('data: {"choices":[{"index":0,"delta":{"content":"日本"}}]}\r\n\r\n'
+            'data: {"choices":[{"index":0,"delta":{"content":"語"}}]}\n\n'
+            'data: {"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":2}}\n\n'
+            "data: [DONE]").encode()
+    cut = body.index("本".encode()) + 1  # inside a 3-byte character
+    reads = [body[:cut], body[cut:cut + 40], body[cut + 40:]]
+    r = sc.Result()
+    p = sc.StreamParser(r, 0)
+    for i, data in enumerate(reads):
+        p.feed_bytes(data, (i + 1) * 10**9)
+    assert not p.done  # "data: [DONE]" had no newline yet
+    p.flush(9 * 10**9)
+    assert p.done and r.end_s == 9.0
+    assert r.n_text_chunks == 2 and r.ttft_s == 2.0  # first line completed by the second read
+    assert r.output_chars == 3 and p.usage["completion_tokens"] == 2
+
+
 def test_parser_completions_text_field():
     r, _ = _parse([('data: {"choices":[{"index":0,"text":"abc"}]}', 0.2), ("data: [DONE]", 0.3)])
     assert r.ttft_s == pytest.approx(0.2) and r.output_chars == 3

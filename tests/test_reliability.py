@@ -32,7 +32,7 @@ def test_fault_matrix_accounts_for_every_request(refserver, tmp_path, fault):
     wl = Workload(buckets=[Bucket(input_tokens=20, output_tokens=10)], concurrency=[3], warmup_rounds=0, rounds=3,
                   requests_per_round=2, timeout_s=1.0)
     res = run_workload(Server(s.url, "ref"), wl, tmp_path / "r", study="t", config_id="r",
-                       record=base_record("t", "r"), progress=False, metrics_interval_s=None)
+                       record=base_record("t", "r"), progress=False, metrics_interval_s=0)
     recs = read_jsonl(tmp_path / "r" / "records.jsonl")
     ok = [r for r in recs if r["ok"]]
     bad = [r for r in recs if not r["ok"]]

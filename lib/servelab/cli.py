@@ -118,7 +118,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     out = Path(a.out or Path("runs") / "selfcheck" / f"{datetime.now():%Y%m%d-%H%M%S}.json")
     df = calibrate(levels=a.levels, ttft_s=a.ttft, itl_s=a.itl, tokens=a.tokens, workers=a.workers,
                    server_process=not a.in_process, tokens_per_chunk=a.tokens_per_chunk, api=a.api,
-                   port=a.port, uvloop_server=a.server_uvloop, client_uvloop=a.client_uvloop,
+                   port=a.port, uvloop_server=a.server_uvloop,
                    late_ms=a.late_ms, out=out)
     print(f"self-check: {out}")
     return 0 if len(df) else EXIT_FAIL
@@ -198,7 +198,6 @@ def parser() -> argparse.ArgumentParser:
     cal.add_argument("--in-process", action="store_true", help="run the reference server in a thread here")
     cal.add_argument("--server-uvloop", action="store_true",
                      help="reference server on uvloop (more streams per core, coarser timers)")
-    cal.add_argument("--client-uvloop", action="store_true", help="run servelab's client on uvloop (to compare)")
     cal.add_argument("--out", help="result JSON (default runs/selfcheck/<timestamp>.json)")
     cal.set_defaults(fn=cmd_calibrate)
     return p

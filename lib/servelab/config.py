@@ -148,6 +148,10 @@ class Workload(Strict):
     duration_s: float = Field(20.0, gt=0, description="length of one open-loop round (n = rate x duration)")
     max_in_flight: int = Field(1024, ge=1, description="open loop: cap on concurrent requests")
     workers: int = Field(1, ge=1, le=64, description="client processes, each with its own event loop")
+    metrics_interval_s: float = Field(
+        0.5, ge=0, description="period of the server /metrics sampling during the run (KV residency, queue, "
+        "server histograms); 0 = off. Each scrape costs the server CPU (vLLM CPU build: ~8.5 ms, "
+        "benchmarks/README.md), which a 2-core machine notices")
     failure_budget: float | None = Field(
         None, gt=0, le=1, description="stop a level early once this fraction of its requests failed")
     on_interrupt: Literal["cancel", "drain"] = Field(

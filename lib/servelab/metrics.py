@@ -200,6 +200,10 @@ def _index(text: str) -> dict[str, _Series]:
     ``h_bucket``/``h_sum``/``h_count``). NaN values are dropped.
     """
     out: dict[str, _Series] = defaultdict(list)
+    # Histogram buckets are most of the lines and nothing here reads them (only _sum/_count):
+    # dropping them before the pure-Python parser cuts its CPU per scrape several-fold, CPU the
+    # sampler would otherwise take from the client and, on a small machine, from the server.
+    text = "\n".join(ln for ln in text.split("\n") if "_bucket{" not in ln)
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             v = float(s.value)

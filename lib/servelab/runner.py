@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import httpx
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -102,14 +101,10 @@ def calibrate_buckets(server: Server, wl: Workload, warn: Callable[[str], None] 
     return {b.label: calibrate(counter, b.input_tokens, wl.prompt_text) for b in wl.buckets}
 
 
-async def _server_healthy(c: httpx.AsyncClient) -> bool:
+async def _server_healthy(c: sc.StreamClient) -> bool:
     for path in ("/health", "/v1/models"):
-        try:
-            r = await c.get(path, timeout=5.0)
-            if r.status_code == 200:
-                return True
-        except httpx.HTTPError:
-            pass
+        if await c.status(path) == 200:
+            return True
     return False
 
 
@@ -154,7 +149,7 @@ class LoopMonitor:
                 "loop_lag_max_s": float(lag.max()), "lag_samples": len(self.lags)}
 
 
-async def run_round(http: httpx.AsyncClient, jobs: list[Job], concurrency: int, timeout_s: float,
+async def run_round(http: sc.StreamClient, jobs: list[Job], concurrency: int, timeout_s: float,
                     on_result: Callable[[Job, sc.Result, float | None], None], stop: asyncio.Event,
                     budget: Callable[[], bool] | None = None) -> dict[str, Any]:
     """Send `jobs`: closed loop with `concurrency` workers, or at their scheduled times (at_s).
@@ -178,7 +173,7 @@ async def run_round(http: httpx.AsyncClient, jobs: list[Job], concurrency: int, 
     return mon.stats()
 
 
-async def _open_loop(http: httpx.AsyncClient, jobs: list[Job], cap: int, timeout_s: float,
+async def _open_loop(http: sc.StreamClient, jobs: list[Job], cap: int, timeout_s: float,
                      on_result: Callable[..., None], stop: asyncio.Event, budget: Callable[[], bool] | None) -> None:
     sem = asyncio.Semaphore(cap)
     t0 = time.perf_counter()
@@ -448,10 +443,13 @@ async def run_levels(server: Server, wl: Workload, run_dir: Path, *, study: str,
 
 
 def run_workload(server: Server, wl: Workload, run_dir: Path, *, study: str, config_id: str,
-                 record: dict[str, Any], progress: bool = True, metrics_interval_s: float | None = 0.5,
+                 record: dict[str, Any], progress: bool = True, metrics_interval_s: float | None = None,
                  log: Callable[[str], None] = print, resume: bool = False) -> RunResult:
     """Calibrate prompts, run the grid, write summary.csv and run.json. Never loses records:
-    on abort or Ctrl-C the summary and run.json are written with status 'partial'."""
+    on abort or Ctrl-C the summary and run.json are written with status 'partial'.
+    `metrics_interval_s` overrides the workload's /metrics sampling period (0 = off)."""
+    if metrics_interval_s is None:
+        metrics_interval_s = wl.metrics_interval_s
     run_dir = Path(run_dir)
     state = None
     if (run_dir / RECORDS).exists():

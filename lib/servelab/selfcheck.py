@@ -267,29 +267,18 @@ async def _run_level_inprocess(url: str, specs: list[sc.RequestSpec], c: int,
     return results, stats
 
 
-def _run_loop(coro: Any, use_uvloop: bool) -> Any:
-    """Run `coro` like runner.run_sync does, optionally on uvloop (to measure its effect)."""
-    if not use_uvloop:
-        return run_sync(coro)
-    import uvloop
-
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as r:
-        return r.run(coro)
-
-
 def calibrate(levels: Iterable[int] = DEFAULT_LEVELS, ttft_s: float = 0.1, itl_s: float = 0.02,
               tokens: int = 64, workers: int = 1, server_process: bool = True, *,
               requests_per_stream: int = 1, min_requests: int = 4, tokens_per_chunk: int = 1,
               api: str = "chat", port: int | None = None, uvloop_server: bool = False, late_ms: float = 5.0,
-              client_uvloop: bool = False, timeout_s: float | None = None, out: Path | str | None = None,
+              timeout_s: float | None = None, out: Path | str | None = None,
               quiet: bool = False, log: Callable[[str], None] = print) -> pd.DataFrame:
     """Measure servelab's client error against the reference server at each stream count.
 
     Each level sends max(c * requests_per_stream, min_requests) requests of `tokens` tokens
     with c in flight (closed loop), after an unmeasured warmup round of c one-token requests
-    that opens the connections. `workers > 1` sends through `runner.WorkerPool` processes;
-    `client_uvloop` runs the in-process client (workers=1) on uvloop instead of the asyncio loop
-    the runner uses, to measure what that changes; `uvloop_server` trades the reference server's
+    that opens the connections, on the event loop the runner uses (`runner.run_sync`: uvloop).
+    `workers > 1` sends through `runner.WorkerPool` processes; `uvloop_server` trades the reference server's
     precise timers for uvloop. Returns one row per level (columns `COLUMNS`); writes them to
     `out` (JSON with the settings and machine facts) when given, and prints the table unless
     `quiet`.
@@ -299,7 +288,7 @@ def calibrate(levels: Iterable[int] = DEFAULT_LEVELS, ttft_s: float = 0.1, itl_s
     settings = {"levels": levels, "ttft_s": ttft_s, "itl_s": itl_s, "tokens": tokens, "workers": workers,
                 "server_process": server_process, "requests_per_stream": requests_per_stream,
                 "min_requests": min_requests, "tokens_per_chunk": tokens_per_chunk, "api": api,
-                "uvloop_server": uvloop_server, "client_uvloop": client_uvloop, "late_ms": late_ms}
+                "uvloop_server": uvloop_server, "late_ms": late_ms}
     rows: list[dict[str, Any]] = []
     server_cm: Any
     if server_process:
@@ -329,11 +318,10 @@ def calibrate(levels: Iterable[int] = DEFAULT_LEVELS, ttft_s: float = 0.1, itl_s
                     def on_result(job: Job, res: dict[str, Any], lag: float | None) -> None:
                         results.append(res)
 
-                    _run_loop(pool.run_round(_warm_jobs(c, api), c, timeout_s, lambda *a: None), client_uvloop)
-                    stats = _run_loop(pool.run_round([Job(i, s) for i, s in enumerate(specs)], c, timeout_s,
-                                                    on_result), client_uvloop)
+                    run_sync(pool.run_round(_warm_jobs(c, api), c, timeout_s, lambda *a: None))
+                    stats = run_sync(pool.run_round([Job(i, s) for i, s in enumerate(specs)], c, timeout_s, on_result))
                 else:
-                    results, stats = _run_loop(_run_level_inprocess(srv.url, specs, c, timeout_s), client_uvloop)
+                    results, stats = run_sync(_run_level_inprocess(srv.url, specs, c, timeout_s))
                 wall = time.perf_counter() - t0
                 cpu1 = srv.cpu_s() if server_process else None
                 row: dict[str, Any] = {"streams": c, "wall_s": wall}
