@@ -1,7 +1,7 @@
 """servelab side by side with `vllm bench serve`: same server, same workload, one run, alternating.
 
 Parts (all by default; see benchmarks/README.md for the definitions each tool uses):
-  ref       reference server (python -m servelab.refserver, own process, uvloop), whose true
+  ref       reference server (python -m servelab.refserver, own process, precise timers), whose true
             TTFT / TPOT / throughput are programmed: TTFT p50/p95, TPOT p50, output tok/s,
             request count for servelab, vllm bench serve and the truth.
   vllm      the real vLLM CPU server (servelab.engine.Engine, model cpu-tiny): the same table,

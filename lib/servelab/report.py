@@ -442,7 +442,10 @@ def peer_section(sd: StudyData) -> tuple[str, pd.DataFrame]:
             "the role-only chunk), servelab's at the first chunk carrying text; `vllm bench serve`'s random "
             "dataset sets the prompt length before the chat template, servelab after it; its output tok/s is total "
             "output over the whole benchmark, servelab's the median over rounds of each round's output over its "
-            "wall time.")
+            "wall time. servelab starts each round's c requests together and waits for all of them; vllm bench "
+            "keeps c in flight, starting a request whenever one ends, so after its first wave its prefills "
+            "seldom coincide: with long prompts at c > 1 its TTFT is lower by that queueing (for example 8K "
+            "prompts at c=4), while TPOT and tok/s stay close.")
     return text, t.set_index(["config", "concurrency", "tool"]) if not t.empty else t
 
 
