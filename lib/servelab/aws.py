@@ -531,14 +531,8 @@ class EcsServiceHost(_Base):
     # -- probes ------------------------------------------------------------------------------
     def _tasks(self, region: str, desired: str = "RUNNING") -> list[dict[str, Any]]:
         ecs = self.client(region, "ecs")
-        arns: list[str] = []
-        kw: dict[str, Any] = {"cluster": self.p.cluster, "serviceName": self.p.service, "desiredStatus": desired}
-        while True:
-            r = ecs.list_tasks(**kw)
-            arns += r.get("taskArns", [])
-            if not r.get("nextToken"):
-                break
-            kw["nextToken"] = r["nextToken"]
+        arns = [a for page in ecs.get_paginator("list_tasks").paginate(
+            cluster=self.p.cluster, serviceName=self.p.service, desiredStatus=desired) for a in page.get("taskArns", [])]
         tasks: list[dict[str, Any]] = []
         for i in range(0, len(arns), 100):
             tasks += ecs.describe_tasks(cluster=self.p.cluster, tasks=arns[i:i + 100]).get("tasks", [])
@@ -728,14 +722,8 @@ class EcsServiceHost(_Base):
     def _sharing(self, region: str, cp: str | None) -> list[str]:
         """Other services that run on the same capacity provider and are not idle."""
         ecs = self.client(region, "ecs")
-        arns: list[str] = []
-        kw: dict[str, Any] = {"cluster": self.p.cluster}
-        while True:
-            r = ecs.list_services(**kw)
-            arns += r.get("serviceArns", [])
-            if not r.get("nextToken"):
-                break
-            kw["nextToken"] = r["nextToken"]
+        arns = [a for page in ecs.get_paginator("list_services").paginate(cluster=self.p.cluster)
+                for a in page.get("serviceArns", [])]
         others = [a for a in arns if a.split("/")[-1] != self.p.service]
         cl = ecs.describe_clusters(clusters=[self.p.cluster]).get("clusters", [])
         default = {s["capacityProvider"] for s in (cl[0].get("defaultCapacityProviderStrategy") or [])} if cl else set()

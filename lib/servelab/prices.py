@@ -221,16 +221,10 @@ def fetch_ec2_price(instance_type: str, region: str, session: Any = None) -> Pri
     for by_location in (False, True):
         if by_location and region not in REGION_NAMES:
             break
-        items: list[str] = []
-        kw: dict[str, Any] = {"ServiceCode": "AmazonEC2", "Filters": pricing_filters(instance_type, region,
-                                                                                     by_location=by_location),
-                              "FormatVersion": "aws_v1", "MaxResults": 100}
-        while True:
-            resp = client.get_products(**kw)
-            items += resp.get("PriceList", [])
-            if not resp.get("NextToken"):
-                break
-            kw["NextToken"] = resp["NextToken"]
+        pages = client.get_paginator("get_products").paginate(
+            ServiceCode="AmazonEC2", Filters=pricing_filters(instance_type, region, by_location=by_location),
+            FormatVersion="aws_v1", PaginationConfig={"PageSize": 100})
+        items = [x for page in pages for x in page.get("PriceList", [])]
         if items:
             usd, pub = parse_on_demand(items)
             today = date.today().isoformat()
