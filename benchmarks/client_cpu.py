@@ -7,7 +7,7 @@ chunks), the median |measured gap - emitted gap| / emitted gap (ITL error, from 
 emission stamps `servelab_t_ns` on the same monotonic clock) and the TTFT read error (first
 chunk arrival - emission). Variants:
 
-  servelab     lib/servelab/client.py as shipped (client.make_client + client.send)
+  servelab     lib/servelab/client.py as shipped (client.StreamClient + client.send)
   httpx-h11    httpx's default transport (httpcore + h11), aiter_lines, json.loads
   httpx-aiohttp  httpx with httpx_aiohttp.AiohttpTransport (aiohttp's C parser underneath), aiter_lines
   aiohttp      aiohttp alone (what `vllm bench serve` uses), line iteration, json.loads
@@ -95,7 +95,7 @@ async def level(variant: str, url: str, c: int, tokens: int) -> dict[str, Any]:
         close = session.close
     else:
         if variant == "servelab":
-            http = await sc.make_client(url, concurrency=c).__aenter__()
+            http = await sc.StreamClient(url, concurrency=c).__aenter__()
             fn = lambda t: one_servelab(http, t)  # noqa: E731
         else:
             import httpx

@@ -89,7 +89,7 @@ def test_request_body_has_benchmark_fields():
 
 
 async def _send_many(url: str, n: int, max_tokens: int, timeout_s: float = 20.0, api: str = "chat"):
-    async with sc.make_client(url, concurrency=n) as c:
+    async with sc.StreamClient(url, concurrency=n) as c:
         spec = sc.RequestSpec(prompt="one two three", max_tokens=max_tokens, model="ref", api=api, cache_salt="x")
         return await asyncio.gather(*(sc.send(c, spec, timeout_s=timeout_s) for _ in range(n)))
 

@@ -287,7 +287,7 @@ class StreamClient:
     """The connection pool streaming requests go through: `async with StreamClient(url, ...) as c`.
 
     aiohttp, not httpx, on this one path: its HTTP parser is C, and per streamed chunk it costs
-    ~30 us of client CPU against ~40 us for httpx over the same aiohttp transport and ~90 us for
+    ~25 us of client CPU against ~40 us for httpx over the same aiohttp transport and ~90 us for
     httpx's own httpcore + h11 stack (benchmarks/client_cpu.py, 256 streams on 2 vCPUs). A
     client that takes longer per chunk than the server falls behind in every burst of first
     tokens, and that lag is timing error (servelab calibrate). Other HTTP (metrics, /tokenize,
@@ -296,6 +296,7 @@ class StreamClient:
 
     def __init__(self, base_url: str, *, concurrency: int, headers: dict[str, str] | None = None,
                  connect_timeout_s: float = 10.0) -> None:
+        """Sized for `concurrency` streams: one connection each."""
         self.base_url = base_url.rstrip("/")
         self.limit = concurrency + 4  # one connection per stream, a few spare
         self.headers = dict(headers or {})
@@ -331,9 +332,3 @@ class StreamClient:
                 return r.status
         except (aiohttp.ClientError, TimeoutError):
             return None
-
-
-def make_client(base_url: str, *, concurrency: int, headers: dict[str, str] | None = None,
-                connect_timeout_s: float = 10.0) -> StreamClient:
-    """A StreamClient sized for `concurrency` streams (one connection each)."""
-    return StreamClient(base_url, concurrency=concurrency, headers=headers, connect_timeout_s=connect_timeout_s)

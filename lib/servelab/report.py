@@ -96,10 +96,6 @@ class StudyData:
     def labels(self) -> dict[str, str]:
         return {c["id"]: c.get("label") or c["id"] for c in self.study["configurations"]}
 
-    def baselines(self) -> dict[str, str]:
-        """Baselines named in the params (`configurations[].baseline`)."""
-        return {c["id"]: c["baseline"] for c in self.study["configurations"] if c.get("baseline")}
-
 
 def load_study_data(study_dir: str | Path) -> StudyData:
     """Read `<study_dir>/data/` (a published report) or a runs/<study> folder."""
@@ -130,6 +126,13 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+def engine_gpus(sd: StudyData, config_id: str) -> int:
+    """GPUs the configuration's engine spanned (TP x PP x DP of the args it ran with)."""
+    from .profiles import gpu_count
+
+    return gpu_count((sd.runs[config_id].get("engine_params") or {}).get("args") or {})
 
 
 def engine_settings(sd: StudyData, config_id: str) -> dict[str, Any]:
@@ -213,7 +216,7 @@ def baselines(sd: StudyData, piv: pd.DataFrame | None = None) -> dict[str, str]:
         piv = sd.summary.pivot_table(index=["bucket", "concurrency"], columns="config", values="aggregate_output_tps",
                                      aggfunc="first", sort=False)
     cols = [c for c in sd.config_ids if c in piv.columns]
-    named = sd.baselines()
+    named = {c["id"]: c["baseline"] for c in sd.study["configurations"] if c.get("baseline")}
     out = {}
     for i, c in enumerate(cols):
         if named.get(c) in cols[:i]:
@@ -270,8 +273,7 @@ def headline(sd: StudyData) -> str:
     if missing:
         lines.append(f"- Not measured: {', '.join(missing)} (planned in the params file; no run data)."
                      + (f" {sd.meta['not_measured_note']}" if sd.meta.get("not_measured_note") else ""))
-    dev = sd.meta.get("device") or []
-    for d in dev if isinstance(dev, list) else [dev]:  # one entry per device session
+    for d in sd.meta.get("device") or []:  # one entry per device session
         what = f": {d['configurations']}" if d.get("configurations") else ""
         lines.append(f"- Measured on the device machine `{d.get('kind')}` ({d.get('machine')}) on {d.get('date')}, "
                      f"{d.get('held_s', 0) / 60:.1f} min of device time{what}.")
@@ -376,7 +378,6 @@ def cost_section(sd: StudyData) -> tuple[str, pd.DataFrame]:
                 "in seed 001):")
         return text, _cost_view(t)
     from .cost import replay_cost_table, study_price
-    from .profiles import gpu_count
 
     if cost.replay_price and study.host.kind == "attach":  # a managed endpoint replayed: what it charged
         m = resolve_managed([cost.replay_price])[cost.replay_price]
@@ -392,7 +393,7 @@ def cost_section(sd: StudyData) -> tuple[str, pd.DataFrame]:
     for cid, b in best.groupby("config", sort=False):
         hourly = price.usd_per_hour
         if gpus:  # a per-GPU share: the study's gpus_used, or more where the engine spans more GPUs (TP/PP/DP)
-            used = max(cost.gpus_used, gpu_count(study.engine_for(cid).args))
+            used = max(cost.gpus_used, engine_gpus(sd, cid))
             hourly = hourly * used / gpus
             shares.setdefault(f"{used}/{gpus} GPUs = ${hourly:,.4f}/h", []).append(cid)
         rows.append(cost_table(b, hourly, managed, hours=cost.hours_per_month, utilization=cost.utilization,
@@ -603,7 +604,6 @@ def roofline_table(sd: StudyData) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(hardware table, measured vs bound per level). The local CPU entry is the one measured
     during the run (run.json hardware_measured); a GPU entry is picked by the GPU's name."""
     from .hardware import HARDWARE, get_hardware, local_cpu_entry, roofline_efficiency
-    from .profiles import gpu_count
 
     def row(h: dict[str, Any], source: str | None = None) -> dict[str, Any]:
         return {"hardware": h["name"], "memory GB": (h.get("memory_bytes") or 0) / 1e9 or None,
@@ -630,8 +630,8 @@ def roofline_table(sd: StudyData) -> tuple[pd.DataFrame, pd.DataFrame]:
                 continue
         else:
             continue
-        devices = gpu_count((run.get("engine_params") or {}).get("args") or {}) if gpus else 1
-        e = roofline_efficiency(sd.summary[sd.summary["config"] == cid], facts, hw, devices=devices)
+        e = roofline_efficiency(sd.summary[sd.summary["config"] == cid], facts, hw,
+                                devices=engine_gpus(sd, cid) if gpus else 1)
         eff.append(e)
     hw_t = pd.DataFrame(hw_rows).drop_duplicates(subset=["hardware", "source"]).set_index("hardware").round(3)
     eff_t = pd.concat(eff) if eff else pd.DataFrame()

@@ -203,7 +203,7 @@ async def _open_loop(http: sc.StreamClient, jobs: list[Job], cap: int, timeout_s
 def _worker_main(base_url: str, headers: dict[str, str], max_c: int, cmd_q: Any, out_q: Any) -> None:
     """A client process: runs the rounds it is sent, streams results back to the parent."""
     async def main() -> None:
-        async with sc.make_client(base_url, concurrency=max_c, headers=headers) as http:
+        async with sc.StreamClient(base_url, concurrency=max_c, headers=headers) as http:
             while True:
                 cmd = await asyncio.get_running_loop().run_in_executor(None, cmd_q.get)
                 if cmd is None:
@@ -344,7 +344,7 @@ async def run_levels(server: Server, wl: Workload, run_dir: Path, *, study: str,
     pool = WorkerPool(wl.workers, server, max_c) if wl.workers > 1 else None
     bar = tqdm(total=total, desc=config_id, unit="req", disable=not progress, dynamic_ncols=True)
     status, message = "complete", ""
-    async with sc.make_client(server.base_url, concurrency=min(max_c, 4096), headers=server.headers) as http:
+    async with sc.StreamClient(server.base_url, concurrency=min(max_c, 4096), headers=server.headers) as http:
         sampler = await sampler_cm.__aenter__() if sampler_cm else None
         try:
             with RecordWriter(run_dir / RECORDS) as w, RecordWriter(run_dir / CLIENT_STATS) as cw, \

@@ -258,7 +258,7 @@ async def _run_level_inprocess(url: str, specs: list[sc.RequestSpec], c: int,
     def on_result(job: Job, res: sc.Result, lag: float | None) -> None:
         results.append(res)
 
-    async with sc.make_client(url, concurrency=c) as http:
+    async with sc.StreamClient(url, concurrency=c) as http:
         # warmup round (not measured): opens the c keep-alive connections the level reuses, as a
         # run's warmup rounds do; otherwise the level's TTFTs include connection set-up bursts
         await run_round(http, _warm_jobs(c, specs[0].api), c, timeout_s, lambda *a: None, asyncio.Event())
