@@ -31,8 +31,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
-from servelab import client as sc  # noqa: E402
-from servelab.selfcheck import RefProcess, free_port  # noqa: E402
+from servelab.measure import client as sc  # noqa: E402
+from servelab.measure.selfcheck import RefProcess, free_port  # noqa: E402
 
 BODY = {"model": "ref", "prompt": "client cpu", "stream": True, "stream_options": {"include_usage": True}}
 

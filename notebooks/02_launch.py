@@ -1,11 +1,26 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+#   language_info:
+#     name: python
+# ---
+
 # %% [markdown]
 # # 2. Launch the engine
 #
-# The engine starts as a child process in its own process group, from the configuration's
-# typed flags. We wait for `/health` with a deadline and record the exact command, the
-# environment, `/version` and the start-up time. The engine keeps running after this notebook
-# ends; `servelab run` stops it (whole process group) once the benchmark is done, also when
-# the benchmark fails.
+# Starts the configuration's engine in its own process group (or checks the attached server),
+# waits for `/health`, and records the exact command, version and start-up time in
+# `engine.json`; then seed 000's smoke check (one chat reply, one tool call where a tool-call
+# parser is set). With the default `start = False` this notebook only shows what it would
+# start: `servelab run` (or you, with `start = True`) starts it.
 
 # %% tags=["parameters"]
 params_path = "params/local-cpu.yaml"  # the study's params file
@@ -13,18 +28,19 @@ config_id = "roomy"  # which configuration to launch
 run_dir = "runs/local-cpu/roomy"  # this configuration's run folder
 reduced = False  # use the study's reduced workload (CI)
 resume = False  # (benchmark only) continue an interrupted run
+start = False  # start the engine (servelab run sets it); False: show the command only
 
 # %%
-from pathlib import Path
-
 from servelab import pipeline, stages
+from servelab.paths import resolve
 
 study = pipeline.load(params_path, reduced)
-rdir = Path(run_dir)
-
-# %% [markdown]
-# ## Start and wait for health
+rdir = resolve(run_dir)
+print(stages.launch_plan(study, config_id))
 
 # %%
-handle = stages.launch(study, config_id, rdir)
-stages.launch_table(handle)
+if start:
+    handle = stages.launch(study, config_id, rdir)
+    display(stages.launch_table(handle))
+else:
+    print("start = False: nothing started. Set start = True (or run `servelab run`) to launch it.")

@@ -1,10 +1,26 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+#   language_info:
+#     name: python
+# ---
+
 # %% [markdown]
 # # 3. Benchmark
 #
 # A streaming client sends the study's workload: for every bucket (input x output tokens)
 # and every concurrency level, warmup rounds (excluded) then measured rounds. Each request's
-# record is appended to `records.jsonl` as it ends; `/metrics` is sampled in the background
-# into `server_metrics.jsonl`; `run.json` keeps the reproducibility record.
+# record is appended to `records.jsonl` as it ends; `/metrics` (and NVML on a GPU machine) is
+# sampled in the background; `run.json` keeps the reproducibility record. With the default
+# `start = False` this notebook shows the plan and sends nothing.
 
 # %% tags=["parameters"]
 params_path = "params/local-cpu.yaml"  # the study's params file
@@ -12,27 +28,23 @@ config_id = "roomy"  # which configuration to measure
 run_dir = "runs/local-cpu/roomy"  # this configuration's run folder
 reduced = False  # use the study's reduced workload (CI)
 resume = False  # continue an interrupted run from its first incomplete level
+start = False  # send the load (servelab run sets it); False: show the plan only
 
 # %%
-from pathlib import Path
-
 from servelab import pipeline, stages
+from servelab.paths import resolve
 
 study = pipeline.load(params_path, reduced)
-rdir = Path(run_dir)
+rdir = resolve(run_dir)
+stages.level_plan(study, config_id)
 
 # %% [markdown]
 # ## Run the load levels
 
 # %%
-result = stages.benchmark(study, config_id, rdir, progress=False, resume=resume)
-print(f"status: {result.status}, records: {result.records}. {result.message}")
-
-# %% [markdown]
-# ## Summary per level
-#
-# TTFT and per-request rates are medians over measured requests; aggregate tok/s is the
-# median over rounds (with its range).
-
-# %%
-stages.summary_table(result.summary)
+if start:
+    result = stages.benchmark(study, config_id, rdir, progress=False, resume=resume)
+    print(f"status: {result.status}, records: {result.records}. {result.message}")
+    display(stages.summary_table(result.summary))
+else:
+    print("start = False: no request sent. Set start = True (or run `servelab run`) to measure.")

@@ -1,23 +1,40 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+#   language_info:
+#     name: python
+# ---
+
 # %% [markdown]
 # # 4. Diagnose one configuration
 #
 # Reads only files of the run folder: how TTFT grows with the prompt, where throughput
-# saturates, and what the engine's own counters said while it ran.
+# saturates, and what the engine's own counters said while it ran. The defaults explore the
+# published default study's committed data, so this runs without a server.
 
 # %% tags=["parameters"]
 params_path = "params/local-cpu.yaml"  # the study's params file
 config_id = "roomy"  # which configuration to diagnose
-run_dir = "runs/local-cpu/roomy"  # this configuration's run folder
+run_dir = "reports/local-cpu/data/roomy"  # this configuration's run folder (default: the published data)
 reduced = False  # use the study's reduced workload (CI)
 resume = False  # (benchmark only) continue an interrupted run
+start = False  # (launch, benchmark only)
 
 # %%
-from pathlib import Path
-
-from servelab import pipeline, plots, stages
+from servelab import pipeline, stages
+from servelab.paths import resolve
+from servelab.report import plots
 
 study = pipeline.load(params_path, reduced)
-run = stages.load_run(Path(run_dir))
+run = stages.load_run(resolve(run_dir))
 
 # %% [markdown]
 # ## TTFT vs prompt length

@@ -1,140 +1,152 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+#   language_info:
+#     name: python
+# ---
+
 # %% tags=["parameters"]
 study_dir = "reports/local-cpu"  # published study folder (its data/ holds the raw runs)
+language = ""  # en or ja: write the report in this language; empty: the study language
 
 # %%
-from IPython.display import Markdown
+from IPython.display import Markdown, display
 
-from servelab import plots, report
+from servelab.report import load_study_data
+from servelab.report import diagnosis as dg
+from servelab.report import html as rh
+from servelab.report import money, plots
+from servelab.report import sections as sec
 
-sd = report.load_study_data(study_dir)
+sd = load_study_data(study_dir)
+sd = sd.with_language(language) if language else sd
+w = sd.w
 plots.use_language(sd.language)
-labels = sd.labels()
-Markdown(f"# {sd.study['title']}\n\n{sd.study.get('description') or ''}")
+labels, colors = sd.labels(), sd.colors
+Markdown(f"# {sd.study.title}\n\n{sd.study.description or ''}")
 
 # %%
-Markdown(f"## {sd.t('headline')}\n\n{report.headline(sd)}")
+Markdown(f"{sec.anchor('headline', w('headline'))}\n\n{sec.headline(sd)}")
 
 # %%
-Markdown(f"## {sd.t('configs')}")
+Markdown(f"{sec.anchor('setup', w('setup'))}\n\n{sec.devices_text(sd)}")
 
 # %%
-# NBVAL_CHECK_OUTPUT
-report.config_table(sd)
+sec.config_table(sd)
 
 # %%
-report.common_settings(sd)
+sec.fixed_settings(sd)
 
 # %%
-Markdown(f"## {sd.t('method')}\n\n{report.method_text(sd)}\n\n### {sd.t('definitions')}")
+Markdown(f"{sec.anchor('method', w('method'))}\n\n{sec.method_text(sd)}")
 
 # %%
-report.definitions_table()
+sec.definitions_table(sd)
 
 # %%
-Markdown(f"## {sd.t('results')}")
-
-# %%
-for cid in sd.config_ids:
-    display(Markdown(f"### {labels.get(cid, cid)} (`{cid}`)"))
-    display(report.seed_table(sd, cid))
-
-# %%
-Markdown(f"## {sd.t('progression')}")
-
-# %%
-# NBVAL_CHECK_OUTPUT
-report.progression(sd, "aggregate_output_tps")
-
-# %%
-report.progression(sd, "ttft_p50_s")
-
-# %%
-Markdown(f"## {sd.t('figures')}")
-
-# %%
-fig = plots.ttft_vs_prompt_tokens(sd.summary, labels)
-
-# %%
-fig = plots.throughput_vs_concurrency(sd.summary, labels)
-
-# %%
-fig = plots.latency_vs_concurrency(sd.summary, labels)
-
-# %%
-Markdown(f"## {sd.t('repro')}")
-
-# %%
-report.repro_table(sd)
-
-# %%
-Markdown("## Diagnosis\n\n### TTFT vs prompt length\n\n"
-         "A least-squares fit of TTFT = overhead + prompt tokens / prefill rate over the measured "
-         "requests at concurrency 1.")
-
-# %%
-report.prefill_fit_table(sd)
-
-# %%
-Markdown(f"### Saturation and goodput\n\n{report.slo_text(sd)} The knee is the lowest concurrency after "
-         "which each doubling adds less than 10% aggregate throughput.")
-
-# %%
-report.saturation_table(sd)
-
-# %%
-Markdown("### KV-cache residency\n\nKV usage, running and waiting requests and preemptions, sampled from the "
-         "engine's `/metrics` during every level.")
+Markdown(f"{sec.anchor('results', w('results'))}\n\n{w('results_text')}")
 
 # %%
 for cid in sd.config_ids:
-    text, table, fig = report.kv_section(sd, cid)
+    display(sec.results_table(sd, cid))
+
+# %%
+Markdown(f"{sec.anchor('progression', w('progression'))}\n\n{w('progression_text')}")
+
+# %%
+sec.progression_table(sd)
+
+# %%
+Markdown(sec.anchor("figures", w("figures")))
+
+# %%
+rh.figure(plots.ttft_vs_prompt_tokens(sd.summary, labels, dg.prefill_fits(sd), colors=colors, lang=sd.language),
+          w("fig_ttft"))
+
+# %%
+rh.figure(plots.throughput_vs_concurrency(sd.summary, labels, dg.goodput_frame(sd), colors=colors, lang=sd.language),
+          w("fig_sat"))
+
+# %%
+rh.figure(plots.latency_vs_concurrency(sd.summary, labels, sd.study.slo.ttft_p95_s, colors=colors, lang=sd.language),
+          w("fig_lat"))
+
+# %%
+rh.figure(plots.per_user_vs_per_gpu(sd.summary, {c: sec.engine_gpus(sd, c) for c in sd.config_ids}, labels,
+                                    colors=colors, lang=sd.language), w("fig_pareto"))
+
+# %%
+Markdown(f"{sec.anchor('diagnosis', w('diagnosis'))}\n\n{sec.anchor('prefill', w('prefill'), 3)}")
+
+# %%
+dg.prefill_table(sd)
+
+# %%
+Markdown(f"{sec.anchor('saturation', w('saturation'), 3)}\n\n{w('slo_text', parts=sec.slo_parts(sd))}")
+
+# %%
+dg.saturation_table(sd)
+
+# %%
+Markdown(sec.anchor("kv", w("kv"), 3))
+
+# %%
+for cid in sd.config_ids:
+    text, table, samples = dg.kv_section(sd, cid)
     display(Markdown(text))
     display(table)
+    if samples is not None:
+        display(rh.figure(plots.kv_vs_time(samples, colors[cid], lang=sd.language),
+                          w("fig_kv", label=labels.get(cid, cid))))
 
 # %%
-hw_table, efficiency = report.roofline_table(sd)
-Markdown("### Roofline\n\nDecode is memory-bound: a step reads every weight plus the KV cache, so time per token "
-         "≥ bytes / bandwidth. Efficiency = bound / measured TPOT.")
+hw_table, roofline_table = dg.roofline_tables(sd)
+Markdown(sec.anchor("roofline", w("roofline"), 3))
 
 # %%
 hw_table
 
 # %%
-efficiency
+roofline_table
 
 # %%
-spec_text, spec_table = report.spec_section(sd)
-Markdown(f"### Speculative decoding\n\n{spec_text}")
+spec_text, spec_table = dg.spec_section(sd)
+Markdown(f"{sec.anchor('speculative', w('speculative'), 3)}\n\n{spec_text}")
 
 # %%
 spec_table
 
 # %%
-Markdown("### One change at a time\n\nEach configuration against its baseline (the configuration named in the "
-         "params, else the nearest earlier one measured on the same levels); a change is attributed only "
-         "when exactly one setting differs.")
+Markdown(f"{sec.anchor('symptoms', w('symptoms'), 3)}\n\n{dg.client_overhead_text(sd)}")
 
 # %%
-report.one_change_table(sd)
+Markdown("\n\n".join(dg.symptom_text(sd, cid) for cid in sd.config_ids))
 
 # %%
-Markdown(f"### Observation → first check (seed 002)\n\n{report.client_overhead_text(sd)}")
-
-# %%
-for cid in sd.config_ids:
-    display(Markdown(f"**{cid}**"))
-    display(report.symptom_table(sd, cid))
-
-# %%
-cost_text, cost_table = report.cost_section(sd)
-Markdown(f"## Cost: self-host vs managed API\n\n{cost_text}")
+cost_text, cost_table = money.cost_section(sd)
+Markdown(f"{sec.anchor('cost', w('cost'))}\n\n{cost_text}")
 
 # %%
 cost_table
 
 # %%
-peer_text, peer_table = report.peer_section(sd)
-Markdown(f"## Side by side with `vllm bench serve`\n\n{peer_text}")
+peer_text, peer_table = money.peer_section(sd)
+Markdown(f"{sec.anchor('peer', w('peer'))}\n\n{peer_text}")
 
 # %%
 peer_table
+
+# %%
+Markdown(sec.anchor("repro", w("repro")))
+
+# %%
+for item in sec.repro_cards(sd):
+    display(item)

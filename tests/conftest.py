@@ -7,11 +7,23 @@ from pathlib import Path
 
 import pytest
 
-from servelab.config import EngineParams, ModelRef
-from servelab.engine import Engine
-from servelab.refserver import Behaviour, RefServer
+from servelab.schema import EngineParams, ModelRef
+from servelab.hosts.process import Engine
+from servelab.measure.refserver import Behaviour, RefServer
 
-ENGINE_PORT = int(os.environ.get("SERVELAB_TEST_PORT", "8031"))
+
+
+def free_port() -> int:
+    """A port nothing listens on now (the OS picks it), so tests never collide with a server
+    that already runs on this machine."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+ENGINE_PORT = int(os.environ.get("SERVELAB_TEST_PORT") or free_port())
 
 # Flags of ../shared/cpu-engine.md, sized for tests.
 CPU_ARGS = {"enforce-eager": True, "dtype": "bfloat16", "max-model-len": 4096, "max-num-seqs": 64,
@@ -35,7 +47,7 @@ def refserver():
 
 @pytest.fixture(scope="session")
 def cpu_model_dir() -> Path:
-    from servelab.modelmake import make_model
+    from servelab.models import make_model
 
     return make_model("cpu-tiny")
 

@@ -26,10 +26,12 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from servelab.aws import (
-    GPU_AMI_PARAMETER, AccountMismatch, AwsHostError, AwsParams, CapacityUnavailable, EcsServiceHost,
-    GuardTripped, HostTimeout, SingleInstanceHost, aws_plan_lines, container_argv, port_forward_command,
-)
+from servelab.hosts.aws_base import (AccountMismatch, AwsHostError, CapacityUnavailable, GuardTripped, HostTimeout,
+                                     container_argv, port_forward_command)
+from servelab.hosts.aws_ecs import EcsServiceHost
+from servelab.hosts.aws_instance import SingleInstanceHost
+from servelab.hosts import for_study
+from servelab.schema import GPU_AMI_PARAMETER, AwsEcsHostParams, AwsInstanceHostParams, AwsParams
 
 ACCOUNT = "123456789012"  # moto's
 CLUSTER, SERVICE, POOL, CP = "llm", "llm-deepseek-v4-flash", "g7e-2gpu", "g7e-2gpu-cp"
@@ -219,7 +221,7 @@ class Cloud:
 
 
 def params(regions: list[str], **kw) -> AwsParams:
-    base = dict(mode="ecs-service", regions=regions, instance_type="g7e.12xlarge", cluster=CLUSTER, service=SERVICE,
+    base = dict(regions=regions, instance_type="g7e.12xlarge", cluster=CLUSTER, service=SERVICE,
                 container_name="vllm", max_hours=8, hourly_usd=8.2861, poll_s=15, start_timeout_s=1800,
                 stop_timeout_s=600)
     return AwsParams(**{**base, **kw})
@@ -459,15 +461,15 @@ def test_secrets_never_go_into_a_task_definition():
 def test_params_need_a_limit_and_the_stack_names():
     with pytest.raises(ValueError, match="max_hours or max_spend_usd"):
         AwsParams(regions=["eu-west-2"], instance_type="g7e.12xlarge", cluster="c", service="s")
-    with pytest.raises(ValueError, match="cluster and service"):
-        AwsParams(regions=["eu-west-2"], instance_type="g7e.12xlarge", max_hours=1)
-    with pytest.raises(ValueError, match="needs image"):
-        AwsParams(mode="single-instance", regions=["eu-west-2"], instance_type="g7e.2xlarge", max_hours=1)
+    with pytest.raises(ValueError, match="needs host.aws.cluster and host.aws.service"):
+        AwsEcsHostParams(kind="aws-ecs", aws=AwsParams(regions=["eu-west-2"], instance_type="g7e.12xlarge", max_hours=1))
+    with pytest.raises(ValueError, match="needs host.aws.image"):
+        AwsInstanceHostParams(kind="aws-instance", aws=AwsParams(regions=["eu-west-2"], instance_type="g7e.2xlarge", max_hours=1))
 
 
 # -- single instance ---------------------------------------------------------------------------
 def si_params(regions, **kw) -> AwsParams:
-    base = dict(mode="single-instance", regions=regions, instance_type="g7e.2xlarge", image="vllm/vllm-openai:v0.26.0",
+    base = dict(regions=regions, instance_type="g7e.2xlarge", image="vllm/vllm-openai:v0.26.0",
                 max_hours=3, hourly_usd=3.3631, poll_s=5, name="seed001", ami_parameter="/servelab/test/gpu-ami")
     return AwsParams(**{**base, **kw})
 
@@ -549,5 +551,88 @@ def test_plans_call_no_aws():
     assert any("self-shutdown after 3 h" in ln for ln in si_plan)
 
 
-def test_aws_plan_lines_needs_an_aws_host():
-    assert aws_plan_lines(SimpleNamespace(host=SimpleNamespace(kind="local"))) == []
+def test_plan_lines_only_for_an_aws_host():
+    from pathlib import Path
+
+    from servelab.schema import load_study
+
+    assert for_study(load_study(Path(__file__).resolve().parents[1] / "params" / "local-cpu.yaml")).plan_lines() == []
+
+
+# -- the deadline AWS enforces, through the pipeline's AwsHost -----------------------------------
+def _seed001_on(region: str, tmp_path, monkeypatch, **aws_kw):
+    """Seed 001's study pointed at build_stack's names in `region` (no CloudFormation stack)."""
+    from pathlib import Path
+
+    import yaml
+
+    from servelab.schema import load_study
+
+    monkeypatch.setenv("SERVELAB_RUNS", str(tmp_path / "runs"))
+    d = yaml.safe_load((Path(__file__).resolve().parents[1] / "params" / "seed-001-vllm-g7e.yaml").read_text())
+    d["host"]["aws"].pop("stack")
+    d["host"]["aws"].update({"regions": [region], "cluster": CLUSTER, "service": SERVICE, "container_name": "vllm",
+                             "hourly_usd": 8.2861, **aws_kw})
+    p = tmp_path / "seed-001.yaml"
+    p.write_text(yaml.safe_dump(d))
+    return load_study(p)
+
+
+def test_killed_run_leaves_the_deadline_action_in_place(aws, tmp_path, monkeypatch):
+    """AwsHost sets the deadline on the group before the service scales out and records it; a
+    process that dies mid-benchmark (no teardown) leaves it in AWS; a later teardown clears it."""
+    from servelab.hosts import aws as aws_host
+    from servelab.runfolder import read_json
+
+    build_stack("eu-west-2")
+    auto = boto3.client("autoscaling", region_name="eu-west-2")
+    auto.update_auto_scaling_group(AutoScalingGroupName=POOL, MaxSize=0)  # as an earlier deadline left it
+    cloud = Cloud(["eu-west-2"])
+    monkeypatch.setattr(aws_host, "make_host", lambda p, kind="aws-ecs", **kw: EcsServiceHost(
+        p, cloud.factory, sleep=cloud.sleep, clock=cloud.clock))
+    study = _seed001_on("eu-west-2", tmp_path, monkeypatch)
+    host = aws_host.AwsHost(study, "aws-ecs")
+    host.check()
+    calls: list[str] = []
+    session = host.boto_host().session("eu-west-2")
+    for event in ("auto-scaling.PutScheduledUpdateGroupAction", "auto-scaling.UpdateAutoScalingGroup",
+                  "ecs.UpdateService"):
+        session.events.register(f"before-parameter-build.{event}", lambda model, params, **_: calls.append(
+            f"{model.name} {params.get('desiredCount', params.get('MaxSize', ''))}".strip()))
+    t0 = cloud.now
+    rdir = tmp_path / "runs" / study.study / "eager"
+    rec = host.provision("eager", rdir)
+    # MaxSize restored, then the deadline, then (only then) the service asks for the GPU
+    assert calls[:3] == ["UpdateAutoScalingGroup 1", "PutScheduledUpdateGroupAction 0", "UpdateService 1"]
+    want = datetime.fromtimestamp(t0 + 8 * 3600, timezone.utc).replace(microsecond=0)
+    assert rec["deadline"]["asg"] == POOL and rec["deadline"]["hours"] == 8  # 8 h < 150 USD / 8.2861 USD/h
+    assert rec["deadline"]["why"] == "max_hours 8"
+    assert datetime.fromisoformat(rec["deadline"]["utc"]) == want
+    assert read_json(rdir / "host.json")["aws"]["deadline"] == rec["deadline"]  # -> run.json's server.aws
+    assert read_json(host.state_path())["deadline"] == rec["deadline"]
+    # ... the process dies here: no stop, no teardown. What AWS holds:
+    del host
+    actions = auto.describe_scheduled_actions(AutoScalingGroupName=POOL)["ScheduledUpdateGroupActions"]
+    assert [(a["ScheduledActionName"], a["MinSize"], a["MaxSize"], a["DesiredCapacity"]) for a in actions] == [
+        ("servelab-deadline", 0, 0, 0)]
+    assert actions[0]["StartTime"].astimezone(timezone.utc) == want
+    tags = {t["Key"]: t["Value"] for t in auto.describe_auto_scaling_groups(
+        AutoScalingGroupNames=[POOL])["AutoScalingGroups"][0]["Tags"]}
+    assert tags["servelab:deadline"] == want.isoformat()
+    assert state("eu-west-2")["desired"] == 1  # the GPU still runs: only the deadline will stop it
+    # a later servelab (the state file survived) stops the host and, the stop being clean, clears it
+    out = aws_host.AwsHost(study, "aws-ecs").teardown()
+    assert stopped("eu-west-2") and "deadline servelab-deadline on g7e-2gpu cleared" in out
+    assert auto.describe_scheduled_actions(AutoScalingGroupName=POOL)["ScheduledUpdateGroupActions"] == []
+
+
+def test_deadline_hours_are_the_earlier_of_the_two_limits():
+    host = EcsServiceHost(params(["eu-west-2"], max_hours=8, max_spend_usd=20, hourly_usd=8.2861), lambda r: None)
+    hours, why = host.limit_hours("eu-west-2")
+    assert hours == pytest.approx(20 / 8.2861) and why == "max_spend_usd 20 at 8.2861 USD/h"
+    assert host.deadline_record("eu-west-2") is None  # only when AwsHost arms it
+    host.arm_deadline = True
+    rec = host.deadline_record("eu-west-2")
+    assert rec["hours"] == pytest.approx(2.4137, abs=1e-4) and rec["why"] == why
+    only_hours = EcsServiceHost(params(["eu-west-2"], max_hours=3, hourly_usd=None), lambda r: None)
+    assert only_hours.limit_hours("eu-west-2") == (3, "max_hours 3")

@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from servelab import client as sc
+from servelab.measure import client as sc
 
 
 def _parse(lines: list[tuple[str, float]]) -> sc.Result:

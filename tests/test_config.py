@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servelab.config import ParamsError, load_study
+from servelab.schema import ParamsError, load_study
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = sorted((ROOT / "params").glob("*.yaml"))

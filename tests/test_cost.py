@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from pydantic import ValidationError
 
-from servelab import cost
+from servelab.analysis import cost
 from servelab.prices import managed_price
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +93,7 @@ def test_fixed_costs_utilization_and_several_managed_apis():
 
 
 def test_default_study_cost_table_from_its_measured_summary():
-    from servelab.records import load_records
+    from servelab.runfolder import load_records
     from servelab.summary import summarize
 
     data = ROOT / "reports" / "local-cpu" / "data"
@@ -134,8 +134,44 @@ def test_cost_params_validate_price_keys():
 
 
 def test_estimate_lines_for_the_default_study():
-    from servelab.config import load_study
+    from servelab.schema import load_study
 
     s = load_study(ROOT / "params" / "local-cpu.yaml")
     assert cost.cost_estimate_lines(s) == [
         "cost: local host, no cloud spend (add a cost: block to price the measured throughput)"]
+
+
+def test_seed001_month_itemised_and_the_gap_named():
+    m = cost.seed001_monthly("us-east-1")
+    got = [(label.split(" (")[0].split(":")[0], round(usd, 3)) for label, usd, _, _ in m["items"]]
+    assert got == [("g7e.12xlarge On-Demand", 6048.853),  # 8.2861 x 730
+                   ("NAT gateway x 1", 32.85),            # 0.045 x 730
+                   ("public IPv4 of the NAT's Elastic IP", 3.65),  # 0.005 x 730
+                   ("internal ALB", 16.425),              # 0.0225 x 730
+                   ("ALB LCU", 5.84),                     # 0.008 x 730
+                   ("gp3 root EBS 300 GiB", 24.0),        # 0.08 x 300
+                   ("NAT data processed", 0.0)]           # the seed gives no volume
+    assert m["itemised_usd"] == pytest.approx(6131.618)
+    assert m["not_itemised_usd"] == pytest.approx(8887 - 6131.618) == pytest.approx(2755.382)
+    for label, _, basis, source in m["items"][1:]:  # every fixed cost dated and sourced, status quoted
+        assert "https://aws.amazon.com/" in source and ", as of 20" in source and source.endswith(", quoted"), label
+    lines = cost.seed001_cost_lines()
+    assert "cost:   itemised $6,131.62; not itemised by the seed: $2,755.38 (31.0% of its $8,887.00)" in lines
+    assert lines[0].startswith("cost: seed 001's month, itemised at us-east-1 list prices (published: $8,887.00 = ")
+
+
+def test_every_ratio_comes_with_the_seed_figure():
+    pub = cost.seed001_published()
+    assert pub["ratio_range"] == (2.2, 10.7) and "2.2倍から10.7倍" in pub["ratio_quote"]
+    assert cost.vs_published(12.9607, pub["ratio_range"]) == "12.96x (seed 001 published: 2.2-10.7x)"
+    assert cost.vs_published(104.0, 104.0, unit=" tok/s", digits=1) == "104.0 tok/s (seed 001 published: 104 tok/s)"
+    ratio_lines = [ln for ln in cost.seed001_cost_lines() if "x (" in ln]
+    assert len(ratio_lines) == 2
+    for ln in ratio_lines:  # each ratio printed has the published range beside it
+        assert ln.count("x (seed 001 published: 2.2-10.7x)") == 2
+    assert "12.96x (seed 001 published: 2.2-10.7x)" in ratio_lines[0]
+    assert "10.74x (seed 001 published: 2.2-10.7x)" in ratio_lines[1]
+    # at the itemised month: 6,131.62 / Fireworks at 297.09 and 358.4 tok/s
+    fw = lambda tps: tps * 2_628_000 / 1e6 * (254 / 256 * 0.22 + 0.66)
+    assert f"{6131.618 / fw(297.09):.2f}x" == "8.94x" and "at the itemised $6,131.62 8.94x" in ratio_lines[0]
+    assert f"{6131.618 / fw(358.4):.2f}x" == "7.41x" and "at the itemised $6,131.62 7.41x" in ratio_lines[1]

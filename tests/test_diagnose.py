@@ -9,8 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from servelab import diagnose as d
-from servelab.modelmake import PRESETS, facts_from_config
+from servelab import analysis as d
+from servelab.engines.vllm import derive_capture_sizes
+from servelab.models import kv_bytes_per_token
+from servelab.models import PRESETS, facts_from_config
 
 # --------------------------------------------------------------------------- helpers
 
@@ -190,7 +192,7 @@ def test_goodput_highest_level_meeting_slo_with_reasons():
 
 
 def test_goodput_accepts_pydantic_slo():
-    from servelab.config import Slo
+    from servelab.schema import Slo
 
     g = d.goodput(saturating_summary(), Slo(ttft_p95_s=0.5)).iloc[0]
     assert g["goodput_concurrency"] == 4
@@ -201,22 +203,22 @@ def test_goodput_accepts_pydantic_slo():
 
 def test_kv_bytes_per_token_known_models():
     llama = facts_from_config(PRESETS["llama-3.1-8b"])
-    assert d.kv_bytes_per_token(llama) == 131072
-    assert d.kv_bytes_per_token(PRESETS["llama-3.1-8b"]) == 131072  # raw HF config works too
-    assert d.kv_bytes_per_token(llama, kv_dtype="fp8") == 65536
-    assert d.kv_bytes_per_token(llama, tensor_parallel_size=2) == 65536  # 4 of 8 KV heads per rank
-    assert d.kv_bytes_per_token(facts_from_config(PRESETS["cpu-tiny"])) == 4096
+    assert kv_bytes_per_token(llama) == 131072
+    assert kv_bytes_per_token(PRESETS["llama-3.1-8b"]) == 131072  # raw HF config works too
+    assert kv_bytes_per_token(llama, kv_dtype="fp8") == 65536
+    assert kv_bytes_per_token(llama, tensor_parallel_size=2) == 65536  # 4 of 8 KV heads per rank
+    assert kv_bytes_per_token(facts_from_config(PRESETS["cpu-tiny"])) == 4096
     ds = facts_from_config(PRESETS["deepseek-v2-lite"])
-    assert d.kv_bytes_per_token(ds) == 27 * (512 + 64) * 2 == 31104
-    assert d.kv_bytes_per_token(PRESETS["deepseek-v2-lite"], tensor_parallel_size=4) == 31104  # MLA replicated
-    assert d.kv_bytes_per_token(ds, kv_dtype="fp8_e4m3") == 15552
+    assert kv_bytes_per_token(ds) == 27 * (512 + 64) * 2 == 31104
+    assert kv_bytes_per_token(PRESETS["deepseek-v2-lite"], tensor_parallel_size=4) == 31104  # MLA replicated
+    assert kv_bytes_per_token(ds, kv_dtype="fp8_e4m3") == 15552
     with pytest.raises(ValueError):
-        d.kv_bytes_per_token(llama, kv_dtype="int3")
+        kv_bytes_per_token(llama, kv_dtype="int3")
 
 
 @pytest.mark.parametrize("preset", list(PRESETS))
 def test_modelmake_kv_facts_agree(preset):
-    assert facts_from_config(PRESETS[preset])["kv_cache_bytes_per_token"] == d.kv_bytes_per_token(PRESETS[preset])
+    assert facts_from_config(PRESETS[preset])["kv_cache_bytes_per_token"] == kv_bytes_per_token(PRESETS[preset])
 
 
 def test_sizes_and_capacity():
@@ -362,9 +364,9 @@ def test_capture_size_warnings_seed001_pitfall():
 
 
 def test_derive_capture_sizes():
-    assert d.derive_capture_sizes([1, 2, 4], 1) == [1, 2, 4, 8]
-    assert d.derive_capture_sizes([4, 1], 3) == [1, 4, 16]
-    assert d.derive_capture_sizes([2], 0) == [2]
+    assert derive_capture_sizes([1, 2, 4], 1) == [1, 2, 4, 8]
+    assert derive_capture_sizes([4, 1], 3) == [1, 4, 16]
+    assert derive_capture_sizes([2], 0) == [2]
 
 
 # --------------------------------------------------------------------------- 6. one change at a time

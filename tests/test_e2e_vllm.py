@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from servelab.config import Bucket, Workload
-from servelab.metrics import delta, snapshot
-from servelab.records import read_json, read_jsonl
-from servelab.runinfo import base_record
-from servelab.runner import run_workload
+from servelab.schema import Bucket, Workload
+from servelab.measure.metrics import delta, snapshot
+from servelab.runfolder import read_json, read_jsonl
+from servelab.measure.runinfo import base_record
+from servelab.measure.runner import run_workload
 
 from conftest import ENGINE_PORT, start_engine
 

@@ -7,8 +7,10 @@ import socket
 import psutil
 import pytest
 
-from servelab.config import EngineParams, ModelRef
-from servelab.engine import Engine, EngineError, build_command, flag_args, redact_env
+from servelab.schema import EngineParams, ModelRef
+from servelab.engines import build_command
+from servelab.engines.flags import flag_args
+from servelab.hosts.process import Engine, EngineError, redact_env
 
 from conftest import CPU_ARGS, ENGINE_PORT, start_engine
 

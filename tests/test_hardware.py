@@ -7,8 +7,9 @@ import math
 import pandas as pd
 import pytest
 
-from servelab import hardware as hwm
-from servelab.modelmake import PRESETS, facts_from_config
+from servelab.analysis import roofline as hwm
+from servelab.measure import probe
+from servelab.models import PRESETS, facts_from_config
 
 
 def test_table_entries_are_sourced_and_dense():
@@ -91,7 +92,7 @@ def test_llama_decode_bound_on_h200():
 
 
 def test_measure_cpu_and_local_entry():
-    m = hwm.measure_cpu_bandwidth(seconds=0.2, array_bytes=8 * 2**20, matmul_n=128)
+    m = probe.measure_cpu_bandwidth(seconds=0.2, array_bytes=8 * 2**20, matmul_n=128)
     assert m["array_bytes"] == 8 * 2**20 and m["copy_repeats"] >= 3 and m["matmul_repeats"] >= 3
     assert 1e8 < m["copy_bandwidth_Bps"] < 1e13  # 0.1 GB/s .. 10 TB/s: a plausible host
     assert 1e7 < m["matmul_f32_flops"] < 1e15
@@ -99,4 +100,4 @@ def test_measure_cpu_and_local_entry():
     assert entry["memory_bandwidth_Bps"] == m["copy_bandwidth_Bps"]
     assert hwm.flops_for(entry, "bf16") == m["matmul_f32_flops"]
     with pytest.raises(ValueError):
-        hwm.measure_cpu_bandwidth(seconds=0)
+        probe.measure_cpu_bandwidth(seconds=0)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from servelab.importers import (RECORD_COLUMNS, import_guidellm, import_vllm_bench, peer_summary,
+from servelab.analysis.peers import (RECORD_COLUMNS, import_guidellm, import_vllm_bench, peer_summary,
                                 vllm_bench_reported)
 from servelab.summary import itl_values, summarize
 

@@ -15,20 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from servelab.metrics import (
-    COUNTER_FIELDS,
-    SAMPLE_FIELDS,
-    MetricsSampler,
-    ServerSample,
-    counter_resets,
-    delta,
-    engine_of,
-    load_samples,
-    metrics_url,
-    parse_metrics,
-    scrape,
-    snapshot,
-)
+from servelab.engines import engine_of, parse_metrics
+from servelab.engines.prom import COUNTER_FIELDS, SAMPLE_FIELDS, ServerSample
+from servelab.measure.metrics import MetricsSampler, counter_resets, delta, metrics_url, scrape, snapshot
+from servelab.runfolder import load_samples
 
 FIXTURES = Path(__file__).parent / "fixtures"
 VLLM_TEXT = (FIXTURES / "metrics_vllm.txt").read_text()

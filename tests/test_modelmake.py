@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from servelab import modelmake as mm
+from servelab.models import build as mm
+from servelab.models import facts as mm_facts
 
-LIB_DIR = Path(mm.__file__).resolve().parents[1]
+LIB_DIR = Path(mm.__file__).resolve().parents[2]
 
 
 def sha256_file(path: Path) -> str:
@@ -178,7 +179,7 @@ def test_determinism_across_roots_and_processes(built, tmp_path):
     root must produce the same directory name and byte-identical files."""
     here = built["cpu-tiny"]
     code = (
-        "import sys; from pathlib import Path; from servelab import modelmake as mm; "
+        "import sys; from pathlib import Path; from servelab.models import build as mm; "
         "print(mm.make_model('cpu-tiny', Path(sys.argv[1])))"
     )
     env = {
@@ -369,13 +370,14 @@ def test_default_cache_root(tmp_path, monkeypatch):
     project = tmp_path / "proj"
     (project / "a" / "b").mkdir(parents=True)
     (project / "pyproject.toml").write_text("[project]\nname='x'\n")
+    (project / "lib" / "servelab").mkdir(parents=True)  # a servelab checkout
     monkeypatch.chdir(project / "a" / "b")
     assert mm.default_cache_root() == project.resolve() / ".cache" / "servelab" / "models"
 
     lone = tmp_path / "lone"
     lone.mkdir()
     monkeypatch.chdir(lone)
-    monkeypatch.setattr(mm, "_find_project_root", lambda start: None)
+    monkeypatch.setattr("servelab.paths.project_root", lambda *a, **kw: None)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert mm.default_cache_root() == tmp_path / "home" / ".cache" / "servelab" / "models"
 
@@ -384,7 +386,7 @@ def test_default_cache_root(tmp_path, monkeypatch):
 
 
 def test_model_facts_cpu_tiny(built):
-    f = mm.model_facts(built["cpu-tiny"])
+    f = mm_facts.model_facts(built["cpu-tiny"])
     assert f["architecture"] == "LlamaForCausalLM"
     assert (f["hidden_size"], f["num_layers"], f["num_heads"], f["num_kv_heads"]) == (512, 8, 8, 2)
     assert (f["head_dim"], f["vocab_size"], f["dtype"]) == (64, 4096, "bfloat16")
@@ -398,32 +400,32 @@ def test_model_facts_cpu_tiny(built):
 
 
 def test_model_facts_moe_and_mla(built):
-    q = mm.model_facts(built["qwen3-30b-a3b"])
+    q = mm_facts.model_facts(built["qwen3-30b-a3b"])
     assert (q["num_experts"], q["num_active_experts"], q["head_dim"]) == (128, 8, 128)
     assert q["active_param_count"] < q["param_count"]
-    ds = mm.model_facts(built["deepseek-v2-lite"])
+    ds = mm_facts.model_facts(built["deepseek-v2-lite"])
     assert (ds["kv_lora_rank"], ds["qk_rope_head_dim"], ds["num_experts"]) == (512, 64, 64)
     assert (ds["num_active_experts"], ds["num_shared_experts"], ds["head_dim"]) == (6, 2, 192)
     assert ds["kv_cache_bytes_per_token"] == 27 * (512 + 64) * 2
 
 
 def test_param_counts_reference_vocab(built):
-    llama = mm.model_facts(built["llama-3.1-8b"], vocab_size=128256)
+    llama = mm_facts.model_facts(built["llama-3.1-8b"], vocab_size=128256)
     assert 7.9e9 <= llama["param_count"] <= 8.1e9
-    qwen = mm.model_facts(built["qwen3-30b-a3b"], vocab_size=151936)
+    qwen = mm_facts.model_facts(built["qwen3-30b-a3b"], vocab_size=151936)
     assert qwen["param_count"] == pytest.approx(30.5e9, rel=0.03)
     assert qwen["active_param_count"] == pytest.approx(3.3e9, rel=0.03)
-    ds = mm.model_facts(built["deepseek-v2-lite"], vocab_size=102400)
+    ds = mm_facts.model_facts(built["deepseek-v2-lite"], vocab_size=102400)
     assert ds["param_count"] == pytest.approx(15.7e9, rel=0.03)
     # The served dirs carry a 32000 vocab: fewer embedding/lm_head weights.
-    assert mm.model_facts(built["llama-3.1-8b"])["param_count"] < llama["param_count"]
+    assert mm_facts.model_facts(built["llama-3.1-8b"])["param_count"] < llama["param_count"]
 
 
 @pytest.mark.parametrize("preset", mm.list_presets())
 def test_param_count_matches_transformers_model(preset):
     cfg = mm.PRESETS[preset]
     total, model = meta_model_param_counts(cfg)
-    f = mm.facts_from_config(cfg)
+    f = mm_facts.facts_from_config(cfg)
     assert f["param_count"] == total
     if "active_param_count" in f:
         # Independent active count: drop the unused routed experts per MoE layer.

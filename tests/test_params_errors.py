@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servelab.config import ParamsError, load_study
+from servelab.schema import ParamsError, load_study
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = yaml.safe_load((ROOT / "params" / "local-cpu.yaml").read_text())
@@ -64,7 +64,7 @@ EXPECTED = {
     'study id with space': "bad.yaml: study: String should match pattern '^[A-Za-z0-9][A-Za-z0-9_.-]*$' (got 'local cpu')",
     'language not en/ja': "bad.yaml: language: Input should be 'en' or 'ja' (got 'fr')",
     'host kind unknown': "bad.yaml: host.kind: Input should be 'local', 'attach', 'aws-ecs' or 'aws-instance' (got 'kubernetes')",
-    'attach without url': "bad.yaml: host: host.kind 'attach' needs host.attach.url",
+    'attach without url': "bad.yaml: host.attach: required key is missing",
     'attach url without scheme': "bad.yaml: host.attach: url must start with http:// or https://, got 'localhost:8000'",
     'secret header in params': 'bad.yaml: host.attach: header Authorization: secrets come only from the environment; use api_key_env',
     'engine kind unknown': "bad.yaml: engine.kind: Input should be 'vllm' or 'sglang' (got 'tgi')",

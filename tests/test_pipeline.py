@@ -16,6 +16,8 @@ import pandas as pd
 import pytest
 import yaml
 
+from browser import check_in_browser
+from conftest import free_port
 from servelab import report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,6 +38,7 @@ def study_run(tmp_path_factory):
     base = tmp_path_factory.mktemp("study")
     params = yaml.safe_load((ROOT / "params" / "local-cpu.yaml").read_text())
     params["engine"]["api_key_env"] = "SERVELAB_CANARY_API_KEY"
+    params["engine"]["port"] = free_port()  # never the study's own port: another server may hold it
     (base / "local-cpu.yaml").write_text(yaml.safe_dump(params))
     env = {**os.environ, "SERVELAB_RUNS": str(base / "runs"), "SERVELAB_REPORTS": str(base / "reports"),
            "SERVELAB_CANARY_API_KEY": CANARY}
@@ -70,7 +73,7 @@ def test_report_is_published_with_data(study_run):
 
 def test_report_opens_in_chromium_with_all_figures(study_run, tmp_path):
     base, _, _ = study_run
-    res = report.check_in_browser(base / "reports" / "local-cpu" / "index.html", screenshot=tmp_path / "shot.png")
+    res = check_in_browser(base / "reports" / "local-cpu" / "index.html", screenshot=tmp_path / "shot.png")
     assert res["images"] >= 3 and res["broken_images"] == 0
     assert res["errors"] == [] and not res["traceback"]
     assert res["title"].startswith("vLLM on CPU")
@@ -122,8 +125,8 @@ def test_nbval_on_executed_notebooks(study_run, tmp_path):
 
 def test_kv_verdicts_tight_vs_roomy(study_run):
     """The tight KV cache shows near-full usage and waiting requests; the roomy one does not."""
-    from servelab.diagnose import kv_verdict
-    from servelab.metrics import load_samples
+    from servelab.analysis import kv_verdict
+    from servelab.runfolder import load_samples
 
     base, _, _ = study_run
     data = base / "reports" / "local-cpu" / "data"
@@ -138,3 +141,44 @@ def test_kv_verdicts_tight_vs_roomy(study_run):
     for section in ("TTFT vs prompt length", "Saturation and goodput", "KV-cache residency", "Roofline",
                     "Speculative decoding", "One change at a time", "Observation → first check"):
         assert section in html
+
+
+def test_sigterm_mid_level_stops_the_engine_and_keeps_a_partial_run(tmp_path):
+    """What CI, `timeout`, systemd or a container runtime send: `servelab run` ends as on Ctrl-C.
+    The signal reaches only `servelab run` (not the papermill kernel, not the engine): records
+    kept, run.json partial with the reason, the summary written, the engine's process group gone."""
+    import signal
+    import socket
+    import time
+
+    import psutil
+
+    params = yaml.safe_load((ROOT / "params" / "local-cpu.yaml").read_text())
+    port = free_port()
+    params["engine"]["port"] = port
+    params["configurations"] = params["configurations"][:1]
+    params["reduced"] = {"warmup_rounds": 0, "rounds": 4}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(params))
+    env = {**os.environ, "SERVELAB_RUNS": str(tmp_path / "runs"), "SERVELAB_REPORTS": str(tmp_path / "reports")}
+    rdir = tmp_path / "runs" / "local-cpu" / "roomy"
+    p = subprocess.Popen([sys.executable, "-m", "servelab.cli", "run", str(tmp_path / "s.yaml"), "--reduced",
+                          "--no-report"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and p.poll() is None:
+        recs = rdir / "records.jsonl"
+        if recs.exists() and len(recs.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.2)
+    assert p.poll() is None, p.communicate()[1][-2000:]
+    pid = json.loads((rdir / "engine.json").read_text())["pid"]
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=180)
+    assert p.returncode != 0
+    run = json.loads((rdir / "run.json").read_text())
+    assert run["status"] == "partial" and "SIGTERM" in run["message"], run["message"]
+    n = len((rdir / "records.jsonl").read_text().splitlines())
+    assert run["records"] == n >= 2 and run["headline"]["sent"] >= 1
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", port)) != 0  # nothing listens on the engine's port
+    assert "engine stopped" in err or "engine killed" in err, err[-2000:]

@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from servelab import plots  # noqa: E402
+from servelab.report import plots  # noqa: E402
 
 
 def _summary() -> pd.DataFrame:

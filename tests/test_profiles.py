@@ -12,11 +12,15 @@ import httpx
 import pytest
 import yaml
 
-from servelab import profiles
-from servelab.aws import AwsParams, aws_plan_lines
-from servelab.config import HostParams, Study
-from servelab.cost import CostParams, cost_estimate_lines
-from servelab.engine import build_command
+from servelab import engines
+from servelab.engines import smoke
+from servelab.engines.vllm import derive_capture_sizes
+from servelab.hosts import for_study
+from servelab.schema import AwsParams, resolve_profile, validate_engines
+from servelab.schema import HostParams, Study
+from servelab.analysis.cost import cost_estimate_lines
+from servelab.schema import CostParams
+from servelab.engines import build_command
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "params"
@@ -69,23 +73,12 @@ SEED_000_ENV = {
 }
 
 
-# -- the proposed config additions, as a local extension until config.py has them ---------
-class AwsHost(HostParams):
-    kind: Literal["local", "attach", "aws-ecs", "aws-instance"] = "local"
-    aws: AwsParams | None = None
+def load(name: str) -> Study:
+    return Study.model_validate(yaml.safe_load((PARAMS / name).read_text()))
 
 
-class SeedStudy(Study):
-    host: AwsHost = AwsHost()
-    cost: CostParams | None = None
-
-
-def load(name: str) -> SeedStudy:
-    return SeedStudy.model_validate(yaml.safe_load((PARAMS / name).read_text()))
-
-
-def argv(study: SeedStudy, cid: str) -> list[str]:
-    eng = profiles.resolve_profile(study, cid)
+def argv(study: Study, cid: str) -> list[str]:
+    eng = resolve_profile(study, cid)
     return build_command(eng, eng.model.path, python="python3")
 
 
@@ -152,15 +145,61 @@ def test_seed001_cuda_graph_json_and_batch_budget_and_mtp():
     assert mtp["--max-num-batched-tokens"] == "4096"  # the adopted budget
 
 
+def test_seed_baselines_make_every_comparison_one_change():
+    from servelab.analysis import config_diff
+
+    def diffs(name):
+        s = load(name)
+        return {c.id: (c.baseline, [p for p, _, _ in config_diff(resolve_profile(s, c.baseline).model_dump(),
+                                                                 resolve_profile(s, c.id).model_dump())])
+                for c in s.configurations if c.baseline}
+
+    cg = ["args.compilation-config.cudagraph_capture_sizes", "args.compilation-config.cudagraph_mode",
+          "args.compilation-config.mode", "args.enforce-eager"]  # the CUDA-graph change: one flag set
+    assert diffs("seed-001-vllm-g7e.yaml") == {
+        "cuda-graph": ("eager", cg),
+        "mbt-4096": ("cuda-graph", ["args.max-num-batched-tokens"]),
+        "mbt-8192": ("cuda-graph", ["args.max-num-batched-tokens"]),
+        "mbt-16384": ("cuda-graph", ["args.max-num-batched-tokens"]),
+        # MTP on the adopted 4096 budget: the speculative config and the capture sizes it needs (1/2/4 -> 1/2/4/8)
+        "mtp1": ("mbt-4096", ["args.compilation-config.cudagraph_capture_sizes", "args.speculative-config.method",
+                              "args.speculative-config.num_speculative_tokens"]),
+    }
+    s = load("seed-001-vllm-g7e.yaml")
+    d = config_diff(resolve_profile(s, "mbt-4096").model_dump(), resolve_profile(s, "mtp1").model_dump())
+    assert d[0] == ("args.compilation-config.cudagraph_capture_sizes", [1, 2, 4], [1, 2, 4, 8])
+    assert diffs("seed-000-sglang-g7e.yaml") == {
+        "cuda-graph": ("eager", ["args.cuda-graph-backend-decode", "args.cuda-graph-max-bs-decode"]),
+        "dspark": ("cuda-graph", ["args.speculative-algorithm", "args.speculative-dspark-block-size"]),
+    }
+    engram = ["env.SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE"]
+    assert diffs("seed-000-sglang-g7e-8gpu.yaml") == {
+        "cuda-graph-no-offload": ("cuda-graph-offload", engram),
+        "dspark-offload": ("cuda-graph-offload", ["args.speculative-algorithm", "args.speculative-dspark-block-size"]),
+        "dspark-no-offload": ("dspark-offload", engram),
+    }
+
+
+def test_seed001_names_its_stack():
+    aws = load("seed-001-vllm-g7e.yaml").host.aws
+    assert (aws.stack.name, aws.stack.create, aws.stack_region) == ("servelab-seed-001", True, "us-east-1")
+    assert aws.stack.parameters == {"InstanceType": "g7e.12xlarge", "GpuCount": 2,
+                                    "EngineImage": "vllm/vllm-openai:v0.26.0", "RootVolumeGiB": 300}
+    assert aws.cluster is None and aws.service is None  # from the stack's outputs
+    with pytest.raises(ValueError, match="stack.region eu-west-2 is not one of regions"):
+        AwsParams(regions=["us-east-1"], instance_type="g7e.12xlarge", max_hours=1,
+                  stack={"name": "s", "region": "eu-west-2"})
+
+
 def test_seed001_every_configuration_validates_at_the_study_concurrency():
     s = load("seed-001-vllm-g7e.yaml")
     for c in s.configurations:
-        e = profiles.resolve_profile(s, c.id)
-        assert profiles.validate_engine(e.kind, e.args, e.env, s.workload.concurrency) == [], c.id
+        e = resolve_profile(s, c.id)
+        assert engines.validate_engine(e.kind, e.args, e.env, s.workload.concurrency) == [], c.id
     # the seed's warning, as an error: MTP with the CUDA-graph sizes 1/2/4 misses 8
     e = s.engine_for("mtp1")
     args = {**e.args, "compilation-config": SEED_001_CUDA_GRAPH}
-    errs = profiles.validate_args("vllm", args, concurrency=[1, 2, 4])
+    errs = engines.get("vllm").validate_args(args, concurrency=[1, 2, 4])
     assert errs == ["compilation-config.cudagraph_capture_sizes [1, 2, 4] stops below 8 (4 requests x (1 + 1) "
                     "tokens): that batch would run without a CUDA graph; include 8 or use 'auto'"]
 
@@ -193,24 +232,24 @@ def test_seed000_cuda_graph_dspark_and_env():
     assert {k for k in ds.keys() | cg.keys() if ds.get(k) != cg.get(k)} == {
         "--speculative-algorithm", "--speculative-dspark-block-size"}
     for c in s.configurations:
-        e = profiles.resolve_profile(s, c.id)
+        e = resolve_profile(s, c.id)
         assert e.env == SEED_000_ENV
-        assert profiles.validate_engine(e.kind, e.args, e.env, s.workload.concurrency) == [], c.id
-    assert profiles.spec_tokens("sglang", profiles.resolve_profile(s, "dspark").args) == 5
+        assert engines.validate_engine(e.kind, e.args, e.env, s.workload.concurrency) == [], c.id
+    assert engines.get("sglang").spec_tokens(resolve_profile(s, "dspark").args) == 5
 
 
 def test_seed000_eight_gpus_engram_on_off():
     s = load("seed-000-sglang-g7e-8gpu.yaml")
     assert s.host.aws.instance_type == "g7e.48xlarge"
     for c in s.configurations:
-        e = profiles.resolve_profile(s, c.id)
+        e = resolve_profile(s, c.id)
         a = dict(pairs(build_command(e, e.model.path, python="python3")))
         assert a["--tp-size"] == "8" and a["--ep-size"] == "8"
         assert a["--cuda-graph-backend-decode"] == "full" and a["--cuda-graph-max-bs-decode"] == "1"
         offload = e.env["SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE"]
         assert offload == ("false" if "no-offload" in c.id else "true")
         assert ("--speculative-algorithm" in a) == c.id.startswith("dspark")
-        assert profiles.validate_engine(e.kind, e.args, e.env, s.workload.concurrency) == [], c.id
+        assert engines.validate_engine(e.kind, e.args, e.env, s.workload.concurrency) == [], c.id
     four = load("seed-000-sglang-g7e.yaml")
     assert four.host.aws.instance_type == "g7e.24xlarge"
 
@@ -225,7 +264,7 @@ def test_dry_run_lines_call_no_aws(monkeypatch):
     monkeypatch.setattr(boto3, "client", boom)
     for name in ("seed-001-vllm-g7e.yaml", "seed-000-sglang-g7e.yaml", "seed-000-sglang-g7e-8gpu.yaml"):
         s = load(name)
-        plan = aws_plan_lines(s)
+        plan = for_study(s).plan_lines()
         assert any("ecs:UpdateService" in ln and "desiredCount=1" in ln for ln in plan)
         assert any("DesiredCapacity=0" in ln for ln in plan)
         assert any("sts:GetCallerIdentity" in ln for ln in plan)
@@ -271,37 +310,37 @@ def test_dry_run_lines_call_no_aws(monkeypatch):
     ("sglang", {"tp-size": 4, "ep-size": 3}, "ep-size 3 must divide tp-size 4"),
 ])
 def test_unknown_and_conflicting_flags_are_errors(kind, args, expected):
-    assert profiles.validate_args(kind, args) == [expected]
+    assert engines.get(kind).validate_args(args) == [expected]
 
 
 def test_concurrency_checks_for_sglang():
     args = {"cuda-graph-backend-decode": "full", "cuda-graph-max-bs-decode": 2}
-    assert profiles.validate_args("sglang", args, concurrency=[1, 2]) == []
-    assert profiles.validate_args("sglang", args, concurrency=[1, 4]) == [
+    assert engines.get("sglang").validate_args(args, concurrency=[1, 2]) == []
+    assert engines.get("sglang").validate_args(args, concurrency=[1, 4]) == [
         "cuda-graph-max-bs-decode 2 < concurrency 4: larger decode batches run without a CUDA graph; "
         "raise it or use 'auto'"]
 
 
 def test_env_checks():
-    assert profiles.validate_env("sglang", SEED_000_ENV) == []
-    assert profiles.validate_env("vllm", {"SGLANG_DEFAULT_THINKING": "false"}) == [
+    assert engines.get("sglang").validate_env(SEED_000_ENV) == []
+    assert engines.get("vllm").validate_env({"SGLANG_DEFAULT_THINKING": "false"}) == [
         "env SGLANG_DEFAULT_THINKING: an SGLang variable on a vllm engine"]
-    assert profiles.validate_env("sglang", {"SGLANG_DEFAULT_THINKING": "maybe"}) == [
+    assert engines.get("sglang").validate_env({"SGLANG_DEFAULT_THINKING": "maybe"}) == [
         "env SGLANG_DEFAULT_THINKING: expected true or false, got 'maybe'"]
 
 
 def test_derive_capture_sizes():
-    assert profiles.derive_capture_sizes([1, 2, 4], 1) == [1, 2, 4, 8]
-    assert profiles.derive_capture_sizes([1, 2, 4], 0) == [1, 2, 4]
-    assert profiles.derive_capture_sizes([1, 4, 16], 3) == [1, 4, 16, 64]
+    assert derive_capture_sizes([1, 2, 4], 1) == [1, 2, 4, 8]
+    assert derive_capture_sizes([1, 2, 4], 0) == [1, 2, 4]
+    assert derive_capture_sizes([1, 4, 16], 3) == [1, 4, 16, 64]
     with pytest.raises(ValueError):
-        profiles.derive_capture_sizes([0], 1)
+        derive_capture_sizes([0], 1)
     args = {"compilation-config": {"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": "auto"},
             "speculative-config": {"method": "mtp", "num_speculative_tokens": 2}}
-    out = profiles.apply_derived("vllm", args, [1, 2])
+    out = engines.get("vllm").apply_derived(args, [1, 2])
     assert out["compilation-config"]["cudagraph_capture_sizes"] == [1, 2, 3, 6]
     assert args["compilation-config"]["cudagraph_capture_sizes"] == "auto"  # input untouched
-    assert profiles.apply_derived("sglang", {"cuda-graph-max-bs-decode": "auto"}, [1, 8, 2]) == {
+    assert engines.get("sglang").apply_derived({"cuda-graph-max-bs-decode": "auto"}, [1, 8, 2]) == {
         "cuda-graph-max-bs-decode": 8}
 
 
@@ -309,14 +348,14 @@ def test_default_study_and_test_engine_flags_are_known():
     from tests.conftest import CPU_ARGS
 
     data = yaml.safe_load((PARAMS / "local-cpu.yaml").read_text())
-    assert profiles.validate_args("vllm", data["engine"]["args"]) == []
+    assert engines.get("vllm").validate_args(data["engine"]["args"]) == []
     for c in data["configurations"]:
-        assert profiles.validate_args("vllm", {**data["engine"]["args"], **c.get("engine", {}).get("args", {})}) == []
-    assert profiles.validate_args("vllm", CPU_ARGS) == []
+        assert engines.get("vllm").validate_args({**data["engine"]["args"], **c.get("engine", {}).get("args", {})}) == []
+    assert engines.get("vllm").validate_args(CPU_ARGS) == []
 
 
 def test_registries_cover_the_seed_and_common_flags():
-    vllm = set(profiles.known_flags("vllm"))
+    vllm = set(engines.get("vllm").known_flags())
     for f in ("tensor-parallel-size", "pipeline-parallel-size", "data-parallel-size", "enable-expert-parallel",
               "max-model-len", "max-num-batched-tokens", "max-num-seqs", "gpu-memory-utilization", "kv-cache-dtype",
               "enforce-eager", "compilation-config", "speculative-config", "enable-prefix-caching",
@@ -324,7 +363,7 @@ def test_registries_cover_the_seed_and_common_flags():
               "trust-remote-code", "tokenizer-mode", "revision", "dtype", "block-size", "num-gpu-blocks-override",
               "kv-cache-memory-bytes", "served-model-name", "max-num-partial-prefills", "quantization"):
         assert f in vllm, f
-    sgl = set(profiles.known_flags("sglang"))
+    sgl = set(engines.get("sglang").known_flags())
     for f in ("tp-size", "ep-size", "dp-size", "context-length", "chunked-prefill-size", "mem-fraction-static",
               "max-running-requests", "disable-custom-all-reduce", "disable-radix-cache", "reasoning-parser",
               "tool-call-parser", "enable-deepseek-v4-fp4-indexer", "cuda-graph-backend-decode",
@@ -333,7 +372,7 @@ def test_registries_cover_the_seed_and_common_flags():
               "speculative-num-draft-tokens", "enable-metrics", "served-model-name", "kv-cache-dtype",
               "trust-remote-code", "revision", "attention-backend"):
         assert f in sgl, f
-    assert profiles.deprecated_flags("sglang", {"disable-cuda-graph": True})
+    assert engines.get("sglang").deprecated_flags({"disable-cuda-graph": True})
 
 
 # -- smoke check -------------------------------------------------------------------------------
@@ -358,36 +397,36 @@ def _server(reply: str = "日本の首都は**東京**です。", tool: dict | N
 
 def test_smoke_check_records_chat_and_tool_call():
     client, seen = _server(tool={"name": "get_weather", "arguments": "{\"city\": \"Tokyo\"}"})
-    r = profiles.smoke_check("http://alb.internal/v1", "deepseek-ai/DeepSeek-V4.1-Flash-1017",
+    r = smoke.smoke_check("http://alb.internal/v1", "deepseek-ai/DeepSeek-V4.1-Flash-1017",
                              {"X-LLM-Profile": "dsv41"}, tool_call=True, client=client)
     assert r["applies"] is True and r["ok"] is True and r["answered"] is True and r["reason"] is None
     assert r["chat"]["text"] == "日本の首都は**東京**です。"
     assert r["tool_call"]["function"] == {"name": "get_weather", "arguments": "{\"city\": \"Tokyo\"}"}
     assert r["tool_call"]["arguments"] == {"city": "Tokyo"}
-    assert seen[0]["body"]["messages"][0]["content"] == profiles.SMOKE_PROMPT
-    assert seen[1]["body"]["tool_choice"] == "required" and seen[1]["body"]["tools"] == [profiles.WEATHER_TOOL]
+    assert seen[0]["body"]["messages"][0]["content"] == smoke.SMOKE_PROMPT
+    assert seen[1]["body"]["tool_choice"] == "required" and seen[1]["body"]["tools"] == [smoke.WEATHER_TOOL]
     assert seen[0]["headers"]["x-llm-profile"] == "dsv41"
 
 
 def test_smoke_check_without_parser_sends_no_tool_call():
     client, seen = _server()
-    r = profiles.smoke_check("http://x", "m", tool_call=False, client=client)
+    r = smoke.smoke_check("http://x", "m", tool_call=False, client=client)
     assert r["ok"] is True and r["tool_call"] is None and len(seen) == 1
 
 
 def test_smoke_check_failures_say_why():
     client, _ = _server(tool={"name": "get_time", "arguments": "{}"})
-    r = profiles.smoke_check("http://x", "m", tool_call=True, client=client)
+    r = smoke.smoke_check("http://x", "m", tool_call=True, client=client)
     assert r["ok"] is False and r["answered"] is True
     assert r["reason"].startswith("tool call: expected get_weather with a city")
     client, _ = _server(status=503)
-    r = profiles.smoke_check("http://x", "m", client=client)
+    r = smoke.smoke_check("http://x", "m", client=client)
     assert r["ok"] is False and r["answered"] is False and "HTTP 503" in r["reason"]
 
 
 def test_smoke_check_with_dummy_weights_does_not_apply():
     client, seen = _server(reply="zq vx random", tool=None)
-    r = profiles.smoke_check("http://x", "m", tool_call=True, dummy_weights=True, client=client)
+    r = smoke.smoke_check("http://x", "m", tool_call=True, dummy_weights=True, client=client)
     assert r["applies"] is False and r["ok"] is None and r["answered"] is True
     assert r["reason"].startswith("dummy weights")
     assert r["chat"]["text"] == "zq vx random" and len(seen) == 2  # still sent and recorded
@@ -395,11 +434,11 @@ def test_smoke_check_with_dummy_weights_does_not_apply():
 
 def test_validate_study_names_the_configuration():
     for name in ("seed-001-vllm-g7e.yaml", "seed-000-sglang-g7e.yaml", "seed-000-sglang-g7e-8gpu.yaml"):
-        assert profiles.validate_study(load(name)) == [], name
+        assert validate_engines(load(name)) == [], name
     data = yaml.safe_load((PARAMS / "seed-001-vllm-g7e.yaml").read_text())
     data["configurations"][5]["engine"]["args"]["compilation-config"]["cudagraph_capture_sizes"] = [1, 2, 4]
     data["configurations"][1]["engine"]["args"]["max-num-seq"] = 4
-    from servelab.config import ParamsError, study_from_dict
+    from servelab.schema import ParamsError, study_from_dict
 
     with pytest.raises(ParamsError) as e:  # config.Study runs validate_study: a params file cannot load
         study_from_dict(data, "seed-001.yaml")

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from browser import check_in_browser
+
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = sorted(p.parent.parent.name for p in (ROOT / "reports").glob("*/data/study.json"))
 pytestmark = pytest.mark.notebooks
@@ -56,7 +58,7 @@ def test_japanese_report_renders(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     html = (tmp_path / "local-cpu-ja" / "index.html").read_text()
     assert "測定方法" in html and "段階別の性能推移" in html and "合計スループット最大" in html
-    res = report.check_in_browser(tmp_path / "local-cpu-ja" / "index.html")
+    res = check_in_browser(tmp_path / "local-cpu-ja" / "index.html")
     assert res["images"] >= 5 and res["broken_images"] == 0 and res["errors"] == []
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servelab.config import Bucket, Workload
-from servelab.engine import Server
-from servelab.records import read_json, read_jsonl
-from servelab.runinfo import base_record
-from servelab.runner import run_workload
+from servelab.schema import Bucket, Workload
+from servelab.hosts.base import Server
+from servelab.runfolder import read_json, read_jsonl
+from servelab.measure.runinfo import base_record
+from servelab.measure.runner import run_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,5 +107,28 @@ def test_ctrl_c_writes_partial_summary(refserver, tmp_path):
     assert run["status"] == "partial" and "interrupted by the user" in run["message"]
     recs = read_jsonl(rdir / "records.jsonl")
     assert run["records"] == len(recs) >= 3
-    assert (rdir / "summary.csv").exists()
+    assert run["headline"]["sent"] == sum(1 for r in recs if not r["warmup"])  # the summary of what was kept
+    assert p.returncode != 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_stop_signal_ends_the_run_like_ctrl_c(refserver, tmp_path, sig):
+    """What CI, `timeout`, systemd or a container runtime sends: records kept, run.json partial
+    with the signal as the reason, the summary in run.json, a non-zero exit."""
+    s = refserver(ttft_s=0.01, itl_s=0.02)
+    params = _study(tmp_path, s.url, rounds=20)
+    env = {**os.environ, "SERVELAB_RUNS": str(tmp_path / "runs"), "SERVELAB_REPORTS": str(tmp_path / "reports")}
+    rdir = tmp_path / "runs" / "resume-test" / "only"
+    p = _cli(["run", str(params), "--no-notebooks", "--no-report"], env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(read_jsonl(rdir / "records.jsonl")) < 3:
+        time.sleep(0.05)
+    p.send_signal(sig)
+    out, err = p.communicate(timeout=60)
+    run = read_json(rdir / "run.json")
+    assert run["status"] == "partial" and f"interrupted by {sig.name}" in run["message"], run["message"]
+    recs = read_jsonl(rdir / "records.jsonl")
+    assert run["records"] == len(recs) >= 3
+    assert len({r["seq"] for r in recs}) == len(recs)  # nothing written twice
+    assert run["headline"]["sent"] == sum(1 for r in recs if not r["warmup"])
     assert p.returncode != 0

@@ -6,11 +6,11 @@ import threading
 
 import pytest
 
-from servelab.config import Bucket, Workload
-from servelab.engine import Server
-from servelab.records import read_json, read_jsonl
-from servelab.runinfo import base_record
-from servelab.runner import run_workload
+from servelab.schema import Bucket, Workload
+from servelab.hosts.base import Server
+from servelab.runfolder import read_json, read_jsonl
+from servelab.measure.runinfo import base_record
+from servelab.measure.runner import run_workload
 
 
 def _wl(**kw) -> Workload:
@@ -90,7 +90,7 @@ def test_open_loop_arrivals_record_schedule_and_lag(refserver, tmp_path, arrival
     if arrival == "constant":
         assert sched == pytest.approx([i / 20 for i in range(20)])
     else:
-        from servelab.runner import arrival_offsets, levels
+        from servelab.measure.runner import arrival_offsets, levels
 
         lv = levels(wl)[0]
         assert sched == pytest.approx(arrival_offsets(wl, lv, 20, (wl.seed or 0) + 0))  # seeded: reproducible

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from servelab.selfcheck import COLUMNS, calibrate, format_table, level_errors, verdict
+from servelab.measure.selfcheck import COLUMNS, calibrate, format_table, level_errors, verdict
 
 
 def test_calibrate_small_levels_against_reference_server(tmp_path):

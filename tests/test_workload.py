@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from servelab.refserver import TEMPLATE_TOKENS
-from servelab.workload import LocalTokenizer, ServerTokenizer, calibrate, token_counter
+from servelab.measure.refserver import TEMPLATE_TOKENS
+from servelab.measure.workload import LocalTokenizer, ServerTokenizer, calibrate, token_counter
 
 FILLER = "This is deterministic benchmark input text."
 

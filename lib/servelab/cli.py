@@ -12,7 +12,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from .config import ParamsError, load_study
+from .cli_aws import add_parser as add_aws_parser
+from .schema import ParamsError, load_study
 
 EXIT_USAGE = 2
 EXIT_FAIL = 1
@@ -26,7 +27,7 @@ def _ints(s: str) -> list[int]:
 
 
 def cmd_model(a: argparse.Namespace) -> int:
-    from .modelmake import list_presets, make_model, model_facts
+    from .models import list_presets, make_model, model_facts
 
     if a.action == "list":
         for p in list_presets():
@@ -52,10 +53,10 @@ def cmd_validate(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from .config import AttachParams, Bucket, Workload
-    from .engine import attach
-    from .runinfo import base_record
-    from .runner import run_workload
+    from .hosts.attach import attach
+    from .measure.runinfo import base_record
+    from .measure.runner import run_workload
+    from .schema import AttachParams, Bucket, Workload
     from .summary import format_table
 
     headers = dict(h.split(":", 1) for h in a.header) if a.header else {}
@@ -80,24 +81,26 @@ def cmd_run(a: argparse.Namespace) -> int:
 
     study = load_study(a.params)
     if a.url:
-        if study.host.kind != "attach" or study.host.attach is None:
-            raise ParamsError(f"{a.params}: --url needs host.kind: attach")
-        study = study.model_copy(update={"host": study.host.model_copy(
-            update={"attach": study.host.attach.model_copy(update={"url": a.url})})})
+        from .hosts import with_url
+
+        try:
+            study = with_url(study, a.url)
+        except ValueError as e:
+            raise ParamsError(f"{a.params}: {e}") from None
     return run_study(study, Path(a.params), only=a.config, reduced=a.reduced, force=a.force,
                      dry_run=a.dry_run, notebooks=not a.no_notebooks, report=not a.no_report, resume=a.resume)
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
     """Start (or stop) a configuration's engine detached, for studies that attach to it."""
-    from . import stages
+    from .hosts.attach import serve, stop_served
 
     study = load_study(a.params)
     if a.stop:
-        print(f"{a.config}: {stages.stop_served(study.study, a.config)}")
+        print(f"{a.config}: {stop_served(study.study, a.config)}")
         return 0
     env = dict(e.split("=", 1) for e in a.env or [])
-    h = stages.serve(study, a.config, port=a.port, env=env)
+    h = serve(study, a.config, port=a.port, env=env)
     print(f"{a.config}: serving on {h['base_url']} (pid {h['pid']}, healthy after {h['startup_s']:.0f} s)")
     return 0
 
@@ -113,10 +116,11 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
     """Client self-check against the reference server (servelab.selfcheck)."""
-    from .selfcheck import calibrate
+    from .measure.selfcheck import calibrate
 
     out = Path(a.out or Path("runs") / "selfcheck" / f"{datetime.now():%Y%m%d-%H%M%S}.json")
     df = calibrate(levels=a.levels, ttft_s=a.ttft, itl_s=a.itl, tokens=a.tokens, workers=a.workers,
+                   backend="ray" if a.ray or a.ray_address else "local", ray_address=a.ray_address,
                    server_process=not a.in_process, tokens_per_chunk=a.tokens_per_chunk, api=a.api,
                    port=a.port, uvloop_server=a.server_uvloop,
                    late_ms=a.late_ms, out=out)
@@ -191,7 +195,9 @@ def parser() -> argparse.ArgumentParser:
     cal.add_argument("--itl", type=float, default=0.02, help="programmed inter-token gap (s)")
     cal.add_argument("--tokens", type=int, default=64, help="output tokens per request")
     cal.add_argument("--tokens-per-chunk", type=int, default=1)
-    cal.add_argument("--workers", type=int, default=1, help="client processes")
+    cal.add_argument("--workers", type=int, default=1, help="client processes (with --ray: Ray actors)")
+    cal.add_argument("--ray", action="store_true", help="client workers as Ray actors (needs the ray extra)")
+    cal.add_argument("--ray-address", help="Ray cluster: auto, ray://host:10001 (implies --ray; default: a local Ray)")
     cal.add_argument("--api", choices=["chat", "completions"], default="chat")
     cal.add_argument("--port", type=int, help="reference server port (default: first free from 8050)")
     cal.add_argument("--late-ms", type=float, default=5.0, help="a chunk arriving this late is counted late")
@@ -200,11 +206,13 @@ def parser() -> argparse.ArgumentParser:
                      help="reference server on uvloop (more streams per core, coarser timers)")
     cal.add_argument("--out", help="result JSON (default runs/selfcheck/<timestamp>.json)")
     cal.set_defaults(fn=cmd_calibrate)
+
+    add_aws_parser(sub)  # servelab aws up|start|status|logs|tunnel|down
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .engine import EngineError
+    from .hosts import EngineError
 
     a = parser().parse_args(argv)
     try:

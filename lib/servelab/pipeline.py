@@ -3,68 +3,122 @@
 `run_study` executes `notebooks/01_provision .. 04_diagnose` headless with papermill for each
 configuration (executed copies kept in the run folder), always stopping the engine, then
 publishes: raw runs copied to `reports/<study>/data/`, the write-up notebook executed and
-converted to `reports/<study>/index.html` with inputs hidden, `reports/index.html` updated.
-`render_reports` re-renders published studies from their data alone (no server).
+converted to `reports/<study>/index.html`, `reports/index.html` updated. `render_reports`
+re-renders published studies from their data alone (no server). SIGTERM and SIGHUP end a run
+as Ctrl-C does: records kept, run.json partial with the reason, summary written, the engine
+and its process group stopped, the host torn down.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import shlex
 import shutil
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from . import stages
-from .config import Study, load_study
-from .engine import EngineError, build_command
-from .records import RECORDS, read_json, write_json
+from .engines import get as engine_profile
+from .hosts import EngineError, for_study
+from .measure.runner import finalize
+from .runfolder import (ENGINE_JSON, ENGINE_LOG, PARAMS_EFFECTIVE, PUBLISHED_FILES, RECORDS, STUDY_JSON, RunFolder,
+                        project_root, read_json, reports_root, runs_root, write_json)
+from .schema import Study, load_study, resolve_profile
 from .secrets import scrub_file, scrub_tree
 
 STAGES = ["01_provision", "02_launch", "03_benchmark", "04_diagnose"]
 WRITEUP = "05_writeup"
-STUDY_JSON = "study.json"
 
 
 class PublishedReportExists(FileExistsError):
     pass
 
 
-def notebooks_dir() -> Path:
-    return stages.project_root() / "notebooks"
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived: end the run as Ctrl-C does (a KeyboardInterrupt, so every
+    `finally` runs), with the signal's name as the reason."""
 
-
-def reports_root() -> Path:
-    import os
-
-    return Path(os.environ.get("SERVELAB_REPORTS", stages.project_root() / "reports"))
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
 
 
 def _log(msg: str) -> None:
     print(f"[servelab] {msg}", file=sys.stderr, flush=True)
 
 
-def execute_notebook(name: str, out_dir: Path, parameters: dict[str, Any], *, log_output: bool = False) -> Path:
-    """Convert notebooks/<name>.py (jupytext percent) to ipynb and execute it with papermill."""
+@contextlib.contextmanager
+def stop_signals() -> Iterator[None]:
+    """SIGTERM / SIGHUP -> `Stopped` in the main thread while a run is in progress."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Stopped(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+class _ServelabLines(logging.Handler):
+    """Forwards the `[servelab]` lines a stage notebook prints (one per load level) to the terminal
+    while papermill runs it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        for line in record.getMessage().splitlines():
+            if line.startswith("[servelab]"):
+                print(line, file=sys.stderr, flush=True)
+
+
+def _kernel_manager_class() -> Any:
+    """A kernel manager on IPC sockets: the kernel and papermill talk through files in the
+    runtime folder, not TCP on localhost (and the kernel's 'running over TCP without
+    encryption' warning does not reach the terminal)."""
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import CaselessStrEnum
+
+    class IpcKernelManager(AsyncKernelManager):
+        transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc", config=True)
+
+    return IpcKernelManager
+
+
+def notebooks_dir() -> Path:
+    return project_root() / "notebooks"
+
+
+def execute_notebook(name: str, out_dir: Path, parameters: dict[str, Any]) -> Path:
+    """Execute notebooks/<name>.py (jupytext percent, kernelspec in its header) with papermill
+    from the repository root; the executed copy is written scrubbed to out_dir/<name>.ipynb."""
     import jupytext
     import papermill as pm
 
     src = notebooks_dir() / f"{name}.py"
     out_dir.mkdir(parents=True, exist_ok=True)
     nb_in = out_dir / f"{name}.input.ipynb"
-    nb = jupytext.read(src)
-    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
-    nb.metadata.setdefault("language_info", {"name": "python"})
-    jupytext.write(nb, nb_in)
+    jupytext.write(jupytext.read(src), nb_in)
     nb_out = out_dir / f"{name}.ipynb"
+    plog = logging.getLogger("papermill")
+    handler = _ServelabLines()
+    plog.addHandler(handler)
+    plog.setLevel(logging.INFO)
+    plog.propagate = False
     try:
         pm.execute_notebook(str(nb_in), str(nb_out), parameters=parameters, kernel_name="python3",
-                            cwd=str(stages.project_root()), progress_bar=False, log_output=log_output,
-                            request_save_on_cell_execute=True)
+                            language="python", cwd=str(project_root()), progress_bar=False, log_output=True,
+                            request_save_on_cell_execute=True, kernel_manager_class=_kernel_manager_class())
     finally:
+        plog.removeHandler(handler)
         nb_in.unlink(missing_ok=True)
         if nb_out.exists():
             scrub_file(nb_out)
@@ -72,55 +126,84 @@ def execute_notebook(name: str, out_dir: Path, parameters: dict[str, Any], *, lo
 
 
 def describe(study: Study) -> str:
+    """What `--dry-run` prints: the workload, every launch command (shell-quoted), what the
+    host will do, and the estimated cost. Starts nothing and calls nothing."""
+    from .analysis.cost import cost_estimate_lines
+
     lines = [f"study {study.study}: {study.title}"]
     wl = study.workload
     n = sum((wl.warmup_rounds + wl.rounds) * c * wl.requests_per_round for c in wl.concurrency) * len(wl.buckets)
     lines.append(f"workload: {len(wl.buckets)} buckets x concurrency {wl.concurrency}, "
                  f"{wl.warmup_rounds} warmup + {wl.rounds} rounds, {n} requests per configuration")
-    from .aws import aws_plan_lines
-    from .cost import cost_estimate_lines
-    from .profiles import resolve_profile
-
+    host = for_study(study)
     for c in study.configurations:
         eng = resolve_profile(study, c.id)  # derived values (e.g. capture sizes) filled in
-        if study.host.kind == "attach":
-            lines.append(f"[{c.id}] attach {study.host.attach.url if study.host.attach else '?'}")
         if eng.model is not None:
             model = eng.model.path if eng.model.path else f"<model:{eng.model.preset}>"
-            verb = "serve" if study.host.kind == "attach" else "launch"
-            lines.append(f"[{c.id}] {verb}: " + " ".join(build_command(eng, model, python="python")))
+            lines += host.describe_config(c.id, shlex.join(engine_profile(eng.kind).command(eng, model, python="python")))
             if eng.env:
-                lines.append(f"[{c.id}] env " + " ".join(f"{k}={v}" for k, v in eng.env.items()))
-    lines += aws_plan_lines(study)
+                lines.append(f"[{c.id}] env " + " ".join(shlex.quote(f"{k}={v}") for k, v in eng.env.items()))
+    lines += host.plan_lines()
     lines += cost_estimate_lines(study)
     return "\n".join(lines)
+
+
+def _close_partial(rdir: Path, reason: str) -> None:
+    """A stage process died with the run still 'running' (a signal reached only us): write the
+    summary and a partial run.json with the reason from the records on disk."""
+    rf = RunFolder(rdir)
+    if rf.run.get("status") == "running":
+        finalize(rf, dict(rf.run), status="partial", message=f"stopped by {reason}; "
+                 f"{len(rf.records)} records kept in {rf / RECORDS} (continue with --resume)")
+
+
+def _stop_children() -> None:
+    """End the papermill kernels this process started (a signal may leave one running)."""
+    import psutil
+
+    procs = psutil.Process().children(recursive=True)
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
 
 
 def run_config(study: Study, params_path: Path, config_id: str, rdir: Path, *, notebooks: bool,
                reduced: bool, resume: bool = False) -> None:
     """One configuration: provision, launch, benchmark, diagnose. The engine always stops."""
+    host = for_study(study)
     params = {"params_path": str(params_path.resolve()), "config_id": config_id, "run_dir": str(rdir.resolve()),
-              "reduced": reduced, "resume": resume}
-    if (rdir / stages.ENGINE_JSON).exists():  # an engine left by a killed run would hold the port
-        _log(f"{config_id}: leftover engine from an earlier run: {stages.stop(rdir)}")
+              "reduced": reduced, "resume": resume, "start": True}
+    if (rdir / ENGINE_JSON).exists():  # an engine left by a killed run would hold the port
+        _log(f"{config_id}: leftover engine from an earlier run: {host.stop(rdir)}")
     try:
         if notebooks:
             for name in STAGES:
                 t0 = time.monotonic()
                 try:
                     execute_notebook(name, rdir / "notebooks", params)
+                except KeyboardInterrupt:
+                    raise
                 except Exception as e:  # papermill wraps the cell's exception
                     raise StageFailed(name, rdir, e) from None
                 _log(f"{config_id}: {name} done in {time.monotonic() - t0:.1f} s")
         else:
             stages.provision(study, config_id, rdir)
             stages.launch(study, config_id, rdir)
-            res = stages.benchmark(study, config_id, rdir, resume=resume)
+            res = stages.benchmark(study, config_id, rdir, resume=resume, progress=False)
             if res.message:
                 _log(res.message)
+    except KeyboardInterrupt as e:
+        reason = e.name if isinstance(e, Stopped) else "the user (Ctrl-C)"
+        _stop_children()
+        _close_partial(rdir, reason)
+        raise
     finally:
-        _log(f"{config_id}: {stages.stop(rdir)}")
-    run = read_json(rdir / "run.json") if (rdir / "run.json").exists() else {}
+        _log(f"{config_id}: {host.stop(rdir)}")
+    run = RunFolder(rdir).run
     if run.get("status") != "complete":
         raise RunIncomplete(f"{config_id}: run {run.get('status', 'missing')}: {run.get('message', '')} "
                             f"(continue with --resume)")
@@ -145,8 +228,7 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
     if dry_run:
         print(describe(study))
         return 0
-    from .summary import format_table, summarize
-    from .records import load_records
+    from .summary import format_table
 
     if reduced:
         study = study.reduced_copy()
@@ -157,16 +239,13 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
     pub = reports_root() / study.study
     if report and (pub / "index.html").exists() and not force:
         raise PublishedReportExists(f"{pub}/index.html is published: pass --force to replace it")
-    if study.host.kind == "attach":  # an unreachable URL stops before any work
-        from .engine import attach
-
-        assert study.host.attach is not None
-        attach(study.host.attach)
-    root = stages.runs_root() / study.study
+    host = for_study(study)
+    host.check()
+    root = runs_root() / study.study
     todo = []
     for cid in configs:
         rdir = root / cid
-        if resume and (rdir / "run.json").exists() and read_json(rdir / "run.json").get("status") == "complete":
+        if resume and RunFolder(rdir).run.get("status") == "complete":
             _log(f"configuration {cid}: complete, skipped (--resume)")
             continue
         if rdir.exists() and not resume:
@@ -180,15 +259,17 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
                                    "study": json.loads(study.model_dump_json())})
     shutil.copy(params_path, root / "params.yaml")
     t0 = time.monotonic()
-    failed = []
+    failed: list[str] = []
     try:
-        failed = _measure(study, root, todo, notebooks=notebooks, resume=resume)
+        with stop_signals(), host.guard():
+            failed = _measure(study, root, todo, notebooks=notebooks, resume=resume)
     finally:
-        if study.host.kind.startswith("aws"):  # teardown in every path, also Ctrl-C
-            _log(stages.stop_aws(study))
-    scrub_tree(root)  # engine logs and anything else written by child processes
-    df = load_records([root / c for c in configs])
-    print(format_table(summarize(df)))
+        out = host.teardown()  # every path, also Ctrl-C and SIGTERM
+        if out:
+            _log(out)
+        scrub_tree(root)  # engine logs and anything else written by child processes
+    frames = [RunFolder(root / c).summary for c in configs]
+    print(format_table(_concat(frames)))
     _log(f"measured {len(todo) - len(failed)} configuration(s) in {time.monotonic() - t0:.0f} s")
     if failed:
         _log(f"failed: {failed}; records kept under {root}")
@@ -198,6 +279,13 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
     return 0
 
 
+def _concat(frames: list[Any]) -> Any:
+    import pandas as pd
+
+    frames = [f for f in frames if f is not None and not f.empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
 def _measure(study: Study, root: Path, todo: list[str], *, notebooks: bool, resume: bool) -> list[str]:
     failed: list[str] = []
     for cid in todo:
@@ -205,7 +293,7 @@ def _measure(study: Study, root: Path, todo: list[str], *, notebooks: bool, resu
         _log(f"configuration {cid}: {'resume' if resume and rdir.exists() else 'start'}")
         rdir.mkdir(parents=True, exist_ok=True)
         # the notebooks read the study as validated here (--reduced and --url applied)
-        effective = rdir / "params.effective.yaml"
+        effective = rdir / PARAMS_EFFECTIVE
         effective.write_text(yaml.safe_dump(json.loads(study.model_dump_json()), sort_keys=False))
         try:
             run_config(study, effective, cid, rdir, notebooks=notebooks, reduced=False,
@@ -236,13 +324,12 @@ def publish(study_id: str, run_root: Path, *, force: bool = False) -> Path:
     for cdir in sorted(p for p in run_root.iterdir() if p.is_dir() and (p / RECORDS).exists()):
         dst = data / cdir.name
         dst.mkdir()
-        for f in ("records.jsonl", "run.json", "server_metrics.jsonl", "summary.csv", "engine.log",
-                  "client_stats.jsonl", "levels.jsonl"):
+        for f in PUBLISHED_FILES:
             if (cdir / f).exists():
                 shutil.copy(cdir / f, dst / f)
-        served_log = run_root / ".served" / cdir.name / "engine.log"  # engine started by `servelab serve`
-        if served_log.exists() and not (dst / "engine.log").exists():
-            shutil.copy(served_log, dst / "engine.log")
+        served_log = run_root / ".served" / cdir.name / ENGINE_LOG  # engine started by `servelab serve`
+        if served_log.exists() and not (dst / ENGINE_LOG).exists():
+            shutil.copy(served_log, dst / ENGINE_LOG)
     scrub_tree(data)
     render(study_id, keep_dir=run_root)
     return pub / "index.html"
@@ -255,7 +342,7 @@ def render(study_id: str, keep_dir: Path | None = None) -> Path:
     """
     import tempfile
 
-    from .report import notebook_to_html, write_index
+    from .report.index import notebook_to_html, write_index
 
     pub = reports_root() / study_id
     if not (pub / "data").exists():
@@ -283,5 +370,9 @@ def render_reports(study_id: str | None) -> int:
 
 
 def load(params_path: str | Path, reduced: bool = False) -> Study:
-    s = load_study(params_path)
+    """The study of a params file (relative paths from the repository root, wherever the
+    kernel started), with its reduced workload when asked."""
+    from .runfolder import resolve
+
+    s = load_study(resolve(params_path))
     return s.reduced_copy() if reduced else s

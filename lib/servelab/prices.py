@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import date, datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import yaml
 
@@ -261,9 +261,9 @@ def _write_cache(cache_dir: str | Path | None, key: str, price: Price) -> None:
 
 
 def default_cache_dir() -> Path:
-    from .modelmake import default_cache_root
+    from .paths import cache_root
 
-    return default_cache_root().parent / "prices"
+    return cache_root() / "prices"
 
 
 def ec2_hourly_usd(instance_type: str, region: str, *, cache_dir: str | Path | None = None, use_api: bool = True,
@@ -290,3 +290,18 @@ def ec2_hourly_usd(instance_type: str, region: str, *, cache_dir: str | Path | N
     p = table_price(instance_type, region, table)
     note = "; ".join(x for x in (p.note, why) if x) or None
     return Price(p.usd_per_hour, p.source, p.as_of, p.instance_type, p.region, p.status, note)
+
+
+def resolve_managed(keys: Iterable[str], table: dict[str, Any] | None = None) -> dict[str, ManagedPrice]:
+    """Price objects for keys; `provider/model@blend` mixes its @peak/@off-peak by peak hours."""
+    t = table or load_table()
+    out: dict[str, ManagedPrice] = {}
+    for k in keys:
+        if k.endswith("@blend"):
+            base = k[: -len("@blend")]
+            peak, off = managed_price(base + "@peak", t), managed_price(base + "@off-peak", t)
+            schedule = base.split("/")[0]
+            out[k] = blended(peak, off, peak_fraction(schedule, t))
+        else:
+            out[k] = managed_price(k, t)
+    return out

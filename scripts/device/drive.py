@@ -1,13 +1,20 @@
-"""Drive a GPU study on the device machine: start each configuration's engine with
-`servelab serve`, measure it with `servelab run --config` (the stage notebooks under papermill,
-attached to that engine), run `vllm bench serve` on the same server where asked, stop the
-engine, next. With two GPUs, two lanes run side by side (one engine per GPU), then the TP=2
-configuration uses both. Progress goes to runs/<study>/device-progress.log; a configuration
-whose run.json says complete is skipped, so a later call continues where time ran out.
+"""Drive a GPU study on the device machine from its params' `device:` block: for each configuration
+start its engine with `servelab serve` (in the engine's own site dir, `device.site[kind]`), save
+the server's own answers (`/get_server_info`, `/tokenize`, `/metrics` before and after) under
+runs/<study>/<config>/recorded/, measure it with `servelab run --config` (GPU telemetry is
+sampled by the benchmark stage wherever nvidia-smi exists), run the peer tools of
+`device.peers[config]` on the same server (`analysis.peers.peer_command`), stop the engine, next.
+Configurations whose resolved engine is identical share one server. Lanes run side by side, one
+GPU each; `device.all_gpus` configurations run after them on every GPU. Progress goes to
+runs/<study>/device-progress.log; a configuration whose run.json says complete is skipped, so a
+later call continues where time ran out.
 
-Usage (on the device, from the repository root, PYTHONPATH holding the wheels and lib/):
-  python3 scripts/device/drive.py params/h200-llama8b-vllm.yaml --deadline-s 520 [--gpus 2]
-  python3 scripts/device/drive.py params/h200-llama8b-vllm.yaml --gpus 2 --only tp2,tp2-saturation
+Usage (on the device, from a snapshot of the repository, PYTHONPATH = servelab's deps + lib/):
+  PYTHONPATH=/root/site:/root/snap/lib python3 scripts/device/drive.py params/X.yaml --deadline-s 1200
+  ... --only a,b        (these configurations, in this order, on all GPUs)
+  ... --reduced         (the study's reduced workload: a quick check of the procedure)
+servelab itself (client, stages, papermill) runs with the PYTHONPATH drive.py was started with;
+only the engines and the peer tools get `device.site[kind]` instead (never two sites at once).
 """
 
 from __future__ import annotations
@@ -19,120 +26,205 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "lib"))
 
-from servelab.config import load_study  # noqa: E402
+from servelab.analysis.peers import peer_command  # noqa: E402
+from servelab.schema import load_study, resolve_profile  # noqa: E402
 
-# (lane configs on one GPU each); configurations listed later run on all GPUs
-LANES_2GPU = [["eager", "mnbt-2048", "mnbt-8192"], ["cudagraph", "cudagraph-saturation", "mnbt-4096", "mnbt-16384"]]
-ALL_GPU = ["tp2", "tp2-saturation"]
-PEER_RUNS = {  # vllm bench serve on the same server as these configurations: (input, output, concurrency)
-    "cudagraph": [(256, 256, 1), (2048, 256, 4), (8192, 256, 4)],
-    "tp2": [(256, 256, 1), (2048, 256, 4), (8192, 256, 4)],
-}
+PEER_ENGINE = {"vllm-bench": "vllm", "sglang-bench": "sglang"}
+SERVE_MIN_S = 240   # do not start a new engine with less time than this left
+RUN_MIN_S = 75      # do not start a measurement with less time than this left
+_lock = threading.Lock()
 
 
 def log(study: str, msg: str) -> None:
     line = f"{time.strftime('%H:%M:%S')} {msg}"
-    print(line, flush=True)
-    p = ROOT / "runs" / study / "device-progress.log"
-    p.parent.mkdir(parents=True, exist_ok=True)
-    with open(p, "a") as f:
-        f.write(line + "\n")
+    with _lock:
+        print(line, flush=True)
+        p = ROOT / "runs" / study / "device-progress.log"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(p, "a") as f:
+            f.write(line + "\n")
 
 
 def sh(args: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    try:
+        return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=max(5.0, timeout),
+                              env={**os.environ, **(env or {})})
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+        return subprocess.CompletedProcess(args, 124, out, err + f"\n[drive] timed out after {timeout:.0f} s")
+
+
+def site_env(site: str | None) -> dict[str, str]:
+    """The environment of a process that runs in one engine's site dir (only that site)."""
+    if not site:
+        return {}
+    return {"PYTHONPATH": site, "PATH": f"{site}/bin:{os.environ.get('PATH', '/usr/bin:/bin')}"}
 
 
 def complete(study: str, cid: str) -> bool:
     p = ROOT / "runs" / study / cid / "run.json"
-    return p.exists() and json.loads(p.read_text()).get("status") == "complete"
+    try:
+        return p.exists() and json.loads(p.read_text()).get("status") == "complete"
+    except ValueError:
+        return False
 
 
-def peer_bench(params: Path, study, cid: str, port: int, model_dir: str, deadline: float) -> None:
+def http(url: str, body: dict[str, Any] | None = None, timeout: float = 20.0) -> tuple[int, str]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json"} if body is not None else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode("utf-8", "replace")[:2000]
+    except Exception as e:  # noqa: BLE001 - recorded, never fatal
+        return 0, f"{type(e).__name__}: {e}"
+
+
+def record_server(base: str, model_dir: str) -> dict[str, tuple[int, str]]:
+    """The server's own answers before the run: name -> (HTTP status, body)."""
+    prompt = "This is deterministic benchmark input text."
+    return {
+        "get_server_info.json": http(base + "/get_server_info"),
+        "server_info.json": http(base + "/server_info"),
+        "version.json": http(base + "/version"),
+        "models.json": http(base + "/v1/models"),
+        "tokenize-prompt.json": http(base + "/tokenize", {"model": model_dir, "prompt": prompt}),
+        "tokenize-chat.json": http(base + "/tokenize", {"model": model_dir,
+                                                        "messages": [{"role": "user", "content": prompt}]}),
+        "metrics-before.txt": http(base + "/metrics"),
+    }
+
+
+def save_recorded(study: str, cid: str, rec: dict[str, tuple[int, str]]) -> None:
+    d = ROOT / "runs" / study / cid / "recorded"
+    d.mkdir(parents=True, exist_ok=True)
+    sp = d / "status.json"
+    status = json.loads(sp.read_text()) if sp.exists() else {}
+    for name, (code, body) in rec.items():
+        status[name] = code
+        if code == 200:
+            (d / name).write_text(body)
+    sp.write_text(json.dumps(status, indent=1) + "\n")
+
+
+def peers(study, cid: str, base: str, model_dir: str, deadline: float) -> None:
     out = ROOT / "runs" / study.study / "peer" / cid
     out.mkdir(parents=True, exist_ok=True)
-    for inp, outp, c in PEER_RUNS.get(cid, []):
-        name = f"vllm-bench-in{inp}-out{outp}-c{c}.json"
-        if (out / name).exists() or time.monotonic() > deadline - 60:
+    site = study.device.site
+    for run in study.device.peers.get(cid, []):
+        argv, result = peer_command(run, base, model_dir, out, python=sys.executable)
+        if result.exists():
             continue
-        args = [sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "openai-chat",
-                "--endpoint", "/v1/chat/completions", "--base-url", f"http://127.0.0.1:{port}",
-                "--model", model_dir, "--tokenizer", model_dir, "--dataset-name", "random",
-                "--random-input-len", str(inp), "--random-output-len", str(outp), "--ignore-eos",
-                "--max-concurrency", str(c), "--num-prompts", str(4 * c), "--seed", "42",
-                "--save-result", "--save-detailed", "--result-dir", str(out), "--result-filename", name]
-        r = sh(args, timeout=max(30, deadline - time.monotonic()))
-        log(study.study, f"[{cid}] vllm bench serve in{inp} c={c}: exit {r.returncode} {r.stderr[-300:] if r.returncode else ''}")
-
-
-def run_lane(params: Path, configs: list[str], gpus: str, port: int, deadline: float) -> None:
-    study = load_study(params)
-    served_args = None
-    for cid in configs:
-        if complete(study.study, cid):
-            log(study.study, f"[{cid}] complete, skipped")
+        if time.monotonic() > deadline - 45:
+            log(study.study, f"[{cid}] peer {result.name}: skipped (deadline)")
             continue
-        if time.monotonic() > deadline - 120:
-            log(study.study, f"[{cid}] not started: deadline")
-            break
-        eng = study.engine_for(cid).model_dump()
-        if served_args != eng:
-            if served_args is not None:
-                sh([sys.executable, "-m", "servelab.cli", "serve", str(params), "--config", prev, "--stop"], 60)
-            t0 = time.monotonic()
-            r = sh([sys.executable, "-m", "servelab.cli", "serve", str(params), "--config", cid, "--port", str(port),
-                    "--env", f"CUDA_VISIBLE_DEVICES={gpus}"], timeout=max(60, deadline - time.monotonic()))
-            log(study.study, f"[{cid}] serve on GPU {gpus} port {port}: exit {r.returncode} in "
-                             f"{time.monotonic() - t0:.0f} s {r.stdout.strip()[-200:]} {r.stderr.strip()[-600:]}")
-            if r.returncode != 0:
-                served_args = None
-                continue
-            served_args, prev = eng, cid
-        else:
-            # same engine as the previous configuration: measure on the running server, and
-            # record it under this configuration's name too
-            src = ROOT / "runs" / study.study / ".served" / f"{prev}.json"
-            dst = ROOT / "runs" / study.study / ".served" / f"{cid}.json"
-            dst.write_text(src.read_text())
         t0 = time.monotonic()
-        r = sh([sys.executable, "-m", "servelab.cli", "run", str(params), "--config", cid, "--url",
-                f"http://127.0.0.1:{port}", "--no-report", "--force"], timeout=max(60, deadline - time.monotonic()))
-        log(study.study, f"[{cid}] run: exit {r.returncode} in {time.monotonic() - t0:.0f} s {r.stderr.strip()[-400:]}")
-        if cid in PEER_RUNS:
-            served = json.loads((ROOT / "runs" / study.study / ".served" / f"{cid}.json").read_text())
-            peer_bench(params, study, cid, port, served["model_dir"], deadline)
-    if served_args is not None:
-        sh([sys.executable, "-m", "servelab.cli", "serve", str(params), "--config", prev, "--stop"], 60)
+        r = sh(argv, timeout=min(240, deadline - time.monotonic()), env=site_env(site.get(PEER_ENGINE[run.tool])))
+        (out / (result.stem + ".log")).write_text(r.stdout[-20000:] + "\n--- stderr\n" + r.stderr[-20000:])
+        log(study.study, f"[{cid}] peer {run.tool} in{run.input_tokens} c={run.concurrency}: exit {r.returncode} "
+                         f"in {time.monotonic() - t0:.0f} s{(' ' + r.stderr.strip()[-300:]) if r.returncode else ''}")
+
+
+def stop(params: Path, cid: str) -> None:
+    sh([sys.executable, "-m", "servelab.cli", "serve", str(params), "--config", cid, "--stop"], 90)
+
+
+def run_lane(params: Path, configs: list[str], gpus: str, port: int, deadline: float, reduced: bool) -> None:
+    study = load_study(params)
+    sid = study.study
+    base = f"http://127.0.0.1:{port}"
+    served: tuple[str, Any] | None = None  # (config that started it, its resolved engine)
+    for cid in configs:
+        if complete(sid, cid):
+            log(sid, f"[{cid}] complete, skipped")
+            continue
+        eng = resolve_profile(study, cid)
+        key = eng.model_dump()
+        if served is None or served[1] != key:
+            if served is not None:
+                stop(params, served[0])
+                served = None
+            if time.monotonic() > deadline - SERVE_MIN_S:
+                log(sid, f"[{cid}] not started: deadline ({deadline - time.monotonic():.0f} s left)")
+                continue
+            env = [f"CUDA_VISIBLE_DEVICES={gpus}"]
+            env += [f"{k}={v}" for k, v in site_env(study.device.site.get(eng.kind)).items()]
+            t0 = time.monotonic()
+            args = [sys.executable, "-m", "servelab.cli", "serve", str(params), "--config", cid, "--port", str(port)]
+            for e in env:
+                args += ["--env", e]
+            r = sh(args, timeout=deadline - time.monotonic())
+            log(sid, f"[{cid}] serve {eng.kind} on GPU {gpus} port {port}: exit {r.returncode} in "
+                     f"{time.monotonic() - t0:.0f} s {r.stdout.strip()[-200:]} {r.stderr.strip()[-900:]}")
+            if r.returncode != 0:
+                stop(params, cid)
+                continue
+            served = (cid, key)
+        else:  # same engine as the previous configuration: measure on the running server
+            src = ROOT / "runs" / sid / ".served" / f"{served[0]}.json"
+            (ROOT / "runs" / sid / ".served" / f"{cid}.json").write_text(src.read_text())
+        if time.monotonic() > deadline - RUN_MIN_S:
+            log(sid, f"[{cid}] not measured: deadline")
+            continue
+        handle = json.loads((ROOT / "runs" / sid / ".served" / f"{cid}.json").read_text())
+        model_dir = handle["model_dir"]
+        rec = record_server(base, model_dir)
+        t0 = time.monotonic()
+        cmd = [sys.executable, "-m", "servelab.cli", "run", str(params), "--config", cid, "--url", base,
+               "--no-report", "--force"] + (["--reduced"] if reduced else [])
+        r = sh(cmd, timeout=deadline - time.monotonic())
+        rec["metrics-after.txt"] = http(base + "/metrics")
+        save_recorded(sid, cid, rec)
+        gm = ROOT / "runs" / sid / cid / "gpu_metrics.jsonl"
+        nlines = sum(1 for _ in open(gm)) if gm.exists() else 0
+        log(sid, f"[{cid}] run: exit {r.returncode} in {time.monotonic() - t0:.0f} s, gpu_metrics.jsonl "
+                 f"{nlines} samples {r.stderr.strip()[-600:] if r.returncode else ''}")
+        if study.device.peers.get(cid):
+            peers(study, cid, base, model_dir, deadline)
+            save_recorded(sid, cid, {"metrics-after-peers.txt": http(base + "/metrics")})
+    if served is not None:
+        stop(params, served[0])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("params", type=Path)
     ap.add_argument("--deadline-s", type=float, default=520, help="stop starting work after this many seconds")
-    ap.add_argument("--gpus", type=int, default=1)
     ap.add_argument("--only", help="comma-separated configurations to run (in this order, on all GPUs)")
+    ap.add_argument("--reduced", action="store_true", help="the study's reduced workload (procedure check)")
     a = ap.parse_args()
     deadline = time.monotonic() + a.deadline_s
     study = load_study(a.params)
-    log(study.study, f"drive start: {a.gpus} GPU(s), deadline {a.deadline_s:.0f} s")
+    dev = study.device
+    if dev is None:
+        sys.exit(f"{a.params}: no device: block")
+    all_gpus = ",".join(str(i) for i in range(dev.gpus))
+    lanes = dev.lanes or [[c.id for c in study.configurations if c.id not in dev.all_gpus]]
+    log(study.study, f"drive start: {dev.gpus} GPU(s), lanes {lanes}, all GPUs {dev.all_gpus}, "
+                     f"deadline {a.deadline_s:.0f} s, sites {dev.site}")
     if a.only:
-        run_lane(a.params, a.only.split(","), ",".join(str(i) for i in range(a.gpus)), 8000, deadline)
-    elif a.gpus >= 2:
-        threads = [threading.Thread(target=run_lane, args=(a.params, lane, str(i), 8000 + i, deadline))
-                   for i, lane in enumerate(LANES_2GPU)]
+        run_lane(a.params, a.only.split(","), all_gpus, study.engine.port, deadline, a.reduced)
+    else:
+        lanes = lanes[: dev.gpus]
+        threads = [threading.Thread(target=run_lane, args=(a.params, lane, str(i), study.engine.port + i, deadline,
+                                                           a.reduced))
+                   for i, lane in enumerate(lanes)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        run_lane(a.params, ALL_GPU, ",".join(str(i) for i in range(a.gpus)), 8000, deadline)
-    else:
-        run_lane(a.params, [c for lane in LANES_2GPU for c in lane], "0", 8000, deadline)
+        if dev.all_gpus:
+            run_lane(a.params, dev.all_gpus, all_gpus, study.engine.port, deadline, a.reduced)
     log(study.study, "drive end")
 
 

@@ -1,0 +1,106 @@
+"""Small numeric helpers shared by the analyses: NaN-safe numbers, percent change, ordered
+unique values, Student-t quantiles (scipy) and the OLS fit of TTFT against prompt length."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from scipy import stats as _st
+
+
+def _get(obj: Any, key: str, default: Any = None) -> Any:
+    """``obj[key]`` for mappings, ``obj.key`` otherwise (pydantic Slo, dataclasses)."""
+    if obj is None:
+        return default
+    if isinstance(obj, Mapping):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def _num(v: Any) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return math.nan
+    return f
+
+
+def _pct_change(new: float, old: float) -> float:
+    new, old = _num(new), _num(old)
+    if not (math.isfinite(new) and math.isfinite(old)) or old == 0:
+        return math.nan
+    return (new - old) / old * 100.0
+
+
+def _ordered(values: Iterable[Any]) -> list[Any]:
+    return list(dict.fromkeys(values))
+
+
+def fit_ttft(prompt_tokens: Sequence[float] | np.ndarray, ttft_s: Sequence[float] | np.ndarray) -> dict[str, Any]:
+    """Ordinary least squares of ``ttft_s = overhead_s + slope_s_per_token * prompt_tokens``.
+
+    ``prefill_tps = 1 / slope``. Standard errors are the usual OLS ones
+    (``s^2 = RSS / (n - 2)``; ``se(slope) = s / sqrt(Sxx)``;
+    ``se(overhead) = s * sqrt(1/n + mean(x)^2 / Sxx)``); ``prefill_tps_se`` uses the
+    delta method (``se(slope) / slope^2``) and ``prefill_tps_ci95`` inverts the slope's
+    95 % interval (upper end ``inf`` when that interval reaches 0).
+    ``slope_significant`` is True when the slope's 95 % interval lies above 0.
+    With fewer than 2 distinct prompt lengths nothing is fitted (NaNs and a ``note``);
+    with exactly 2 points the fit is exact and the errors are NaN.
+    """
+    x = np.asarray(prompt_tokens, dtype=float)
+    y = np.asarray(ttft_s, dtype=float)
+    keep = np.isfinite(x) & np.isfinite(y)
+    x, y = x[keep], y[keep]
+    n = int(len(x))
+    distinct = int(len(np.unique(x)))
+    nan2 = (math.nan, math.nan)
+    out: dict[str, Any] = {
+        "method": "OLS: ttft_s = overhead_s + prompt_tokens / prefill_tps",
+        "prefill_tps": math.nan, "prefill_tps_se": math.nan, "prefill_tps_ci95": nan2,
+        "overhead_s": math.nan, "overhead_s_se": math.nan, "overhead_s_ci95": nan2,
+        "slope_s_per_token": math.nan, "slope_se": math.nan, "slope_significant": False,
+        "r2": math.nan, "n": n, "distinct_prompt_lengths": distinct, "note": "",
+    }
+    if distinct < 2:
+        out["note"] = (f"fewer than 2 distinct prompt lengths ({distinct}): the prefill rate is not "
+                       "identifiable; measure buckets with different input_tokens at concurrency 1")
+        return out
+    xm, ym = float(x.mean()), float(y.mean())
+    sxx = float(((x - xm) ** 2).sum())
+    b = float(((x - xm) * (y - ym)).sum() / sxx)
+    a = ym - b * xm
+    resid = y - (a + b * x)
+    rss = float((resid**2).sum())
+    tss = float(((y - ym) ** 2).sum())
+    dof = n - 2
+    notes = []
+    if dof > 0:
+        s2 = rss / dof
+        se_b = math.sqrt(s2 / sxx)
+        se_a = math.sqrt(s2 * (1.0 / n + xm**2 / sxx))
+        t = float(_st.t.ppf(0.975, dof))  # two-sided 95 % Student t quantile
+    else:
+        se_b = se_a = t = math.nan
+        notes.append("only 2 points: exact fit, no standard errors")
+    out.update(
+        slope_s_per_token=b, slope_se=se_b, overhead_s=a, overhead_s_se=se_a,
+        overhead_s_ci95=(a - t * se_a, a + t * se_a),
+        r2=(1.0 - rss / tss) if tss > 0 else math.nan,
+    )
+    if math.isfinite(se_b):
+        out["slope_significant"] = bool(b - t * se_b > 0)
+    if b > 0:
+        out["prefill_tps"] = 1.0 / b
+        out["prefill_tps_se"] = se_b / b**2
+        lo_b, hi_b = b - t * se_b, b + t * se_b
+        out["prefill_tps_ci95"] = (1.0 / hi_b if math.isfinite(hi_b) else math.nan,
+                                   (1.0 / lo_b if lo_b > 0 else math.inf) if math.isfinite(lo_b) else math.nan)
+    else:
+        notes.append("TTFT does not grow with prompt length (slope <= 0): prefill is hidden by other "
+                     "costs (queueing, HTTP, first decode step) or the prompts are too short")
+    out["note"] = "; ".join(notes)
+    return out

@@ -1,0 +1,204 @@
+"""The engine interface: everything servelab does differently for vLLM and SGLang.
+
+An `EngineProfile` knows its flag table, the command line and environment that start it,
+the checks and derived values for a configuration's flags, what a report says about them,
+how to read its `/metrics` and where its server facts live. The registry
+(`servelab.engines.get`) hands out one profile per `engine.kind`; code outside `engines/`
+never branches on the kind. Not for running the process (`engines.process`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import shutil
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from .flags import FlagTable, check_value, flag_args, flag_on, get_flag, load_table, norm
+from .prom import ServerSample, _Series
+
+if TYPE_CHECKING:  # a profile takes schema.EngineParams; schema validates flags through the profiles
+    from ..schema import EngineParams
+
+
+class EngineProfile:
+    """Base of the engine profiles; subclasses fill the class attributes and hooks."""
+
+    kind: str = ""
+    label: str = ""  # how a report names the engine
+    metrics_prefix: str = ""  # "vllm:" / "sglang:"
+    env_prefix: str = ""  # prefix of the engine's own environment variables
+    owned: dict[str, str] = {}  # flags servelab sets itself from EngineParams -> the key to set instead
+    equivalents: dict[str, str] = {}  # a flag of another engine -> what to use on this one
+    auto_flags: tuple[str, ...] = ()  # flags whose value may be `auto` (derived)
+    info_paths: tuple[str, ...] = ("/version",)  # server facts endpoints, first that answers
+    base_env: dict[str, str] = {"HF_HUB_OFFLINE": "1"}
+
+    # -- flags ----------------------------------------------------------------------------
+    @property
+    def table(self) -> FlagTable:
+        return load_table(self.kind)
+
+    def known_flags(self) -> list[str]:
+        return sorted(self.table.spell)
+
+    def suggest(self, flag: str) -> str:
+        """The message for a flag this engine does not know (spelling, or another engine's flag)."""
+        from . import PROFILES
+
+        hint = self.equivalents.get(flag)
+        for other in PROFILES.values():
+            if other.kind != self.kind and flag in other.table.spell:
+                art = "an" if other.label[0] in "AEIOS" else "a"
+                me = "an" if self.label[0] in "AEIOS" else "a"
+                msg = f"'{flag}' is {art} {other.label} flag, not {me} {self.label} one"
+                return msg + (f"; use {hint}" if hint else "")
+        close = difflib.get_close_matches(flag, list(self.table.spell), n=1, cutoff=0.75)
+        msg = f"unknown flag '{flag}'"
+        if close:
+            msg += f" (did you mean '{close[0]}'?)"
+        elif hint:
+            msg += f"; use {hint}"
+        return msg
+
+    def validate_args(self, args: dict[str, Any], concurrency: Iterable[int] | None = None) -> list[str]:
+        """Problems with the engine's CLI flags, one line each ([] = fine): unknown flags (with a
+        suggestion, or the other engine's equivalent), flags servelab sets itself, a flag given
+        twice, wrong value types, and the engine's own conflicts (with `concurrency`, also
+        CUDA-graph sizes too small for those levels)."""
+        t = self.table
+        errors: list[str] = []
+        seen: dict[str, str] = {}
+        for key, val in args.items():
+            flag = norm(key)
+            if flag in self.owned:
+                errors.append(f"{key}: set {self.owned[flag]} instead (servelab passes --{flag} itself)")
+                continue
+            canon = t.spell.get(flag)
+            if canon is None:
+                errors.append(self.suggest(flag))
+                continue
+            ident = ("no-" if flag == "no-" + canon and flag not in t.flags else "") + canon
+            if ident in seen:
+                errors.append(f"{key}: same flag as '{seen[ident]}'")
+                continue
+            seen[ident] = key
+            errors += check_value(t.flags[canon], key, val, auto_ok=canon in self.auto_flags)
+        return errors + self.conflicts(args, concurrency)
+
+    def conflicts(self, args: dict[str, Any], concurrency: Iterable[int] | None) -> list[str]:
+        return []
+
+    def validate_env(self, env: dict[str, str]) -> list[str]:
+        """Problems with engine environment variables: another engine's prefix, bad booleans."""
+        from . import PROFILES, ENGINE_ENV
+
+        errs: list[str] = []
+        others = {p.env_prefix: p.label for p in PROFILES.values() if p.kind != self.kind and p.env_prefix}
+        for k, v in env.items():
+            for prefix, label in others.items():
+                if k.startswith(prefix):
+                    errs.append(f"env {k}: an {label} variable on a {self.kind} engine")
+            spec = ENGINE_ENV.get(k)
+            if spec and spec["type"] == "bool" and str(v).strip().lower() not in _BOOL_STRINGS:
+                errs.append(f"env {k}: expected true or false, got {v!r}")
+            if not isinstance(v, str):
+                errs.append(f"env {k}: values must be strings (quote them in YAML), got {type(v).__name__}")
+        return errs
+
+    def validate(self, args: dict[str, Any], env: dict[str, str] | None = None,
+                 concurrency: Iterable[int] | None = None) -> list[str]:
+        return self.validate_args(args, concurrency) + self.validate_env(env or {})
+
+    def deprecated_flags(self, args: dict[str, Any]) -> list[str]:
+        """Warnings (not errors): flags the engine still accepts but calls deprecated."""
+        out = []
+        for key, val in args.items():
+            spec = self.table.spec(key)
+            if spec and spec.deprecated and val not in (None, False):
+                out.append(f"{key} is deprecated in {self.table.source}")
+        return out
+
+    # -- derived values and facts ---------------------------------------------------------
+    def apply_derived(self, args: dict[str, Any], concurrency: Iterable[int]) -> dict[str, Any]:
+        return dict(args)
+
+    def spec_tokens(self, args: dict[str, Any]) -> int:
+        """Draft tokens verified per decode step (k): 0 without speculative decoding."""
+        return 0
+
+    def speculative(self, args: dict[str, Any]) -> bool:
+        return False
+
+    def gpu_count(self, args: dict[str, Any]) -> int:
+        """GPUs one engine occupies: tensor x pipeline x data parallel size."""
+        n = 1
+        for names in (("tensor-parallel-size", "tp-size", "tp"), ("pipeline-parallel-size", "pp-size", "pp"),
+                      ("data-parallel-size", "dp-size", "dp")):
+            n *= int(next((v for v in (get_flag(args, f) for f in names) if v is not None), 1))
+        return n
+
+    def describe(self, args: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
+        """What a report says about a configuration: graph mode, speculative k, prefix cache, parsers."""
+        return {"engine": self.kind, "cuda_graph": None, "capture_sizes": None, "speculative": None,
+                "prefix_cache": None, "reasoning_parser": get_flag(args, "reasoning-parser"),
+                "tool_call_parser": get_flag(args, "tool-call-parser"),
+                "env": {k: (env or {})[k] for k in sorted(env or {})}}
+
+    # -- launching ------------------------------------------------------------------------
+    def command(self, p: EngineParams, model_dir: str, python: str | None = None) -> list[str]:
+        """The exact argv that starts the engine."""
+        raise NotImplementedError
+
+    def flag_args(self, args: dict[str, Any]) -> list[str]:
+        return flag_args(args)
+
+    def environment(self, p: EngineParams) -> dict[str, str]:
+        """Variables servelab adds to the engine's environment (before `engine.env`)."""
+        return dict(self.base_env)
+
+    def api_key_env(self, key: str) -> dict[str, str]:
+        """How the engine receives an API key through its environment ({} = only as a flag)."""
+        return {}
+
+    def env_to_record(self, name: str) -> bool:
+        """Whether an environment variable belongs in run.json's engine record."""
+        return name.startswith((self.env_prefix, "CUDA_", "OMP_", "NCCL_")) or name in self.base_env
+
+    # -- talking to it --------------------------------------------------------------------
+    def server_info(self, base_url: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+        """Server facts (version and what the engine reports about itself); {} when none answers."""
+        for path in self.info_paths:
+            try:
+                r = httpx.get(base_url.rstrip("/") + path, timeout=5.0, headers=headers)
+                if r.status_code == 200:
+                    return {"path": path, **r.json()}
+            except (httpx.HTTPError, ValueError):
+                continue
+        return {}
+
+    def version(self, info: Mapping[str, Any]) -> str | None:
+        v = info.get("version")
+        return str(v) if v else None
+
+    def parse_metrics(self, idx: Mapping[str, _Series]) -> ServerSample:
+        raise NotImplementedError
+
+
+_BOOL_STRINGS = {"true", "false", "1", "0", "yes", "no", "on", "off"}
+
+
+def python_executable(python: str | None) -> str:
+    return python or sys.executable
+
+
+def has_gpu() -> bool:
+    return bool(shutil.which("nvidia-smi")) or bool(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+__all__ = ["EngineProfile", "flag_on", "get_flag", "python_executable", "has_gpu", "Path"]

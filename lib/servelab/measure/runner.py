@@ -1,0 +1,436 @@
+"""Run a workload grid against one server and write the raw run folder.
+
+For each bucket (input x output tokens) and each load level — a fixed concurrency c (closed
+loop) or a request rate with constant or Poisson arrivals (open loop) — warmup rounds (kept,
+flagged, excluded from results) then measured rounds. Each request's record is appended to
+`records.jsonl` as it ends; the client's own overhead per round goes to `client_stats.jsonl`;
+`/metrics` (and, on a GPU machine, NVML) is sampled beside the run; a finished level is noted in
+`levels.jsonl` so `--resume` continues from the first incomplete one; `run.json` is written at
+the start (running) and once at the end (complete, partial or failed). Ctrl-C, SIGTERM and
+SIGHUP end a run the same way: in-flight requests cancelled (or drained), every finished
+record kept, run.json partial with the reason. One line per level goes to the terminal.
+Not for starting engines (`hosts`) or the notebook/report layer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from tqdm.auto import tqdm
+
+from ..hosts.base import Server
+from ..runfolder import CLIENT_STATS, GPU_METRICS, LEVELS, RECORDS, SERVER_METRICS, JsonlWriter, RunFolder, now_iso, read_jsonl
+from ..schema import Bucket, Workload
+from . import client as sc
+from .workers import Job, PoolLost, WorkerPool, make_pool, run_round, run_sync, worker_count
+from .workload import Calibrated, calibrate, token_counter
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+SERVER_GONE = {sc.CONNECT, sc.DISCONNECT, sc.TIMEOUT}
+
+# A level is flagged as client-limited when the client's event loop lagged this much (p99)
+# or the client process used this share of one CPU core (see `client_limited`).
+LAG_LIMIT_S = 0.005
+
+CPU_LIMIT_FRAC = 0.9
+
+
+class RunAborted(RuntimeError):
+    """The run stopped before its grid was complete (server gone, interrupted)."""
+
+
+@dataclass
+class Level:
+    bucket: Bucket
+    concurrency: int  # closed loop: in-flight requests; open loop: the cap
+    rate_rps: float = 0.0  # 0 = closed loop
+
+    @property
+    def label(self) -> str:
+        load = f"rate={self.rate_rps:g}/s" if self.rate_rps else f"c={self.concurrency}"
+        return f"{self.bucket.label} {load}"
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    status: str
+    records: int
+    summary: Any
+    message: str = ""
+    calibration: dict[str, Any] = field(default_factory=dict)
+
+
+def levels(wl: Workload) -> list[Level]:
+    if wl.arrival == "concurrency":
+        return [Level(b, c) for b in wl.buckets for c in wl.concurrency]
+    return [Level(b, wl.max_in_flight, r) for b in wl.buckets for r in wl.rates_rps]
+
+
+def requests_per_round(wl: Workload, lv: Level) -> int:
+    if lv.rate_rps:
+        return max(1, round(lv.rate_rps * wl.duration_s))
+    return lv.concurrency * wl.requests_per_round
+
+
+def arrival_offsets(wl: Workload, lv: Level, n: int, seed: int) -> list[float]:
+    """Scheduled send times (s from round start) for open-loop arrivals; seeded for Poisson."""
+    if wl.arrival == "constant":
+        return [i / lv.rate_rps for i in range(n)]
+    rng = random.Random(seed)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(lv.rate_rps)
+    return out
+
+
+def calibrate_buckets(server: Server, wl: Workload, warn: Callable[[str], None] = print) -> dict[str, Calibrated]:
+    counter = token_counter(server.base_url, server.model, wl.api, server.headers, server.tokenizer_dir,
+                            wl.chat_template_kwargs, warn=warn)
+    return {b.label: calibrate(counter, b.input_tokens, wl.prompt_text) for b in wl.buckets}
+
+
+async def _server_healthy(c: sc.StreamClient) -> bool:
+    for path in ("/health", "/v1/models"):
+        if await c.status(path) == 200:
+            return True
+    return False
+
+
+@dataclass
+class ResumeState:
+    done_levels: set[int]
+    next_seq: int
+
+
+def prepare_resume(run_dir: Path) -> ResumeState:
+    """Keep records of finished levels only; move the rest aside. Returns what to skip."""
+    done = {int(x["level"]) for x in read_jsonl(run_dir / LEVELS)}
+    recs = read_jsonl(run_dir / RECORDS)
+    keep = [r for r in recs if r.get("level") in done]
+    drop = [r for r in recs if r.get("level") not in done]
+    if drop:
+        with JsonlWriter(run_dir / f"records.superseded-{int(time.time())}.jsonl") as w:
+            for r in drop:
+                w.write(r)
+    tmp = run_dir / (RECORDS + ".tmp")
+    with JsonlWriter(tmp) as w:
+        for r in keep:
+            w.write(r)
+    tmp.replace(run_dir / RECORDS)
+    stats = [s for s in read_jsonl(run_dir / CLIENT_STATS) if s.get("level") in done]
+    (run_dir / CLIENT_STATS).unlink(missing_ok=True)
+    with JsonlWriter(run_dir / CLIENT_STATS) as w:
+        for s in stats:
+            w.write(s)
+    return ResumeState(done, max((r["seq"] for r in recs), default=-1) + 1)
+
+
+class LevelRunner:
+    """Sends the grid of one configuration, level by level, writing every record as it ends.
+
+    `run()` returns (records written, status, message); a server that stops answering or a
+    stop signal ends it as "partial" after every finished record is on disk."""
+
+    def __init__(self, server: Server, wl: Workload, rf: RunFolder, *, study: str, config_id: str,
+                 prompts: dict[str, Calibrated], progress: bool = True, metrics_interval_s: float | None = 0.5,
+                 resume: ResumeState | None = None, log: Callable[[str], None] | None = None,
+                 gpu_devices: list[int] | None = None) -> None:
+        self.server, self.wl, self.rf = server, wl, rf
+        self.study, self.config_id, self.prompts = study, config_id, prompts
+        self.progress, self.metrics_interval_s = progress, metrics_interval_s
+        self.log = log or (lambda m: print(f"[servelab] {m}", file=sys.stderr, flush=True))
+        self.gpu_devices = gpu_devices
+        self.run_token = uuid.uuid4().hex[:12]
+        self.grid = levels(wl)
+        done = resume.done_levels if resume else set()
+        self.plan = [(li, lv) for li, lv in enumerate(self.grid) if li not in done]
+        self.seq = resume.next_seq if resume else 0
+        self.stop = asyncio.Event()
+        self.signals: list[str] = []
+        self.in_flight: set[asyncio.Task[Any]] = set()
+        self.status, self.message = "complete", ""
+        self.samplers: list[Any] = []
+        self.workers: list[dict[str, Any]] = []  # the pool's workers (run.json `workers`)
+
+    # -- signals --------------------------------------------------------------------------
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self.signals.append(sig.name)
+        self.stop.set()
+        if self.wl.on_interrupt == "cancel" or len(self.signals) > 1 or sig != signal.SIGINT:
+            for t in list(self.in_flight):
+                t.cancel()
+
+    def _install_signals(self) -> bool:
+        loop = asyncio.get_running_loop()
+        try:
+            for sig in STOP_SIGNALS:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+            return True
+        except (RuntimeError, ValueError, NotImplementedError):  # not the main thread (Jupyter)
+            return False
+
+    def _remove_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+
+    # -- one level ------------------------------------------------------------------------
+    def _jobs(self, li: int, lv: Level, rnd: int, n_req: int) -> list[Job]:
+        wl, cal = self.wl, self.prompts[lv.bucket.label]
+        offsets = arrival_offsets(wl, lv, n_req, (wl.seed or 0) + 1000 * li + rnd) if lv.rate_rps else None
+        jobs = []
+        for i in range(n_req):
+            salt = None
+            if wl.cache_salt:
+                salt = f"{self.run_token}-{lv.bucket.label}" if lv.bucket.shared_prefix else f"{self.run_token}-{self.seq}"
+            spec = sc.RequestSpec(
+                prompt=cal.prompt, max_tokens=lv.bucket.output_tokens, model=self.server.model, api=wl.api,
+                temperature=wl.temperature, seed=wl.seed, ignore_eos=wl.ignore_eos, cache_salt=salt,
+                chat_template_kwargs=wl.chat_template_kwargs, continuous_usage_stats=wl.continuous_usage_stats)
+            jobs.append(Job(self.seq, spec, offsets[i] if offsets else None))
+            self.seq += 1
+        return jobs
+
+    def _record(self, li: int, lv: Level, rnd: int, warm: bool, job: Job, res: Any, lag: float | None) -> dict[str, Any]:
+        d = res if isinstance(res, dict) else res.to_dict()
+        return {"study": self.study, "config": self.config_id, "level": li, "bucket": lv.bucket.label,
+                "target_input_tokens": lv.bucket.input_tokens, "target_output_tokens": lv.bucket.output_tokens,
+                "shared_prefix": lv.bucket.shared_prefix, "concurrency": lv.concurrency, "rate_rps": lv.rate_rps,
+                "arrival": self.wl.arrival, "round": rnd, "warmup": warm, "seq": job.seq,
+                "cache_salt": job.spec.cache_salt, "scheduled_s": job.at_s, "send_lag_s": lag, **d}
+
+    async def _level(self, http: sc.StreamClient, pool: WorkerPool | None, li: int, lv: Level, w: JsonlWriter,
+                     cw: JsonlWriter, lw: JsonlWriter, bar: Any) -> None:
+        wl = self.wl
+        n_rounds, n_req = wl.warmup_rounds + wl.rounds, requests_per_round(wl, lv)
+        for s in self.samplers:
+            s.set_level(lv.label)
+        sent = failed = 0
+        verdict = "complete"
+        t0 = time.monotonic()
+        for rnd in range(n_rounds):
+            warm = rnd < wl.warmup_rounds
+            bar.set_description(f"{self.config_id} {lv.label} {'warmup' if warm else 'round'} {rnd + 1}/{n_rounds}")
+            jobs = self._jobs(li, lv, rnd, n_req)
+            results: list[dict[str, Any]] = []
+
+            def on_result(job: Job, res: Any, lag: float | None) -> None:
+                nonlocal sent, failed
+                rec = self._record(li, lv, rnd, warm, job, res, lag)
+                w.write(rec)
+                results.append(rec)
+                if not warm:
+                    sent += 1
+                    failed += 0 if rec["ok"] else 1
+                bar.update(1)
+
+            def budget_spent() -> bool:
+                return bool(wl.failure_budget and sent >= 4 and failed / sent > wl.failure_budget)
+
+            if pool:
+                stats = await pool.run_round(jobs, lv.concurrency, wl.timeout_s, on_result)
+            else:
+                task = asyncio.ensure_future(run_round(http, jobs, lv.concurrency, wl.timeout_s, on_result,
+                                                       self.stop, budget_spent if not warm else None))
+                self.in_flight.add(task)
+                try:
+                    stats = await task
+                except asyncio.CancelledError:
+                    stats = {}
+                finally:
+                    self.in_flight.discard(task)
+            cw.write({"level": li, "label": lv.label, "round": rnd, "warmup": warm, "requests": len(results),
+                      "workers": worker_count(wl.workers), **stats})
+            if self.stop.is_set():
+                how = "cancelled" if wl.on_interrupt == "cancel" or self.signals[-1:] != ["SIGINT"] else "drained"
+                who = "the user (Ctrl-C)" if self.signals[-1:] == ["SIGINT"] else self.signals[-1]
+                raise RunAborted(f"interrupted by {who} during level '{lv.label}' round {rnd + 1}; in-flight "
+                                 f"requests {how}; {w.count} records kept in {self.rf / RECORDS}")
+            if results and all(not r["ok"] and r["error_kind"] in SERVER_GONE for r in results):
+                if not await _server_healthy(http):
+                    kinds = sorted({r["error_kind"] for r in results})
+                    raise RunAborted(
+                        f"server at {self.server.base_url} stopped answering during level '{lv.label}' round "
+                        f"{rnd + 1}: all {len(results)} requests failed ({', '.join(kinds)}: "
+                        f"{results[-1]['error_detail']}); {w.count} records kept in {self.rf / RECORDS}")
+            if not warm and budget_spent():
+                verdict = (f"stopped early: {failed} of {sent} requests failed "
+                           f"(> failure budget {wl.failure_budget:.0%})")
+                self.message += f"level '{lv.label}': {verdict}. "
+                self.status = "partial"
+                break
+        lw.write({"level": li, "label": lv.label, "status": verdict, "sent": sent, "failed": failed})
+        k = self.plan.index((li, lv)) + 1
+        self.log(f"{self.config_id}: level {k}/{len(self.plan)} {lv.label}: {sent} measured requests, "
+                 f"{failed} failed, {time.monotonic() - t0:.1f} s" + (f" ({verdict})" if verdict != "complete" else ""))
+
+    async def _start_samplers(self) -> None:
+        if self.metrics_interval_s:
+            from .metrics import MetricsSampler
+
+            m = MetricsSampler(self.server.base_url, self.rf / SERVER_METRICS, interval_s=self.metrics_interval_s,
+                               headers=self.server.headers)
+            await m.__aenter__()
+            self.samplers.append(m)
+        if self.gpu_devices is not None:
+            from .gpu import GpuSampler
+
+            g = GpuSampler(self.rf / GPU_METRICS, devices=self.gpu_devices or None)
+            g.__enter__()
+            self.samplers.append(g)
+
+    async def _stop_samplers(self) -> None:
+        for s in reversed(self.samplers):
+            if hasattr(s, "__aexit__"):
+                await s.__aexit__(None, None, None)
+            else:
+                s.__exit__(None, None, None)
+
+    async def run(self) -> tuple[int, str, str]:
+        wl = self.wl
+        have_handlers = self._install_signals()
+        max_c = max(lv.concurrency for lv in self.grid)
+        pool = make_pool(wl.workers, self.server, max_c)
+        self.workers = pool.describe() if pool else []
+        total = sum((wl.warmup_rounds + wl.rounds) * requests_per_round(wl, lv) for _, lv in self.plan)
+        bar = tqdm(total=total, desc=self.config_id, unit="req", disable=not self.progress, dynamic_ncols=True)
+        async with sc.StreamClient(self.server.base_url, concurrency=min(max_c, 4096),
+                                   headers=self.server.headers) as http:
+            await self._start_samplers()
+            w = self.rf.writer(RECORDS)
+            try:
+                with w, self.rf.writer(CLIENT_STATS) as cw, self.rf.writer(LEVELS) as lw:
+                    for li, lv in self.plan:
+                        await self._level(http, pool, li, lv, w, cw, lw, bar)
+                return w.count, self.status, self.message.strip()
+            except (RunAborted, PoolLost) as e:
+                return w.count, "partial", str(e)
+            finally:
+                bar.close()
+                if pool:
+                    pool.close()
+                    self.workers = pool.describe()
+                if have_handlers:
+                    self._remove_signals()
+                await self._stop_samplers()
+
+
+async def run_levels(server: Server, wl: Workload, run_dir: Path, *, study: str, config_id: str,
+                     prompts: dict[str, Calibrated], progress: bool = True, metrics_interval_s: float | None = 0.5,
+                     resume: ResumeState | None = None, gpu_devices: list[int] | None = None,
+                     log: Callable[[str], None] | None = None) -> tuple[int, str, str]:
+    """Send the grid (`LevelRunner`); returns (records written, status, message)."""
+    return await LevelRunner(server, wl, RunFolder(run_dir), study=study, config_id=config_id, prompts=prompts,
+                             progress=progress, metrics_interval_s=metrics_interval_s, resume=resume, log=log,
+                             gpu_devices=gpu_devices).run()
+
+
+def run_workload(server: Server, wl: Workload, run_dir: Path, *, study: str, config_id: str,
+                 record: dict[str, Any], progress: bool = True, metrics_interval_s: float | None = None,
+                 log: Callable[[str], None] | None = None, resume: bool = False,
+                 gpu_devices: list[int] | None = None,
+                 before_final: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
+    """Calibrate prompts, run the grid, write run.json (running at the start, then once more at
+    the end with the status, headline and summary). Never loses records: on abort, a stop
+    signal or Ctrl-C, run.json is written with status 'partial' and the reason.
+    `metrics_interval_s` overrides the workload's /metrics sampling period (0 = off);
+    `gpu_devices` (a list, [] = all) samples those GPUs through NVML; `before_final(record)`
+    adds what the caller measured beside the run (e.g. the engine's peak RSS)."""
+    if metrics_interval_s is None:
+        metrics_interval_s = wl.metrics_interval_s
+    log = log or (lambda m: print(f"[servelab] {m}", file=sys.stderr, flush=True))
+    rf = RunFolder(run_dir)
+    state = None
+    if rf.exists(RECORDS):
+        if not resume:
+            raise FileExistsError(f"{rf / RECORDS} exists: runs are immutable; remove the folder or use a new id")
+        state = prepare_resume(rf.path)
+    rf.path.mkdir(parents=True, exist_ok=True)
+    prompts = calibrate_buckets(server, wl, warn=log)
+    cal = {k: {"target_tokens": v.target_tokens, "tokens": v.tokens, "counter": v.counter, "probes": v.probes,
+               "prompt_chars": len(v.prompt)} for k, v in prompts.items()}
+    if state and rf.run:
+        prev = rf.run
+        record.setdefault("resumed", []).extend(prev.get("resumed", []))
+        record["resumed"].append({"at": now_iso(), "skipped_levels": sorted(state.done_levels),
+                                  "previous_status": prev.get("status")})
+        record["started_at"] = prev.get("started_at", record.get("started_at"))
+    record.update({"server": server.info, "model_name": server.model, "workload": wl.model_dump(),
+                   "calibration": cal, "status": "running"})
+    rf.write_run(record)
+    status, message = "failed", ""
+    t0 = now_iso()
+    lr = LevelRunner(server, wl, rf, study=study, config_id=config_id, prompts=prompts, progress=progress,
+                     metrics_interval_s=metrics_interval_s, resume=state, log=log, gpu_devices=gpu_devices)
+    try:
+        _, status, message = run_sync(lr.run())
+    except KeyboardInterrupt:
+        status, message = "partial", "interrupted by the user (Ctrl-C)"
+        raise
+    finally:
+        if lr.workers:
+            record["workers"] = lr.workers
+        if before_final:
+            before_final(record)
+        summ = finalize(rf, record, status=status, message=message, measured_from=t0)
+    return RunResult(rf.path, status, record["records"], summ, message, cal)
+
+
+def finalize(rf: RunFolder, record: dict[str, Any], *, status: str, message: str,
+             measured_from: str | None = None) -> Any:
+    """Write run.json's closing fields from what the folder holds (status, reason, record count,
+    headline, client-limited levels); returns the summary. Also used by the pipeline when a
+    stage process died before it could write them itself."""
+    rf.invalidate()
+    summ = rf.summary
+    record.update({"status": status, "message": message, "finished_at": now_iso(), "records": len(rf.records),
+                   "headline": _headline(summ), "client_limited_levels": client_limited(rf.path)})
+    if measured_from:
+        record["measured_from"] = measured_from
+    rf.write_run(record)
+    return summ
+
+
+def client_limited(run_dir: Path) -> list[dict[str, Any]]:
+    """Measured rounds where the client itself may have limited the result."""
+    out = []
+    for s in read_jsonl(Path(run_dir) / CLIENT_STATS):
+        if s.get("warmup") or "loop_lag_p99_s" not in s:
+            continue
+        reasons = []
+        if s["loop_lag_p99_s"] > LAG_LIMIT_S:
+            reasons.append(f"event-loop lag p99 {s['loop_lag_p99_s'] * 1000:.1f} ms > {LAG_LIMIT_S * 1000:.0f} ms")
+        if s["cpu_frac"] > CPU_LIMIT_FRAC * max(1, s.get("workers", 1)):
+            reasons.append(f"client CPU {s['cpu_frac'] * 100:.0f}% of a core")
+        if reasons:
+            out.append({"level": s["level"], "label": s["label"], "round": s["round"], "reasons": reasons})
+    return out
+
+
+def _headline(summ: Any) -> dict[str, Any]:
+    if summ is None or getattr(summ, "empty", True):
+        return {}
+    sent = int(summ["sent"].sum())
+    return {
+        "sent": sent, "ok": int(summ["ok"].sum()),
+        "success_rate": float(summ["ok"].sum() / sent) if sent else None,
+        "max_aggregate_output_tps": float(summ["aggregate_output_tps"].max()),
+        "decode_tps_p50_at_c1": _at_c1(summ, "decode_tps_p50"),
+        "ttft_p50_s_at_c1": _at_c1(summ, "ttft_p50_s"),
+    }
+
+
+def _at_c1(summ: Any, col: str) -> dict[str, float]:
+    c1 = summ[summ["concurrency"] == summ["concurrency"].min()]
+    return {str(b): float(v) for b, v in zip(c1["bucket"], c1[col])}

@@ -1,0 +1,221 @@
+"""Model presets servelab builds offline: HF configs shaped like real models (Llama-3.1-8B,
+Qwen3-30B-A3B, DeepSeek-V2-Lite, a tiny CPU Llama), the Llama-3-style chat template and the
+special tokens. Data only; `models.build` writes directories from it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Bump when anything about how a directory is produced changes (tokenizer
+# training, files written, template); it is part of the directory hash.
+RECIPE_VERSION = "modelmake-1"
+
+# Stdlib text used for tokenizer training: the first this-many bytes of the
+# sorted file list (about 1.5 s to train a 4096 vocab on one core).
+CORPUS_BUDGET_BYTES = 4 * 1024 * 1024
+
+VOCAB_MULTIPLE = 128  # config vocab_size = tokenizer size rounded up to this
+
+BOS_TOKEN = "<|begin_of_text|>"
+
+EOS_TEXT_TOKEN = "<|end_of_text|>"
+
+START_HEADER_TOKEN = "<|start_header_id|>"
+
+END_HEADER_TOKEN = "<|end_header_id|>"
+
+EOT_TOKEN = "<|eot_id|>"
+
+PAD_TOKEN = "<|pad|>"
+
+# Order fixes their ids: 0..5.
+SPECIAL_TOKENS: tuple[str, ...] = (
+    BOS_TOKEN,
+    EOS_TEXT_TOKEN,
+    START_HEADER_TOKEN,
+    END_HEADER_TOKEN,
+    EOT_TOKEN,
+    PAD_TOKEN,
+)
+
+# Llama-3 pre-tokenization regex (splits words, numbers of <= 3 digits,
+# punctuation runs, newlines, whitespace) applied before byte-level mapping.
+_LLAMA3_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# Llama-3-like: BOS once, then header/content/eot per message. Content may be
+# a string, None, or a list of OpenAI-style parts (text parts are joined).
+# `enable_thinking` is accepted; when true, "<think>\n" opens the assistant turn.
+CHAT_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{%- if message['content'] is string %}"
+    "{%- set content = message['content'] %}"
+    "{%- elif message['content'] is none %}"
+    "{%- set content = '' %}"
+    "{%- else %}"
+    "{%- set content = message['content'] | selectattr('type', 'equalto', 'text')"
+    " | map(attribute='text') | join('') %}"
+    "{%- endif %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
+    " + content | trim + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking %}"
+    "{{- '<think>\\n' }}"
+    "{%- endif %}"
+    "{%- endif %}"
+)
+
+_LLAMA_COMMON: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_act": "silu",
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "mlp_bias": False,
+    "pretraining_tp": 1,
+    "initializer_range": 0.02,
+    "use_cache": True,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+# HF config.json fields per preset. `vocab_size` here is the *real* model's
+# vocabulary (used for reference parameter counts); the written config.json
+# gets the trained tokenizer's size rounded up to VOCAB_MULTIPLE instead, and
+# bos/eos/pad ids are filled in from the tokenizer.
+PRESETS: dict[str, dict[str, Any]] = {
+    "cpu-tiny": {
+        **_LLAMA_COMMON,
+        "hidden_size": 512,
+        "intermediate_size": 1408,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "vocab_size": 4096,
+    },
+    "llama-3.1-8b": {
+        **_LLAMA_COMMON,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 131072,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3",
+        },
+        "vocab_size": 128256,
+    },
+    "qwen3-30b-a3b": {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 768,
+        "decoder_sparse_step": 1,
+        "norm_topk_prob": True,
+        "mlp_only_layers": [],
+        "output_router_logits": False,
+        "router_aux_loss_coef": 0.001,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": 48,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 151936,
+    },
+    "deepseek-v2-lite": {
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "model_type": "deepseek_v2",
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "intermediate_size": 10944,
+        "num_hidden_layers": 27,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "kv_lora_rank": 512,
+        "q_lora_rank": None,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "n_routed_experts": 64,
+        "n_shared_experts": 2,
+        "num_experts_per_tok": 6,
+        "moe_intermediate_size": 1408,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "routed_scaling_factor": 1.0,
+        "topk_method": "greedy",
+        "n_group": 1,
+        "topk_group": 1,
+        "scoring_func": "softmax",
+        "norm_topk_prob": False,
+        "aux_loss_alpha": 0.001,
+        "seq_aux": True,
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "max_position_embeddings": 163840,
+        "rope_theta": 10000.0,
+        # As in the real checkpoint: 163840 = 40 x 4096 context needs YaRN.
+        "rope_scaling": {
+            "type": "yarn",
+            "factor": 40,
+            "original_max_position_embeddings": 4096,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 0.707,
+            "mscale_all_dim": 0.707,
+        },
+        "rms_norm_eps": 1e-6,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "pretraining_tp": 1,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 102400,
+    },
+}
+
+# Trained tokenizer vocabulary per preset (special tokens included). Large
+# presets share one 32000 tokenizer: big enough to look like a real vocab,
+# small enough to train in a few seconds.
+PRESET_TOKENIZER_VOCAB_SIZE: dict[str, int] = {
+    "cpu-tiny": 4096,
+    "llama-3.1-8b": 32000,
+    "qwen3-30b-a3b": 32000,
+    "deepseek-v2-lite": 32000,
+}
+
+
+def list_presets() -> list[str]:
+    """Names accepted by `make_model`, CPU default first."""
+    return list(PRESETS)

@@ -1,0 +1,273 @@
+"""The write-up's diagnosis (seed 002): the prefill fit, saturation and goodput, KV-cache
+residency, the roofline, speculative decoding and the symptom table in words, each computed
+from a `StudyData` with `servelab.analysis`. Every symptom is a sentence with its evidence
+and the first check seed 002 names; the rules get the records-based prefill fit and the
+roofline bound the report shows, so the verdicts agree with the tables beside them."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from ..analysis import (capture_size_warnings, fit_prefill, goodput, knee, kv_residency, kv_verdict, slo_check,
+                        spec_ab, spec_stats, symptoms)
+from ..analysis.roofline import HARDWARE, get_hardware, local_cpu_entry, roofline_efficiency
+from ..engines import get as engine_profile
+from . import html as rh
+from .load import StudyData, baselines, engine_gpus
+from .sections import num, pct
+
+
+def _cached(sd: StudyData, key: str, make: Any) -> Any:
+    """Computed once per StudyData (the write-up asks several times)."""
+    cache = sd.__dict__.setdefault("_diagnosis_cache", {})
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
+
+
+def prefill_fits(sd: StudyData) -> dict[str, dict[str, Any]]:
+    """TTFT = overhead + prompt tokens / prefill rate at concurrency 1, per configuration, fitted
+    on the measured requests (not on medians)."""
+    recs = sd.records
+    return _cached(sd, "fits", lambda: fit_prefill(recs[~recs["warmup"].astype(bool)]) if not recs.empty else {})
+
+
+def prefill_table(sd: StudyData) -> Any:
+    fits = prefill_fits(sd)
+    cols = {"en": ["configuration", "prefill tok/s", "± SE", "fixed overhead (ms)", "± SE (ms)", "r²", "requests",
+                   "TTFT longest / shortest"],
+            "ja": ["構成", "Prefill tok/s", "± 標準誤差", "固定時間 (ms)", "± 標準誤差 (ms)", "r²", "リクエスト数",
+                   "最長 / 最短入力の TTFT"]}[sd.language]
+    rows = []
+    for cid in sd.config_ids:
+        f = fits.get(cid)
+        if not f or f["n"] == 0:
+            continue
+        rows.append([cid, f["prefill_tps"], f["prefill_tps_se"], f["overhead_s"] * 1000, f["overhead_s_se"] * 1000,
+                     f["r2"], f["n"], f"{f['ttft_longest_over_shortest']:,.1f}×"
+                     if math.isfinite(f["ttft_longest_over_shortest"]) else rh.MISSING])
+    if not rows:
+        return ""
+    note = {"en": "not identifiable: fewer than 2 prompt lengths measured at concurrency 1, or TTFT does not grow",
+            "ja": "推定不可：並列数 1 で測った入力長が 2 種類未満、または TTFT が増えない"}[sd.language]
+    return rh.table(pd.DataFrame(rows, columns=cols), sd.w("t_prefill"),
+                    formats={cols[1]: "{:,.0f}", cols[2]: "{:,.0f}", cols[3]: "{:,.1f}", cols[4]: "{:,.1f}",
+                             cols[5]: "{:.3f}"}, notes={rh.MISSING: note})
+
+
+def goodput_frame(sd: StudyData) -> pd.DataFrame:
+    return goodput(sd.summary, sd.study.slo) if not sd.summary.empty else pd.DataFrame()
+
+
+def saturation_table(sd: StudyData) -> Any:
+    """Per configuration and prompt length: the knee, the top level, the goodput level and its
+    throughput, and why the first level above it fails the SLO."""
+    if sd.summary.empty:
+        return ""
+    k = knee(sd.summary)
+    g = goodput_frame(sd)
+    chk = slo_check(sd.summary, sd.study.slo)
+    cols = {"en": ["configuration", "bucket", "knee (concurrency)", "highest tested", "goodput (concurrency)",
+                   "aggregate tok/s at goodput", "first level failing the SLO"],
+            "ja": ["構成", "バケット", "ニー（並列数）", "最大の並列数", "グッドプット（並列数）",
+                   "グッドプットの合計 tok/s", "SLO を満たさない最初のレベル"]}[sd.language]
+    rows = []
+    for r in k.merge(g, on=["config", "bucket"], how="left").itertuples():
+        fails = chk[(chk["config"] == r.config) & (chk["bucket"] == r.bucket) & ~chk["meets_slo"]]
+        gc = r.goodput_concurrency
+        above = fails[fails["concurrency"] > (gc if pd.notna(gc) else 0)].sort_values("concurrency")
+        why = f"c={int(above.iloc[0]['concurrency'])}: {above.iloc[0]['slo_fail_reason']}" if len(above) else rh.MISSING
+        rows.append([r.config, r.bucket, r.knee_concurrency if r.plateau else None, r.top_concurrency, gc,
+                     r.aggregate_output_tps, why])
+    notes = {rh.MISSING: {"en": "none: no knee within the tested range, no level meeting the SLO, or every level "
+                                "meets it", "ja": "なし：範囲内にニーがない、SLO を満たすレベルがない、またはすべて満たす"}
+             [sd.language]}
+    return rh.table(pd.DataFrame(rows, columns=cols), sd.w("t_saturation"),
+                    formats={cols[2]: "{:,.0f}", cols[3]: "{:,.0f}", cols[4]: "{:,.0f}", cols[5]: "{:,.1f}"},
+                    notes=notes)
+
+
+def kv_section(sd: StudyData, cid: str) -> tuple[str, Any, pd.DataFrame | None]:
+    """(verdict sentence, per-level table, samples for the figure) of one configuration."""
+    s = sd.samples(cid)
+    label = sd.labels().get(cid, cid)
+    if s is None or s.empty:
+        msg = {"en": f"**{label}**: the server exposed no `/metrics`; KV residency cannot be assessed.",
+               "ja": f"**{label}**：サーバーが `/metrics` を公開していないため、KV キャッシュは評価できません。"}
+        return msg[sd.language], "", None
+    v = kv_verdict(s, facts=sd.facts(cid) or None, engine_args=sd.engine_params(cid))
+    head = {"en": ("**KV capacity limits concurrency.** " if v["limited"] else "**KV capacity does not limit "
+                   "concurrency.** "),
+            "ja": ("**KV キャッシュ容量が並列数を制限しています。** " if v["limited"] else
+                   "**KV キャッシュ容量は並列数を制限していません。** ")}[sd.language]
+    res = kv_residency(s)
+    cols = {"en": ["level", "KV usage max (%)", "running max", "waiting max", "preemptions",
+                   "samples waiting at KV ≥ 90 %"],
+            "ja": ["レベル", "KV 使用率の最大 (%)", "実行中の最大", "待機中の最大", "プリエンプション",
+                   "KV ≥ 90 % で待機したサンプル"]}[sd.language]
+    t = pd.DataFrame({cols[0]: res["level"], cols[1]: res["kv_usage_max_frac"] * 100, cols[2]: res["running_max"],
+                      cols[3]: res["waiting_max"], cols[4]: res["preemptions_delta"], cols[5]: res["crowded_samples"]})
+    table = rh.table(t, sd.w("t_kv", label=label), formats={cols[1]: "{:,.1f}", cols[2]: "{:,.0f}",
+                                                            cols[3]: "{:,.0f}", cols[4]: "{:,.0f}"},
+                     notes={rh.MISSING: {"en": "the engine does not expose this counter",
+                                         "ja": "エンジンがこのカウンタを公開していません"}[sd.language]})
+    return f"**{label}**: {head}{v['sentence']}", table, s
+
+
+def _hardware_for(sd: StudyData, cid: str) -> tuple[dict[str, Any] | None, int]:
+    run = sd.runs[cid]
+    if run.get("hardware_measured"):
+        return local_cpu_entry(run["hardware_measured"], as_of=str(run.get("finished_at", ""))[:10]), 1
+    gpus = run.get("gpus_used") or (run.get("client_host") or {}).get("gpus") or []
+    if gpus:
+        try:
+            return get_hardware(gpus[0]["name"]), engine_gpus(sd, cid)
+        except KeyError:
+            return None, 1
+    return None, 1
+
+
+def roofline(sd: StudyData) -> pd.DataFrame:
+    """Measured decode and prefill against the hardware bounds, every level of every configuration."""
+    return _cached(sd, "roofline", lambda: _roofline(sd))
+
+
+def _roofline(sd: StudyData) -> pd.DataFrame:
+    eff = []
+    for cid in sd.config_ids:
+        facts = sd.facts(cid)
+        hw, n = _hardware_for(sd, cid)
+        if facts and hw:
+            eff.append(roofline_efficiency(sd.summary[sd.summary["config"] == cid], facts, hw, devices=n))
+    return pd.concat(eff, ignore_index=True) if eff else pd.DataFrame()
+
+
+def roofline_tables(sd: StudyData) -> tuple[Any, Any]:
+    """(hardware bounds used, decode at concurrency 1 against the bandwidth bound)."""
+    used: dict[str, dict[str, Any]] = {}
+    for cid in sd.config_ids:
+        hw, _ = _hardware_for(sd, cid)
+        if hw:
+            used[hw["name"]] = hw
+    if not used:
+        return "", ""
+    hcols = {"en": ["hardware", "memory bandwidth (TB/s)", "bf16 dense (TFLOP/s)", "source"],
+             "ja": ["ハードウェア", "メモリ帯域 (TB/s)", "bf16 dense (TFLOP/s)", "出典"]}[sd.language]
+    hrows = [[h["name"], h["memory_bandwidth_Bps"] / 1e12,
+              (h.get("bf16_dense_flops") or h.get("peak_flops") or math.nan) / 1e12,
+              f"{h.get('source', '')} ({h.get('as_of', '')})"] for h in used.values()]
+    hw_t = rh.table(pd.DataFrame(hrows, columns=hcols), sd.w("t_hardware"),
+                    formats={hcols[1]: "{:,.2f}", hcols[2]: "{:,.2f}"})
+    e = roofline(sd)
+    if e.empty:
+        return hw_t, ""
+    e = e[e["concurrency"] == e.groupby("config")["concurrency"].transform("min")]
+    ecols = {"en": ["configuration", "bucket", "TPOT p50 (ms)", "bound (ms/token)", "decode efficiency",
+                    "implied bandwidth (TB/s)"],
+             "ja": ["構成", "バケット", "TPOT 中央値 (ms)", "下限 (ms/トークン)", "Decode 効率", "実効帯域 (TB/s)"]}[sd.language]
+    t = pd.DataFrame({ecols[0]: e["config"], ecols[1]: e["bucket"], ecols[2]: e["tpot_p50_s"] * 1000,
+                      ecols[3]: e["decode_bound_s_per_token"] * 1000, ecols[4]: e["decode_efficiency_pct"],
+                      ecols[5]: e["implied_bandwidth_Bps"] / 1e12})
+    return hw_t, rh.table(t, sd.w("t_roofline"), formats={ecols[2]: "{:,.2f}", ecols[3]: "{:,.3f}",
+                                                          ecols[4]: "{:,.1f} %", ecols[5]: "{:,.2f}"})
+
+
+def decode_bounds(sd: StudyData, cid: str) -> dict[str, float] | None:
+    """Roofline bound (s per token) per bucket at the lowest concurrency, for the symptom rule."""
+    e = roofline(sd)
+    if e.empty:
+        return None
+    e = e[(e["config"] == cid)]
+    if e.empty:
+        return None
+    e = e[e["concurrency"] == e["concurrency"].min()]
+    return dict(zip(e["bucket"], e["decode_bound_s_per_token"]))
+
+
+SYMPTOM_WORDS = {
+    "TTFT grows with prompt length": "TTFT がプロンプト長とともに増加する",
+    "Decode slow even at concurrency 1": "同時実行数 1 でもデコード速度が低い",
+    "Aggregate tok/s plateaus as concurrency rises": "同時実行数が増えると総トークン/秒が頭打ちになる",
+    "Aggregate improves while p95 latency spikes": "総出力が改善する一方で p95 遅延が急上昇する",
+    "Long prompts evict useful active requests": "長いプロンプトが有用なアクティブリクエストを追い出す",
+}
+CHECK_WORDS = {
+    "TTFT grows with prompt length": "プリフィル率、キュー時間、プレフィックスキャッシュヒット率、グラフまたはコンパイルのウォームアップ",
+    "Decode slow even at concurrency 1": "ランタイムのモデルパス、カーネルサポート、精度、GPU 使用率、通信オーバーヘッド",
+    "Aggregate tok/s plateaus as concurrency rises": "KV キャッシュ容量、スケジューラのバッチ処理、メモリ帯域幅、並列トポロジ",
+    "Aggregate improves while p95 latency spikes": "バッチサイズ、キューイングポリシー、リクエスト長の混合、サービス目標",
+    "Long prompts evict useful active requests": "KV キャッシュ常駐、キャッシュ割り当て、コンテキスト分布、ホストメモリトラフィック",
+}
+
+
+def symptom_frame(sd: StudyData, cid: str) -> pd.DataFrame:
+    """Seed 002's table for one configuration, from the records-based fit and the roofline bound."""
+    return symptoms(sd.summary, sd.samples(cid), fit=prefill_fits(sd).get(cid), slo=sd.study.slo,
+                    decode_bound_s_per_token=decode_bounds(sd, cid), config=cid)
+
+
+def symptom_text(sd: StudyData, cid: str) -> str:
+    """Each symptom as a sentence: the verdict, its evidence, and the first check (seed 002)."""
+    out = []
+    verdicts = {"yes": sd.w("yes"), "no": sd.w("no"), "n/a": sd.w("na")}
+    for r in symptom_frame(sd, cid).itertuples():
+        obs = r.observation if sd.language == "en" else SYMPTOM_WORDS[r.observation]
+        check = r.first_check if sd.language == "en" else CHECK_WORDS[r.observation]
+        out.append("- " + sd.w("symptom_present", obs=obs, verdict=verdicts[r.present], evidence=r.evidence.rstrip(".")
+                                + ".", check=check))
+    return f"**{sd.labels().get(cid, cid)}**\n\n" + "\n".join(out)
+
+
+def spec_section(sd: StudyData) -> tuple[str, Any]:
+    """Speculative decoding: acceptance from the server's counters, the A/B against the baseline,
+    and CUDA-graph capture-size warnings (seed 001's pitfall)."""
+    lines, tables, bases = [], [], baselines(sd)
+    conc = sd.study.workload.concurrency
+    for cid in sd.config_ids:
+        ep = sd.engine_params(cid)
+        args = ep.get("args") or {}
+        for warn in capture_size_warnings(args, conc):
+            lines.append(f"- ⚠ **{cid}**: {warn}")
+        if not engine_profile(ep.get("kind", "vllm")).speculative(args):
+            continue
+        s = sd.samples(cid)
+        st = spec_stats(s) if s is not None else {}
+        rate, length = st.get("acceptance_rate", math.nan), st.get("mean_acceptance_length", math.nan)
+        lines.append(f"- **{cid}**: acceptance rate {num(rate * 100, 1)} %, mean acceptance length {num(length, 2)} "
+                     f"({st.get('source') or st.get('note')})")
+        if cid in bases:
+            base = bases[cid]
+            ab = spec_ab(sd.summary[sd.summary["config"] == base], sd.summary[sd.summary["config"] == cid])
+            tables.append(ab.assign(config=cid))
+    if not lines:
+        lines.append("No configuration of this study uses speculative decoding, and no CUDA-graph capture-size "
+                     "problem was found." if sd.language == "en" else
+                     "この検証には投機的デコーディングを使う構成はなく、CUDA Graph の capture size の問題も見つかりませんでした。")
+    if not tables:
+        return "\n".join(lines), ""
+    ab = pd.concat(tables, ignore_index=True)
+    t = pd.DataFrame({"configuration": ab["config"], "bucket": ab["bucket"], "concurrency": ab["concurrency"],
+                      "Δ aggregate tok/s": [pct(x) for x in ab["aggregate_output_tps_change_pct"]],
+                      "Δ decode tok/s": [pct(x) for x in ab["decode_tps_p50_change_pct"]],
+                      "Δ TTFT p50": [pct(x) for x in ab["ttft_p50_s_change_pct"]]})
+    return "\n".join(lines), rh.table(t, sd.w("t_spec"))
+
+
+def client_overhead_text(sd: StudyData) -> str:
+    """Rounds where the client itself may have limited the result (run.json client_limited_levels)."""
+    where = []
+    for cid in sd.config_ids:
+        for lv in sd.runs[cid].get("client_limited_levels") or []:
+            where.append(f"{cid} {lv['label']} round {lv['round'] + 1} ({'; '.join(lv['reasons'])})")
+    if not where:
+        return sd.w("client_ok")
+    shown = "; ".join(where[:6]) + (f"; … ({len(where) - 6} more)" if len(where) > 6 else "")
+    return sd.w("client_limited", n=len(where), where=shown)
+
+
+__all__ = ["prefill_fits", "prefill_table", "saturation_table", "goodput_frame", "kv_section", "roofline",
+           "roofline_tables", "decode_bounds", "symptom_frame", "symptom_text", "spec_section", "client_overhead_text",
+           "HARDWARE"]

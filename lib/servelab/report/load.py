@@ -1,0 +1,121 @@
+"""A published study, loaded once for the write-up: the typed `Study` it ran, and per
+configuration its `RunFolder` (records, summary, server samples, run.json, read lazily and
+once). Everything in `report/` is a pure function of these files; no server is contacted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..engines import get as engine_profile
+from ..runfolder import RECORDS, STUDY_JSON, RunFolder, read_json, resolve
+from ..schema import Study, study_from_dict, upgrade
+from ..summary import summarize
+from .i18n import Words, words
+
+
+@dataclass
+class StudyData:
+    """A published study: the typed Study, and per measured configuration its run folder."""
+
+    root: Path
+    study: Study
+    folders: dict[str, RunFolder] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  # study.json beside the study (e.g. device sessions)
+
+    @property
+    def language(self) -> str:
+        return self.study.language
+
+    @property
+    def w(self) -> Words:
+        """The report's words in its language: `sd.w("key", value=...)`."""
+        return words(self.language)
+
+    def with_language(self, lang: str) -> "StudyData":
+        """The same data written up in another language."""
+        return StudyData(self.root, self.study.model_copy(update={"language": lang}), self.folders, self.meta)
+
+    @property
+    def config_ids(self) -> list[str]:
+        return [c.id for c in self.study.configurations if c.id in self.folders]
+
+    @property
+    def runs(self) -> dict[str, dict[str, Any]]:
+        return {cid: rf.run for cid, rf in self.folders.items()}
+
+    def labels(self) -> dict[str, str]:
+        return {c.id: c.label or c.id for c in self.study.configurations}
+
+    @cached_property
+    def colors(self) -> dict[str, str]:
+        """One colour per configuration for every figure of the report."""
+        from .plots import config_colors
+
+        return config_colors([c.id for c in self.study.configurations])
+
+    @cached_property
+    def rounds(self) -> pd.DataFrame:
+        from ..summary import round_throughput
+
+        return round_throughput(self.records)
+
+    @cached_property
+    def records(self) -> pd.DataFrame:
+        frames = [self.folders[c].records for c in self.config_ids if not self.folders[c].records.empty]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+    @cached_property
+    def summary(self) -> pd.DataFrame:
+        return summarize(self.records)
+
+    def samples(self, cid: str) -> pd.DataFrame | None:
+        return self.folders[cid].samples if cid in self.folders else None
+
+    def facts(self, cid: str) -> dict[str, Any]:
+        return ((self.runs.get(cid) or {}).get("model") or {}).get("facts") or {}
+
+    def engine_params(self, cid: str) -> dict[str, Any]:
+        return self.runs[cid].get("engine_params") or {}
+
+
+def load_study_data(study_dir: str | Path) -> StudyData:
+    """Read `<study_dir>/data/` (a published report) or a runs/<study> folder."""
+    root = resolve(study_dir)
+    data = root / "data" if (root / "data").is_dir() else root
+    sj = read_json(data / STUDY_JSON)
+    study = study_from_dict(upgrade(sj["study"]), str(data / STUDY_JSON))
+    folders = {c.id: RunFolder(data / c.id) for c in study.configurations if (data / c.id / RECORDS).exists()}
+    meta = {k: v for k, v in sj.items() if k != "study"}
+    return StudyData(root=root, study=study, folders=folders, meta=meta)
+
+
+def engine_gpus(sd: StudyData, config_id: str) -> int:
+    """GPUs the configuration's engine spanned (TP x PP x DP of the args it ran with)."""
+    ep = sd.engine_params(config_id)
+    return engine_profile(ep.get("kind", "vllm")).gpu_count(ep.get("args") or {})
+
+
+def baselines(sd: StudyData, piv: pd.DataFrame | None = None) -> dict[str, str]:
+    """Each configuration's baseline: the one its params name (`baseline:`), else the nearest earlier
+    configuration measured on at least one of the same levels (a configuration with its own workload
+    skips those it shares none with)."""
+    if piv is None:
+        piv = sd.summary.pivot_table(index=["bucket", "concurrency"], columns="config", values="aggregate_output_tps",
+                                     aggfunc="first", sort=False)
+    cols = [c for c in sd.config_ids if c in piv.columns]
+    named = {c.id: c.baseline for c in sd.study.configurations if c.baseline}
+    out = {}
+    for i, c in enumerate(cols):
+        if named.get(c) in cols[:i]:
+            out[c] = named[c]
+            continue
+        for prev in reversed(cols[:i]):
+            if (piv[c].notna() & piv[prev].notna()).any():
+                out[c] = prev
+                break
+    return out

@@ -1,0 +1,185 @@
+"""The write-up's cost and peer sections: self-host against managed APIs at each
+configuration's best measured level (prices from the committed, dated tables; the seed's
+published figures beside every ratio), and the engine's own benchmark tool run on the same
+server, side by side with servelab's numbers."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from ..analysis.cost import cost_table, replay_cost_table, seed001_published, seed001_summary, study_price
+from ..analysis.peers import import_vllm_bench
+from ..hosts import for_study
+from ..prices import load_table, resolve_managed
+from ..summary import summarize
+from . import html as rh
+from .load import StudyData, engine_gpus
+
+
+def _best_levels(sd: StudyData) -> pd.DataFrame:
+    s = sd.summary
+    return s.loc[s.groupby("config", sort=False)["aggregate_output_tps"].idxmax()]
+
+
+def _hourly(sd: StudyData, cid: str, price: Any) -> tuple[float, str | None]:
+    """The hourly price charged to one configuration: its share of the instance's GPUs
+    (the engine's TP x PP x DP, at least cost.gpus_used) when the study prices per GPU."""
+    cost = sd.study.cost
+    gpus = next((e.get("gpus") for e in load_table().get("ec2_on_demand", [])
+                 if e["instance_type"] == price.instance_type), None) if cost and cost.gpus_used else None
+    if not gpus:
+        return price.usd_per_hour, None
+    used = max(cost.gpus_used, engine_gpus(sd, cid))
+    return price.usd_per_hour * used / gpus, f"{used}/{gpus} GPUs"
+
+
+def cost_rows(sd: StudyData) -> tuple[pd.DataFrame, str]:
+    """(cost_table rows at each configuration's best level, what the prices are)."""
+    cost = sd.study.cost
+    if cost is None:
+        pub = seed001_published()
+        t = cost_table(seed001_summary(), pub["monthly_usd"] / pub["hours"], resolve_managed(["fireworks/deepseek-v4-flash"]))
+        return t, "seed001"
+    if cost.replay_price and for_study(sd.study).cost_basis == "endpoint":
+        m = resolve_managed([cost.replay_price])[cost.replay_price]
+        return replay_cost_table(sd.summary, m, cost.cached_input_fraction), "replay"
+    price = study_price(sd.study, use_api=False)
+    managed = resolve_managed(cost.managed)
+    rows = []
+    for cid, b in _best_levels(sd).groupby("config", sort=False):
+        hourly, share = _hourly(sd, cid, price)
+        t = cost_table(b, hourly, managed, hours=cost.hours_per_month, utilization=cost.utilization,
+                       fixed_monthly_usd=sum(cost.fixed_monthly_usd.values()), always_on=cost.always_on,
+                       cached_input_fraction=cost.cached_input_fraction)
+        rows.append(t.assign(gpu_share=share or ""))
+    return pd.concat(rows, ignore_index=True), "instance"
+
+
+def cost_sentence(sd: StudyData) -> str:
+    """The headline's cost sentence: the best configuration's $ per 1M output tokens against the
+    managed API, with the seed's published ratio beside it where the study reproduces a seed."""
+    t, kind = cost_rows(sd)
+    if kind != "instance" or t.empty or "managed_usd_per_m_output" not in t:
+        return sd.w("h_cost_local")
+    r = t.loc[t["aggregate_output_tps"].idxmax()]
+    price = study_price(sd.study, use_api=False)
+    ratio = r["usd_per_m_output"] / r["managed_usd_per_m_output"] if r["managed_usd_per_m_output"] else math.nan
+    return sd.w("h_cost", label=sd.labels().get(r["config"], r["config"]), usd=f"{r['usd_per_m_output']:,.2f}",
+                instance=f"{price.instance_type} ({r['gpu_share'] or 'whole instance'})", managed=r["managed"],
+                m_usd=f"{r['managed_usd_per_m_output']:,.2f}", ratio=f"{ratio:,.1f}×")
+
+
+COLS = {
+    "en": ["configuration", "level", "aggregate tok/s", "self-host $ per 1M output", "managed API",
+           "managed $ per 1M output (incl. input)", "self-host / managed", "break-even utilization"],
+    "ja": ["構成", "レベル", "合計 tok/s", "セルフホスト $/出力 100 万トークン", "マネージド API",
+           "マネージド $/出力 100 万トークン（入力込み）", "セルフホスト / マネージド", "損益分岐の稼働率"],
+}
+
+
+def cost_section(sd: StudyData) -> tuple[str, Any]:
+    """(text, table): self-host vs managed at each configuration's best measured level."""
+    t, kind = cost_rows(sd)
+    en = sd.language == "en"
+    c = COLS[sd.language]
+    if kind == "replay":
+        m = resolve_managed([sd.study.cost.replay_price])[sd.study.cost.replay_price]
+        text = (f"The measured tokens priced at the managed endpoint's list price: {m.label()}." if en else
+                f"計測したトークンをマネージドエンドポイントの定価で計算しました：{m.label()}。")
+        view = t[["config", "bucket", "concurrency", "usd_per_m_output"]].copy()
+        view.columns = [c[0], "bucket", "c", c[3]]
+        return text, rh.table(view, sd.w("t_cost"), formats={c[3]: "{:,.4f}"})
+    rows = []
+    for r in t.itertuples():
+        rows.append([r.config, f"{r.bucket} c={r.concurrency}", r.aggregate_output_tps, r.usd_per_m_output,
+                     r.managed, getattr(r, "managed_usd_per_m_output", math.nan),
+                     f"{r.selfhost_to_managed:,.2f}×" if math.isfinite(getattr(r, "selfhost_to_managed", math.nan))
+                     else rh.MISSING, f"{r.break_even_utilization * 100:,.0f} %"
+                     if math.isfinite(getattr(r, "break_even_utilization", math.nan)) else rh.MISSING])
+    view = pd.DataFrame(rows, columns=c)
+    fm = {c[2]: "{:,.1f}", c[3]: "{:,.2f}", c[5]: "{:,.2f}"}
+    if kind == "seed001":
+        pub = seed001_published()
+        lo, hi = pub["ratio_range"]
+        text = ((f"This study runs on a local machine with no instance price, so no cost applies to its numbers. For "
+                 f"scale, the same computation on **seed 001's published figures** (g7e.12xlarge, "
+                 f"${pub['monthly_usd']:,.0f} per 730 h all-in, its aggregate tok/s; Fireworks $0.22 in / $0.66 out per "
+                 f"1M, as quoted in the seed). The seed itself published AWS at **{lo:g}× to {hi:g}×** Fireworks; the "
+                 "ratios below are computed the same way, so they sit beside that range.") if en else
+                (f"この検証はインスタンス料金のないローカルマシンで実行したため、コストは適用されません。規模感として、"
+                 f"**seed 001 の公表値**（g7e.12xlarge、730 時間で ${pub['monthly_usd']:,.0f}、公表された合計 tok/s、"
+                 f"Fireworks の入力 $0.22 / 出力 $0.66 per 1M）で同じ計算をしました。seed 自身は AWS を Fireworks の "
+                 f"**{lo:g}〜{hi:g} 倍**と公表しており、下表の比はその範囲と並べて読めます。"))
+        view[c[6]] = [f"{x} (seed 001: {lo:g}–{hi:g}×)" for x in view[c[6]]]
+        return text, rh.table(view, sd.w("t_cost"), formats=fm)
+    price = study_price(sd.study, use_api=False)
+    managed = resolve_managed(sd.study.cost.managed)
+    shares = sorted({s for s in t.get("gpu_share", []) if s})
+    text = (f"Instance price: {price.instance_type} {price.region}: {price.label()}."
+            + (f" Each configuration is charged its share of the instance's GPUs ({', '.join(shares)})." if shares else "")
+            + " Managed APIs: " + "; ".join(m.label() for m in managed.values()) + ". Each row holds the "
+            f"configuration's best measured level for {sd.study.cost.hours_per_month:g} h; input tokens follow that "
+            "level's measured prompt/output ratio. The managed prices are for the models the seeds compared: they "
+            "price the same token volume, not the same model.")
+    return text, rh.table(view, sd.w("t_cost"), formats=fm)
+
+
+# -- peer tools ---------------------------------------------------------------------------------
+
+def peer_files(sd: StudyData) -> list[Any]:
+    root = sd.root / "data" / "peer" if (sd.root / "data").is_dir() else sd.root / "peer"
+    return sorted(root.glob("*/*.json")) + sorted(root.glob("*/*.jsonl")) if root.is_dir() else []
+
+
+def _import_peer(f: Any, cid: str) -> tuple[str, pd.DataFrame]:
+    if f.suffix == ".jsonl":
+        from ..analysis.sglang_bench import import_sglang_bench
+
+        return "sglang bench_serving", import_sglang_bench(f, config=cid)
+    return "vllm bench serve", import_vllm_bench(f, config=cid)
+
+
+def peer_section(sd: StudyData) -> tuple[str, Any]:
+    """The peer tool's results beside servelab's for the same configuration, concurrency and
+    (nearest) prompt length."""
+    files = peer_files(sd)
+    if not files:
+        return ("No peer tool was run for this study." if sd.language == "en"
+                else "この検証では比較ツールを実行していません。"), ""
+    rows = []
+    for f in files:
+        cid = f.parent.name
+        tool, frame = _import_peer(f, cid)
+        peer = summarize(frame)
+        mine = sd.summary[sd.summary["config"] == cid]
+        for p in peer.itertuples():
+            cand = mine[mine["concurrency"] == p.concurrency]
+            if cand.empty:
+                continue
+            m = cand.loc[(cand["prompt_tokens"] - p.prompt_tokens).abs().idxmin()]
+            for name, r in (("servelab", m), (tool, pd.Series(p._asdict()))):
+                rows.append([cid, int(p.concurrency), name, int(r["ok"]), r["prompt_tokens"], r["ttft_p50_s"] * 1000,
+                             r["tpot_p50_s"] * 1000, r["aggregate_output_tps"]])
+    cols = {"en": ["configuration", "concurrency", "tool", "requests", "prompt tokens (p50)", "TTFT p50 (ms)",
+                   "TPOT p50 (ms)", "output tok/s"],
+            "ja": ["構成", "並列数", "ツール", "リクエスト数", "入力トークン (中央値)", "TTFT 中央値 (ms)",
+                   "TPOT 中央値 (ms)", "出力 tok/s"]}[sd.language]
+    text = ("Both tools measured the same server in the same session. Definitions differ in small ways "
+            "(benchmarks/README.md): the peer's TTFT ends at the first chunk with a non-empty `choices` list (for "
+            "chat, the role-only chunk), servelab's at the first chunk carrying text; the peer's random dataset sets "
+            "the prompt length before the chat template, servelab after it; its output tok/s is total output over "
+            "the whole benchmark, servelab's the median over rounds. servelab starts each round's c requests "
+            "together; the peer keeps c in flight, so after its first wave its prefills seldom coincide: with long "
+            "prompts at c > 1 its TTFT is lower by that queueing, while TPOT and tok/s stay close."
+            if sd.language == "en" else
+            "両ツールは同じセッションで同じサーバーを測定しました。定義には小さな違いがあります（benchmarks/README.md）："
+            "比較ツールの TTFT は `choices` が空でない最初のチャンク（チャットでは role のみのチャンク）まで、servelab は"
+            "テキストを含む最初のチャンクまで。比較ツールの入力長は Chat Template 適用前、servelab は適用後です。"
+            "servelab は各 round の c 件を同時に開始し、比較ツールは常に c 件を流し続けるため、長い入力で c > 1 のとき"
+            "比較ツールの TTFT はその待ち時間の分だけ短くなります。TPOT と tok/s は近い値になります。")
+    t = pd.DataFrame(rows, columns=cols)
+    return text, rh.table(t, sd.w("t_peer"), formats={cols[4]: "{:,.0f}", cols[5]: "{:,.1f}", cols[6]: "{:,.2f}",
+                                                      cols[7]: "{:,.1f}"})

@@ -1,0 +1,260 @@
+"""Figures of the write-up, each a function of summary/record frames returning a matplotlib
+Figure (named `<y>_vs_<x>`). One colour per configuration throughout a report
+(`config_colors`), legends outside the data, units on every axis, log axes where the span is
+large. Japanese labels render with a real CJK font (Debian's fonts-noto-cjk). Not for
+computing metrics: fits, knees and goodput come from `servelab.analysis`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib import font_manager
+
+CJK_FONTS = ("Noto Sans CJK JP", "Noto Sans CJK SC", "IPAexGothic", "IPAGothic", "TakaoGothic")
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
+           "#bcbd22", "#393b79", "#637939")
+
+LABELS = {
+    "en": {"prompt": "prompt tokens", "ttft_ms": "TTFT p50 (ms)", "conc": "concurrency (requests in flight)",
+           "agg": "aggregate output tok/s", "decode": "per-request decode tok/s (p50)", "ttft95": "TTFT p95 (s)",
+           "slo": "SLO", "goodput": "goodput (highest level meeting the SLO)", "fit": "fit", "measured": "measured",
+           "per_gpu": "aggregate output tok/s per GPU", "per_user": "per-user decode tok/s (p50)",
+           "frontier": "Pareto frontier", "kv": "KV cache usage (%)", "reqs": "requests", "running": "running",
+           "waiting": "waiting", "preempt": "preemptions (since start)", "time": "time since the run started (s)"},
+    "ja": {"prompt": "入力トークン数", "ttft_ms": "TTFT 中央値 (ms)", "conc": "並列数", "agg": "合計出力 tok/s",
+           "decode": "リクエストあたりの Decode tok/s (中央値)", "ttft95": "TTFT p95 (秒)", "slo": "SLO",
+           "goodput": "グッドプット (SLO を満たす最大の負荷)", "fit": "回帰直線", "measured": "実測",
+           "per_gpu": "GPU あたりの合計出力 tok/s", "per_user": "ユーザーあたりの Decode tok/s (中央値)",
+           "frontier": "パレートフロンティア", "kv": "KV キャッシュ使用率 (%)", "reqs": "リクエスト数",
+           "running": "実行中", "waiting": "待機中", "preempt": "プリエンプション (累計)",
+           "time": "計測開始からの時間 (秒)"},
+}
+
+
+def use_language(language: str) -> str | None:
+    """Select a font that has the glyphs of `language`; returns the font family used."""
+    if language != "ja":
+        plt.rcParams["font.family"] = ["DejaVu Sans"]
+        return "DejaVu Sans"
+    have = {f.name for f in font_manager.fontManager.ttflist}
+    for name in CJK_FONTS:
+        if name in have:
+            plt.rcParams["font.family"] = [name, "DejaVu Sans"]
+            return name
+    return None
+
+
+def config_colors(config_ids: Sequence[str]) -> dict[str, str]:
+    """One colour per configuration, by study order, for every figure of a report."""
+    return {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(config_ids)}
+
+
+def _configs(df: pd.DataFrame) -> list[str]:
+    return list(dict.fromkeys(df["config"]))
+
+
+def _style(colors: Mapping[str, str] | None, df: pd.DataFrame) -> dict[str, str]:
+    return dict(colors) if colors else config_colors(_configs(df))
+
+
+def _legend_below(fig: plt.Figure, handles: list[Any], labels: list[str]) -> None:
+    """The legend under the axes, outside the data, in as many columns as fit."""
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 3), fontsize=8, frameon=False,
+                   bbox_to_anchor=(0.5, 0.0))
+
+
+def _finish(fig: plt.Figure, n_legend: int) -> plt.Figure:
+    rows = math.ceil(n_legend / 3) if n_legend else 0
+    fig.tight_layout(rect=(0, 0.05 + 0.05 * rows, 1, 1))
+    return fig
+
+
+def ttft_vs_prompt_tokens(summary: pd.DataFrame, labels: Mapping[str, str] | None = None,
+                          fits: Mapping[str, Mapping[str, Any]] | None = None, concurrency: int = 1,
+                          colors: Mapping[str, str] | None = None, lang: str = "en") -> plt.Figure:
+    """Median TTFT (ms) against actual prompt tokens at `concurrency`, one colour per
+    configuration, p95 as a band and, from `fits` (analysis.fit_prefill), the fitted line."""
+    L = LABELS[lang]
+    fig, ax = plt.subplots(figsize=(7, 4.4))
+    s = summary[summary["concurrency"] == concurrency]
+    col = _style(colors, summary)
+    handles, names = [], []
+    for cfg in _configs(s):
+        d = s[s["config"] == cfg].sort_values("prompt_tokens")
+        c = col.get(cfg, "black")
+        h, = ax.plot(d["prompt_tokens"], d["ttft_p50_s"] * 1000, "o", color=c)
+        ax.fill_between(d["prompt_tokens"], d["ttft_p50_s"] * 1000, d["ttft_p95_s"] * 1000, color=c, alpha=0.12)
+        f = (fits or {}).get(cfg)
+        if f and math.isfinite(f.get("slope_s_per_token", math.nan)):
+            x = np.linspace(0, float(d["prompt_tokens"].max()) * 1.05, 50)
+            ax.plot(x, (f["overhead_s"] + f["slope_s_per_token"] * x) * 1000, "-", color=c, lw=1.2)
+        handles.append(h)
+        names.append((labels or {}).get(cfg, cfg))
+    ax.set_xlabel(L["prompt"])
+    ax.set_ylabel(L["ttft_ms"])
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    _legend_below(fig, handles, names)
+    return _finish(fig, len(names))
+
+
+def throughput_vs_concurrency(summary: pd.DataFrame, labels: Mapping[str, str] | None = None,
+                              goodput: pd.DataFrame | None = None, colors: Mapping[str, str] | None = None,
+                              lang: str = "en") -> plt.Figure:
+    """Saturation curves: aggregate output tok/s (range over rounds as error bars) against
+    concurrency, one panel per bucket, log2 x; the goodput level of each configuration
+    (analysis.goodput) marked with a star."""
+    L = LABELS[lang]
+    buckets = list(dict.fromkeys(summary["bucket"]))
+    fig, axes = plt.subplots(1, len(buckets), figsize=(3.4 * len(buckets) + 0.6, 3.9), squeeze=False)
+    col = _style(colors, summary)
+    handles: dict[str, Any] = {}
+    for j, b in enumerate(buckets):
+        ax = axes[0][j]
+        s = summary[summary["bucket"] == b]
+        for cfg in _configs(s):
+            d = s[s["config"] == cfg].sort_values("concurrency")
+            c = col.get(cfg, "black")
+            h = ax.errorbar(d["concurrency"], d["aggregate_output_tps"],
+                            yerr=[d["aggregate_output_tps"] - d["aggregate_output_tps_min"],
+                                  d["aggregate_output_tps_max"] - d["aggregate_output_tps"]],
+                            marker="o", ms=4, capsize=2, color=c, lw=1.2)
+            handles.setdefault((labels or {}).get(cfg, cfg), h)
+            if goodput is not None and len(goodput):
+                g = goodput[(goodput["config"] == cfg) & (goodput["bucket"] == b)]
+                if len(g) and pd.notna(g["goodput_concurrency"].iloc[0]):
+                    ax.plot([g["goodput_concurrency"].iloc[0]], [g["aggregate_output_tps"].iloc[0]], "*", ms=13,
+                            color=c, markeredgecolor="black", zorder=5)
+        ax.set_title(b, fontsize=9)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(L["conc"], fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+    axes[0][0].set_ylabel(L["agg"])
+    names = list(handles)
+    hs = list(handles.values())
+    if goodput is not None and len(goodput):
+        hs.append(plt.Line2D([], [], marker="*", ls="", ms=11, color="grey", markeredgecolor="black"))
+        names.append(L["goodput"])
+    _legend_below(fig, hs, names)
+    return _finish(fig, len(names))
+
+
+def latency_vs_concurrency(summary: pd.DataFrame, labels: Mapping[str, str] | None = None,
+                           slo_ttft_p95_s: float | None = None, colors: Mapping[str, str] | None = None,
+                           lang: str = "en") -> plt.Figure:
+    """TTFT p95 (s, log) and per-request decode tok/s against concurrency, one column per
+    bucket; the SLO's p95 TTFT as a dashed line."""
+    L = LABELS[lang]
+    buckets = list(dict.fromkeys(summary["bucket"]))
+    fig, axes = plt.subplots(2, len(buckets), figsize=(3.4 * len(buckets) + 0.6, 5.6), squeeze=False, sharex="col")
+    col = _style(colors, summary)
+    handles: dict[str, Any] = {}
+    for j, b in enumerate(buckets):
+        s = summary[summary["bucket"] == b]
+        for cfg in _configs(s):
+            d = s[s["config"] == cfg].sort_values("concurrency")
+            c = col.get(cfg, "black")
+            h, = axes[0][j].plot(d["concurrency"], d["ttft_p95_s"], marker="o", ms=4, color=c, lw=1.2)
+            axes[1][j].plot(d["concurrency"], d["decode_tps_p50"], marker="s", ms=4, color=c, lw=1.2)
+            handles.setdefault((labels or {}).get(cfg, cfg), h)
+        if slo_ttft_p95_s:
+            axes[0][j].axhline(slo_ttft_p95_s, color="black", ls="--", lw=0.9)
+        axes[0][j].set_title(b, fontsize=9)
+        axes[0][j].set_yscale("log")
+        axes[1][j].set_xlabel(L["conc"], fontsize=8)
+        axes[1][j].set_ylim(bottom=0)
+        for ax in axes[:, j]:
+            ax.set_xscale("log", base=2)
+            ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(L["ttft95"])
+    axes[1][0].set_ylabel(L["decode"])
+    names, hs = list(handles), list(handles.values())
+    if slo_ttft_p95_s:
+        hs.append(plt.Line2D([], [], color="black", ls="--", lw=0.9))
+        names.append(f"{L['slo']}: p95 TTFT {slo_ttft_p95_s:g} s")
+    _legend_below(fig, hs, names)
+    return _finish(fig, len(names))
+
+
+def pareto_frontier(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """The points no other point beats on both `x` and `y` (higher is better), sorted by x."""
+    p = points.dropna(subset=[x, y]).sort_values([x, y], ascending=[False, False])
+    keep, best_y = [], -math.inf
+    for i, r in p.iterrows():
+        if r[y] > best_y:
+            keep.append(i)
+            best_y = r[y]
+    return p.loc[keep].sort_values(x)
+
+
+def per_user_vs_per_gpu(summary: pd.DataFrame, gpus: Mapping[str, int], labels: Mapping[str, str] | None = None,
+                        colors: Mapping[str, str] | None = None, lang: str = "en") -> plt.Figure:
+    """AIPerf/vLLM-sweep style Pareto figure: per-user decode tok/s against aggregate output
+    tok/s per GPU for every measured level, one colour per configuration, the frontier over
+    all configurations as a step line."""
+    L = LABELS[lang]
+    s = summary.copy()
+    s["per_gpu"] = s["aggregate_output_tps"] / s["config"].map(lambda c: max(1, int(gpus.get(c, 1))))
+    fig, ax = plt.subplots(figsize=(7, 4.6))
+    col = _style(colors, summary)
+    handles, names = [], []
+    for cfg in _configs(s):
+        d = s[s["config"] == cfg]
+        h = ax.scatter(d["per_gpu"], d["decode_tps_p50"], s=22, color=col.get(cfg, "black"), alpha=0.85)
+        handles.append(h)
+        names.append((labels or {}).get(cfg, cfg))
+    f = pareto_frontier(s, "per_gpu", "decode_tps_p50")
+    if len(f) > 1:
+        h, = ax.step(f["per_gpu"], f["decode_tps_p50"], where="post", color="black", lw=1, ls="--")
+        handles.append(h)
+        names.append(L["frontier"])
+    ax.set_xscale("log")
+    ax.set_xlabel(L["per_gpu"])
+    ax.set_ylabel(L["per_user"])
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3, which="both")
+    _legend_below(fig, handles, names)
+    return _finish(fig, len(names))
+
+
+def kv_vs_time(samples: pd.DataFrame, color: str = "#1f77b4", lang: str = "en") -> plt.Figure:
+    """KV usage %, running and waiting requests and cumulative preemptions against time, with a
+    dotted line at the start of every load level (short level labels beside them)."""
+    L = LABELS[lang]
+    fig, axes = plt.subplots(3, 1, figsize=(8, 5.8), sharex=True)
+    s = samples.sort_values("t_s", kind="stable").reset_index(drop=True)
+    t = s["t_s"].astype(float)
+    axes[0].plot(t, s["kv_usage_frac"].astype(float) * 100, color=color, lw=1.1)
+    axes[0].axhline(90, color="black", ls=":", lw=0.8)
+    axes[0].set_ylabel(L["kv"])
+    axes[0].set_ylim(0, 105)
+    r, = axes[1].step(t, s["running"].astype(float), where="post", color=color, lw=1.1)
+    w, = axes[1].step(t, s["waiting"].astype(float), where="post", color="black", lw=1.1, ls="--")
+    axes[1].set_ylabel(L["reqs"])
+    axes[1].legend([r, w], [L["running"], L["waiting"]], fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0),
+                   frameon=False)
+    pre = s["preemptions_total"].astype(float) if "preemptions_total" in s else pd.Series(np.nan, index=s.index)
+    if pre.notna().any():
+        axes[2].step(t, pre - pre.dropna().iloc[0], where="post", color=color, lw=1.1)
+    axes[2].set_ylabel(L["preempt"])
+    axes[2].set_xlabel(L["time"])
+    labels = s["level"].tolist()
+    starts = [i for i in range(len(labels)) if isinstance(labels[i], str) and (i == 0 or labels[i] != labels[i - 1])]
+    for i in starts:
+        for ax in axes:
+            ax.axvline(float(t.iloc[i]), color="grey", ls=":", lw=0.6)
+        axes[0].text(float(t.iloc[i]), 103, labels[i].replace("-out", "/").replace(" c=", "\nc="), fontsize=5,
+                     va="top", ha="left", color="dimgrey")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,218 @@
+"""The run folder `runs/<study>/<config>/` and everything that reads or writes its files.
+
+One place names the files (`RECORDS`, `RUN_JSON`, ...), writes JSON atomically and JSON lines
+scrubbed of secrets and flushed per line (a killed run keeps every finished record), and
+reads them back: `RunFolder` caches the records, their summary, the server samples and
+run.json, so a write-up reads each raw file once. Also where the project lives
+(`project_root`, `runs_root`, `reports_root`) and the one UTC timestamp format (`now_iso`).
+Not for aggregation rules (`summary`) or the reproducibility record (`measure.runinfo`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Iterable
+
+import pandas as pd
+
+from .paths import project_root, reports_root, resolve, runs_root  # noqa: F401  (the run folder's roots)
+from .secrets import scrub, secret_values
+from .engines.prom import SAMPLE_FIELDS
+from .summary import summarize
+
+RECORDS = "records.jsonl"  # one line per request, appended as it ends
+RUN_JSON = "run.json"  # the reproducibility record (status running -> complete | partial | failed)
+SERVER_METRICS = "server_metrics.jsonl"  # /metrics samples tagged with the load level
+GPU_METRICS = "gpu_metrics.jsonl"  # NVML samples of the engine's GPUs tagged with the load level
+CLIENT_STATS = "client_stats.jsonl"  # the client's own event-loop lag and CPU per round
+LEVELS = "levels.jsonl"  # a finished level: what --resume skips
+ENGINE_JSON = "engine.json"  # the handle of the engine a stage left running
+HOST_JSON = "host.json"  # what provisioning prepared
+ENGINE_LOG = "engine.log"
+PARAMS_EFFECTIVE = "params.effective.yaml"  # the study as validated for this run (--reduced, --url)
+STUDY_JSON = "study.json"  # beside the configurations: the study as run, device sessions
+# What a published report keeps of each configuration's run folder.
+PUBLISHED_FILES = (RECORDS, RUN_JSON, SERVER_METRICS, GPU_METRICS, ENGINE_LOG, CLIENT_STATS, LEVELS)
+
+
+def now_iso(timespec: str = "seconds") -> str:
+    """Current UTC time as ISO 8601 (`timespec` as datetime.isoformat: seconds, milliseconds)."""
+    return datetime.now(timezone.utc).isoformat(timespec=timespec)
+
+
+class JsonlWriter:
+    """Appends JSON lines; each line is flushed as it is written, so a killed run (Ctrl-C,
+    SIGKILL, a crash) keeps it: the kernel holds the bytes once flushed. The file is fsynced
+    on close; a per-line fsync (0.3 ms median, 3 ms p99 here) would sit on the client's event
+    loop and distort the timing of requests in flight."""
+
+    def __init__(self, path: Path) -> None:
+        self._secrets = secret_values()
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a", encoding="utf-8")
+        self.count = 0
+
+    def write(self, rec: dict[str, Any], *, allow_nan: bool = True) -> None:
+        line = json.dumps(rec, separators=(",", ":"), default=str, allow_nan=allow_nan)
+        self._f.write((scrub(line, self._secrets) if self._secrets else line) + "\n")
+        self._f.flush()
+        self.count += 1
+
+    def close(self) -> None:
+        if not self._f.closed:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
+
+    def __enter__(self) -> "JsonlWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Read a JSON-lines file; a torn last line (killed writer) is skipped, not fatal."""
+    out = []
+    path = Path(path)
+    if not path.exists():
+        return out
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return out
+
+
+def load_records(run_dirs: Iterable[Path] | Path) -> pd.DataFrame:
+    """All records of one or more run folders as one DataFrame (empty frame if none)."""
+    if isinstance(run_dirs, (str, Path)):
+        run_dirs = [Path(run_dirs)]
+    rows: list[dict[str, Any]] = []
+    for d in run_dirs:
+        rows += read_jsonl(Path(d) / RECORDS)
+    return pd.DataFrame(rows)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write JSON atomically (temp file + rename): a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(scrub(json.dumps(obj, indent=2, default=str, ensure_ascii=False)) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
+RecordWriter = JsonlWriter  # the records file's writer
+
+
+
+
+
+def load_samples(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """Read a sampler JSONL file into a DataFrame (one row per sample).
+
+    ``{"available": false}`` lines are dropped; ``df.attrs["available"]`` is False
+    (and ``df.attrs["reason"]`` set) when the file holds only such lines. A
+    truncated/corrupt line (e.g. the last one after a crash) is skipped.
+    ``wall_time`` becomes a UTC datetime column; missing metrics are NaN.
+    """
+    rows: list[dict[str, Any]] = []
+    unavailable: dict[str, Any] | None = None
+    for rec in read_jsonl(Path(path)):
+        if rec.get("available") is False:
+            unavailable = rec
+            continue
+        rows.append(rec)
+    numeric = [f for f in SAMPLE_FIELDS if f != "engine"] + ["t_s", "scrape_latency_s"]
+    base_cols = ["t_s", "wall_time", "level", *SAMPLE_FIELDS, "scrape_latency_s"]
+    df = pd.DataFrame(rows)
+    for c in base_cols:
+        if c not in df.columns:
+            df[c] = pd.Series(dtype="object")
+    df = df[base_cols + [c for c in df.columns if c not in base_cols]]
+    for c in numeric:
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype("float64")
+    df["wall_time"] = pd.to_datetime(df["wall_time"], utc=True, format="ISO8601")
+    df.attrs["available"] = not (unavailable is not None and not rows)
+    if unavailable is not None:
+        df.attrs["reason"] = unavailable.get("reason")
+    return df
+
+
+@dataclass
+class RunFolder:
+    """One configuration's run folder, read lazily and once: records, their summary, the
+    server and GPU samples, run.json and the other files by name. Writers go through
+    `write_run` / `writer(name)` so every file is scrubbed and named in one place."""
+
+    path: Path
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.path = Path(self.path)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    def exists(self, name: str = RECORDS) -> bool:
+        return (self.path / name).exists()
+
+    @cached_property
+    def records(self) -> pd.DataFrame:
+        return load_records(self.path)
+
+    @cached_property
+    def summary(self) -> pd.DataFrame:
+        return summarize(self.records)
+
+    @cached_property
+    def samples(self) -> pd.DataFrame | None:
+        return load_samples(self.path / SERVER_METRICS) if self.exists(SERVER_METRICS) else None
+
+    @cached_property
+    def gpu_samples(self) -> pd.DataFrame | None:
+        if not self.exists(GPU_METRICS):
+            return None
+        rows = read_jsonl(self.path / GPU_METRICS)
+        return pd.DataFrame(rows) if rows else None
+
+    @cached_property
+    def run(self) -> dict[str, Any]:
+        return read_json(self.path / RUN_JSON) if self.exists(RUN_JSON) else {}
+
+    def jsonl(self, name: str) -> list[dict[str, Any]]:
+        return read_jsonl(self.path / name)
+
+    def json(self, name: str) -> Any:
+        return read_json(self.path / name)
+
+    def write_run(self, record: dict[str, Any]) -> None:
+        write_json(self.path / RUN_JSON, record)
+        self.__dict__.pop("run", None)
+
+    def writer(self, name: str) -> JsonlWriter:
+        return JsonlWriter(self.path / name)
+
+    def invalidate(self) -> None:
+        """Forget what was read (after the run appended records)."""
+        for k in ("records", "summary", "samples", "gpu_samples", "run"):
+            self.__dict__.pop(k, None)

@@ -1,0 +1,232 @@
+"""Typed, strict study parameters: the schema of `params/<study>.yaml` (every params model).
+
+A study is an ordered list of configurations measured with one workload. Every model
+forbids unknown keys; `load_study` turns any validation problem into a `ParamsError`
+whose message names the file, the key path and what was expected (with a suggestion for
+a misspelled key). This module only validates and merges; it starts nothing. It imports pydantic, yaml and the
+engine flag tables (`servelab.engines`, which knows no schema) only.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, model_validator
+
+
+
+
+from .parts import (GPU_AMI_PARAMETER, HOST_KINDS, HOURS_PER_MONTH, AttachHostParams, AttachParams, AwsEcsHostParams,
+                    AwsInstanceHostParams, AwsParams, Bucket, Configuration, CostParams, EngineParams, HostParams,
+                    LocalHostParams, ModelRef, Slo, Strict, Workload, DeviceParams, PeerRun)
+
+class Study(Strict):
+    @model_validator(mode="before")
+    @classmethod
+    def _host_kind_default(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("host"), dict) and "kind" not in data["host"]:
+            data = {**data, "host": {"kind": "local", **data["host"]}}
+        return data
+
+    study: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="study id (folder name)")
+    title: str = Field(..., description="report title")
+    language: Literal["en", "ja"] = Field("en", description="report prose language")
+    description: str | None = Field(None, description="what the study asks")
+    host: HostParams = Field(default_factory=LocalHostParams, description="where the engine runs (by kind)")
+    engine: EngineParams = Field(default_factory=EngineParams, description="engine set-up shared by configurations")
+    workload: Workload = Field(..., description="what is sent")
+    slo: Slo = Field(default_factory=Slo, description="service-level objective for goodput")
+    cost: CostParams | None = Field(None, description="prices and cost model for the write-up")
+    configurations: list[Configuration] = Field(..., min_length=1, description="ordered, one change at a time")
+    device: DeviceParams | None = Field(None, description="how the study runs on the GPU device machine")
+    reduced: dict[str, Any] = Field(
+        default_factory=lambda: {"warmup_rounds": 0, "rounds": 1},
+        description="workload overrides for a reduced run (servelab run --reduced, CI)",
+    )
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> "Study":
+        ids = [c.id for c in self.configurations]
+        dup = {i for i in ids if ids.count(i) > 1}
+        if dup:
+            raise ValueError(f"configuration ids must be unique, repeated: {sorted(dup)}")
+        for i, c in enumerate(self.configurations):
+            if c.baseline is not None and c.baseline not in ids[:i]:
+                raise ValueError(f"configurations[{i}].baseline: {c.baseline!r} is not an earlier configuration "
+                                 f"(earlier: {ids[:i]})")
+            try:
+                Workload.model_validate(_merge(self.workload.model_dump(), c.workload))
+            except ValidationError as e:
+                first = e.errors()[0]
+                where = ".".join(str(x) for x in first["loc"])
+                raise ValueError(f"configurations[{i}].workload.{where}: {first['msg']}") from None
+            try:
+                resolve_engine(self.engine, c)  # raise early on a bad override
+            except ValidationError as e:
+                first = e.errors()[0]
+                where = ".".join(str(x) for x in first["loc"])
+                raise ValueError(f"configurations[{i}].engine.{where}: {first['msg']}") from None
+        if self.device is not None:
+            named = [*(c for lane in self.device.lanes for c in lane), *self.device.all_gpus, *self.device.peers]
+            bad = sorted(set(named) - set(ids))
+            if bad:
+                raise ValueError(f"device: unknown configuration(s) {bad}; have {ids}")
+        if isinstance(self.host, LocalHostParams) and self.engine.model is None:
+            raise ValueError("a local host needs engine.model (preset or path)")
+        errs = validate_engines(self)
+        if errs:
+            raise ValueError("\n".join(errs))
+        return self
+
+    def reduced_copy(self) -> "Study":
+        """The same study with the `reduced` workload overrides applied."""
+        data = self.model_dump()
+        data["workload"] = _merge(data["workload"], self.reduced)
+        return Study.model_validate(data)
+
+    def config(self, config_id: str) -> Configuration:
+        for c in self.configurations:
+            if c.id == config_id:
+                return c
+        raise KeyError(f"study {self.study!r} has no configuration {config_id!r}; have {[c.id for c in self.configurations]}")
+
+    def workload_for(self, config_id: str) -> Workload:
+        """The study's workload with the configuration's overrides (usually none)."""
+        return Workload.model_validate(_merge(self.workload.model_dump(), self.config(config_id).workload))
+
+    def engine_for(self, config_id: str) -> EngineParams:
+        return resolve_engine(self.engine, self.config(config_id))
+
+def validate_engines(study: "Study") -> list[str]:
+    """Every engine problem of every configuration, prefixed with where it is ([] = fine):
+    the engine profiles' flag tables and conflicts (`servelab.engines`)."""
+    from ..engines import validate_engine
+
+    out = [f"engine: {e}" for e in validate_engine(study.engine.kind, study.engine.args, study.engine.env)]
+    base = set(out)
+    for i, c in enumerate(study.configurations):
+        eng = study.engine_for(c.id)
+        for e in validate_engine(eng.kind, eng.args, eng.env, study.workload_for(c.id).concurrency):
+            if f"engine: {e}" not in base:
+                out.append(f"configurations[{i}] ({c.id}): engine: {e}")
+    return out
+
+def resolve_profile(study: "Study", config_id: str) -> "EngineParams":
+    """The configuration's EngineParams with the profile's derived values applied (what launches)."""
+    from ..engines import get
+
+    eng = study.engine_for(config_id)
+    return eng.model_copy(update={"args": get(eng.kind).apply_derived(eng.args, study.workload_for(config_id).concurrency)})
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "model":
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+def resolve_engine(base: EngineParams, conf: Configuration) -> EngineParams:
+    """The study's engine with one configuration's overrides merged in (dicts merge, values replace)."""
+    return EngineParams.model_validate(_merge(base.model_dump(exclude_none=False), conf.engine))
+
+class ParamsError(ValueError):
+    """A params file that cannot be used; the message is one line per problem."""
+
+def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """Known field names of the model that holds the key at `loc` (for suggestions)."""
+    cur: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        if not (isinstance(cur, type) and issubclass(cur, BaseModel)) or part not in cur.model_fields:
+            return []
+        ann = cur.model_fields[part].annotation
+        cur = _model_in(ann)
+    if isinstance(cur, type) and issubclass(cur, BaseModel):
+        return list(cur.model_fields)
+    return []
+
+def _model_in(ann: Any) -> Any:
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for arg in getattr(ann, "__args__", ()) or ():
+        m = _model_in(arg)
+        if m is not None:
+            return m
+    return None
+
+def format_errors(path: str | Path, err: ValidationError, model: type[BaseModel] = Study) -> str:
+    lines = []
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"])
+        if len(loc) > 1 and loc[0] == "host" and loc[1] in HOST_KINDS:
+            loc = loc[:1] + loc[2:]  # the union's tag is not a key the user wrote
+        if e["type"] == "union_tag_invalid":
+            loc, e = loc + ("kind",), {**e, "type": "literal_error",
+                                        "msg": "Input should be " + _one_of(HOST_KINDS), "input": e["input"].get("kind")}
+        key = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in loc).replace(".[", "[")
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            known = _fields_at(model, loc)
+            close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+            msg = "unknown key" + (f" (did you mean '{close[0]}'?)" if close else f" (expected one of: {', '.join(known)})" if known else "")
+        elif e["type"] == "missing":
+            msg = "required key is missing"
+        elif e["type"] == "value_error":
+            msg = msg.removeprefix("Value error, ")
+        else:
+            got = e.get("input")
+            if not isinstance(got, (dict, list)):
+                msg = f"{msg} (got {got!r})"
+        lines += [f"{path}: {key or '<top>'}: {m}" for m in msg.split("\n")]
+    return "\n".join(lines)
+
+def _one_of(values: tuple[str, ...]) -> str:
+    q = [f"'{v}'" for v in values]
+    return ", ".join(q[:-1]) + f" or {q[-1]}"
+
+def load_study(path: str | Path) -> Study:
+    """Read and validate a study file. Raises ParamsError naming file, key and expectation."""
+    path = Path(path)
+    if not path.exists():
+        raise ParamsError(f"{path}: no such params file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        raise ParamsError(f"{path}:{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise ParamsError(f"{path}: <top>: expected a mapping of keys, got {type(data).__name__}")
+    try:
+        return Study.model_validate(data)
+    except ValidationError as e:
+        raise ParamsError(format_errors(path, e)) from None
+
+def upgrade(data: dict[str, Any]) -> dict[str, Any]:
+    """A study as servelab 0.1 wrote it into study.json (published reports) in today's shape:
+    its host carried every kind's block (`attach: null`, `aws: null`) and `aws.mode` repeated
+    the host kind."""
+    host = {k: v for k, v in (data.get("host") or {}).items() if v is not None}
+    if isinstance(host.get("aws"), dict):
+        host["aws"] = {k: v for k, v in host["aws"].items() if k != "mode"}
+    return {**data, "host": host} if "host" in data else data
+
+
+def study_from_dict(data: dict[str, Any], source: str = "<params>") -> Study:
+    try:
+        return Study.model_validate(data)
+    except ValidationError as e:
+        raise ParamsError(format_errors(source, e)) from None
+
+
+__all__ = ["Study", "ParamsError", "load_study", "study_from_dict", "upgrade", "format_errors", "validate_engines",
+           "resolve_profile", "resolve_engine", "GPU_AMI_PARAMETER", "HOST_KINDS", "HOURS_PER_MONTH", "AttachHostParams",
+           "AttachParams", "AwsEcsHostParams", "AwsInstanceHostParams", "AwsParams", "Bucket", "Configuration",
+           "CostParams", "DeviceParams", "PeerRun", "EngineParams", "HostParams", "LocalHostParams", "ModelRef", "Slo", "Strict", "Workload"]

@@ -1,0 +1,225 @@
+"""Client workers as Ray actors (measure.ray_pool) on a two-node Ray cluster that this module
+starts on this machine (ray.cluster_utils.Cluster), against the reference server: timing error
+within the local backend's bounds, a worker killed mid-round (no lost or duplicated record),
+clock offsets in run.json, and the `workload.workers` forms. Skipped when ray is not installed
+(the params test runs without it)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from servelab.hosts.base import Server
+from servelab.measure import runner
+from servelab.measure.client import RequestSpec
+from servelab.measure.runinfo import base_record
+from servelab.measure.workers import Job, WorkerPool, make_pool, worker_count
+from servelab.runfolder import read_json, read_jsonl
+from servelab.schema import Bucket, ParamsError, Workload, study_from_dict
+from servelab.schema.parts import WorkerBackend
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """Two Ray nodes on this machine (one CPU each), the test process connected as driver."""
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'servelab[ray]')")
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    cluster.connect()
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()
+
+
+def _wl(**kw) -> Workload:
+    base = dict(buckets=[Bucket(input_tokens=20, output_tokens=20)], concurrency=[4], warmup_rounds=0, rounds=4,
+                requests_per_round=2, timeout_s=20, workers={"backend": "ray", "count": 2})
+    base.update(kw)
+    return Workload(**base)
+
+
+def _run(s, wl, tmp_path, name="r", resume=False):
+    srv = Server(base_url=s.url, model="ref")
+    return runner.run_workload(srv, wl, tmp_path / name, study="t", config_id=name, record=base_record("t", name),
+                               progress=False, metrics_interval_s=0, resume=resume)
+
+
+def _capture_pools(monkeypatch) -> list:
+    """The pools the runner makes (to reach their actors from the test)."""
+    pools: list = []
+    make = runner.make_pool
+
+    def wrapped(*a):
+        pools.append(make(*a))
+        return pools[-1]
+
+    monkeypatch.setattr(runner, "make_pool", wrapped)
+    return pools
+
+
+def _kill_when(pools, run_dir, n_records: int, workers: list[int]) -> threading.Thread:
+    """Once `n_records` records are on disk, ray.kill the pool's actors `workers`."""
+    import ray
+
+    def go() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            f = run_dir / "records.jsonl"
+            if pools and f.exists() and len(f.read_text().splitlines()) >= n_records:
+                for i in workers:
+                    ray.kill(pools[0].workers[i].actor, no_restart=True)
+                return
+            time.sleep(0.01)
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+def test_ray_workers_timing_error_within_local_bounds(ray_cluster):
+    from servelab.measure.selfcheck import calibrate
+
+    # the bounds of test_selfcheck.test_calibrate_small_levels_against_reference_server
+    df = calibrate(levels=(1, 8), ttft_s=0.05, itl_s=0.01, tokens=16, workers=2, backend="ray", quiet=True)
+    assert list(df["requests"]) == [4, 8]
+    assert (df["ok"] == df["requests"]).all() and (df["failed"] == 0).all()
+    assert (df["lost_chunks"] == 0).all() and (df["chunks_received"] == df["requests"] * 16).all()
+    assert (df["ttft_err_p50_ms"] > 0).all() and (df["ttft_err_p50_ms"] < 50).all()
+    assert np.allclose(df["itl_emitted_p50_ms"], 10, atol=3)
+    assert np.allclose(df["itl_measured_p50_ms"], df["itl_emitted_p50_ms"], atol=3)
+    assert (df["ttft_vs_programmed_p50_ms"] > 0).all()
+    assert df["client_cpu_frac"].notna().all() and df["loop_lag_p50_ms"].notna().all()
+
+
+def test_killed_worker_loses_no_record_and_duplicates_none(ray_cluster, refserver, tmp_path, monkeypatch):
+    s = refserver(ttft_s=0.01, itl_s=0.02)  # ~0.4 s per request, 2 requests per stream per round
+    pools = _capture_pools(monkeypatch)
+    killer = _kill_when(pools, tmp_path / "r", 3, [1])
+    res = _run(s, _wl(), tmp_path)
+    killer.join(5)
+    recs = read_jsonl(tmp_path / "r" / "records.jsonl")
+    assert res.status == "complete" and len(recs) == 4 * 8 == res.records  # the level went on with one worker
+    assert sorted(r["seq"] for r in recs) == list(range(32))  # contiguous, unique
+    for rnd in range(4):
+        rr = [r for r in recs if r["round"] == rnd]
+        assert len(rr) == 8 == sum(r["ok"] for r in rr) + sum(not r["ok"] for r in rr)
+    lost = [r for r in recs if not r["ok"]]
+    assert lost and all(r["error_kind"] == "worker_lost" for r in lost)
+    assert all("worker 1" in r["error_detail"] and "Actor" in r["error_detail"] for r in lost)
+    assert pools[0].duplicates == 0
+    lv = read_jsonl(tmp_path / "r" / "levels.jsonl")
+    assert lv[0]["sent"] == 32 and lv[0]["failed"] == len(lost)
+    run = read_json(tmp_path / "r" / "run.json")
+    assert [w["lost"] is not None for w in run["workers"]] == [False, True]
+    assert "Actor" in run["workers"][1]["lost"]
+    stats = read_jsonl(tmp_path / "r" / "client_stats.jsonl")
+    assert stats[-1]["workers_lost"] == 1 and all(st["workers"] == 2 for st in stats)
+
+
+def test_all_workers_lost_ends_partial_and_resume_completes(ray_cluster, refserver, tmp_path, monkeypatch):
+    s = refserver(ttft_s=0.01, itl_s=0.02)
+    wl = _wl(concurrency=[2, 4], rounds=2)
+    pools = _capture_pools(monkeypatch)
+    _kill_when(pools, tmp_path / "r", 2, [0, 1])
+    res = _run(s, wl, tmp_path)
+    assert res.status == "partial" and "every Ray client worker is lost" in res.message
+    assert read_jsonl(tmp_path / "r" / "levels.jsonl") == []
+    recs = read_jsonl(tmp_path / "r" / "records.jsonl")
+    assert any(r["error_kind"] == "worker_lost" for r in recs)
+    assert len({r["seq"] for r in recs}) == len(recs)
+    res2 = _run(s, wl, tmp_path, resume=True)
+    recs = read_jsonl(tmp_path / "r" / "records.jsonl")
+    assert res2.status == "complete" and len(recs) == 2 * 2 * 2 + 2 * 2 * 4
+    assert all(r["ok"] for r in recs) and len({r["seq"] for r in recs}) == len(recs)
+    assert [x["status"] for x in read_jsonl(tmp_path / "r" / "levels.jsonl")] == ["complete", "complete"]
+
+
+def test_clock_offsets_recorded_in_run_json(ray_cluster, refserver, tmp_path):
+    s = refserver(ttft_s=0.01, itl_s=0.002)
+    res = _run(s, _wl(buckets=[Bucket(input_tokens=20, output_tokens=8)], rounds=1), tmp_path)
+    assert res.status == "complete"
+    ws = read_json(tmp_path / "r" / "run.json")["workers"]
+    assert len(ws) == 2 and len({w["node_id"] for w in ws}) == 2  # SPREAD: one actor per node
+    for w in ws:
+        assert w["backend"] == "ray" and w["node_ip"] and w["pid"] > 0 and w["clock_samples"] >= 4
+        assert 0 < w["rtt_s"] < 1.0
+        # one machine, one CLOCK_MONOTONIC: the true offset is 0, inside the NTP bound
+        assert abs(w["offset_s"]) <= w["rtt_s"] / 2
+        assert abs(w["offset_end_s"]) <= w["rtt_end_s"] / 2
+        assert w["lost"] is None
+        # Ray starts workers at niceness 15; the actor takes the driver's back where it may
+        assert w["niceness"] == os.getpriority(os.PRIO_PROCESS, 0) or os.geteuid() != 0
+
+
+def test_skewed_worker_clock_is_shifted_into_the_drivers(ray_cluster, refserver):
+    from servelab.measure.ray_pool import RayWorkerPool
+
+    s = refserver(ttft_s=0.01, itl_s=0.002)
+    skew_s = 1000.0  # a worker whose clock is 1000 s ahead, as on another host
+    pool = RayWorkerPool(2, Server(base_url=s.url, model="ref"), 4, clock_skew_s=[0.0, skew_s])
+    try:
+        w0, w1 = pool.workers
+        assert abs(w0.offset_s) <= w0.rtt_s / 2
+        assert abs(w1.offset_s - skew_s) <= w1.rtt_s / 2
+        got: list = []
+        jobs = [Job(i, RequestSpec(prompt="x", max_tokens=8, model="ref", seed=None)) for i in range(8)]
+        t0 = time.perf_counter()
+        stats = asyncio.run(pool.run_round(jobs, 4, 10.0, lambda j, r, lag: got.append((j.seq, r))))
+        t1 = time.perf_counter()
+    finally:
+        pool.close()
+    assert sorted(seq for seq, _ in got) == list(range(8)) and all(r["ok"] for _, r in got)
+    # every time is now on the driver's clock, inside the window the driver saw the round in
+    assert all(t0 <= r["start_s"] < r["end_s"] <= t1 for _, r in got)
+    span_s = max(r["end_s"] for _, r in got) - min(r["start_s"] for _, r in got)
+    assert 0 < span_s <= t1 - t0
+    # the start barrier: both shares began within a few ms of the agreed time
+    assert 0 <= stats["start_late_max_s"] < 0.05 and stats["workers_lost"] == 0
+
+
+def test_workers_spec_forms():
+    base = dict(buckets=[Bucket(input_tokens=8, output_tokens=4)], concurrency=[1])
+    assert Workload(**base).workers == 1
+    local = Workload(**base, workers=2)
+    assert local.workers == 2 and worker_count(local.workers) == 2
+    srv = Server(base_url="http://127.0.0.1:9", model="ref")
+    assert make_pool(1, srv, 4) is None
+    pool = make_pool(local.workers, srv, 4)
+    try:
+        assert isinstance(pool, WorkerPool) and len(pool.procs) == 2
+    finally:
+        pool.close()
+    wb = Workload(**base, workers={"backend": "ray", "count": 2}).workers
+    assert isinstance(wb, WorkerBackend) and (wb.backend, wb.count, wb.address) == ("ray", 2, None)
+    assert worker_count(wb) == 2
+    assert Workload(**base, workers={"backend": "ray", "count": 8, "address": "ray://head:10001"}).workers.address
+    for bad in ({"backend": "ray", "count": 2, "nodes": 2}, {"backend": "dask", "count": 2}, 0, 65,
+                {"backend": "local", "count": 2, "address": "auto"}):
+        with pytest.raises(ValueError):
+            Workload(**base, workers=bad)
+
+
+def test_params_file_with_ray_workers_validates():
+    import copy
+    from pathlib import Path
+
+    import yaml
+
+    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "params" / "local-cpu.yaml").read_text())
+    ray_study = copy.deepcopy(data)
+    ray_study["workload"]["workers"] = {"backend": "ray", "count": 2, "address": "auto"}
+    st = study_from_dict(ray_study)
+    assert st.workload.workers == WorkerBackend(backend="ray", count=2, address="auto")
+    data["workload"]["workers"] = 2
+    assert study_from_dict(data).workload.workers == 2
+    data["workload"]["workers"] = {"backend": "ray", "count": 2, "adress": "auto"}
+    with pytest.raises(ParamsError, match="adress"):
+        study_from_dict(data)
