@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.servelab-setup
 STUDY ?= params/local-cpu.yaml
 
-.PHONY: setup report test test-fast clean-runs
+.PHONY: setup report test test-fast lab clean-runs
 
 setup: $(STAMP)
 
@@ -20,6 +20,12 @@ report: setup
 
 test: setup
 	bash scripts/test.sh
+
+# JupyterLab at the repository root (root or not, no browser opened); the .py notebooks open as
+# notebooks through jupytext, and their paths resolve from the repository root.
+lab: setup
+	$(BIN)/jupyter lab --allow-root --no-browser --ip=127.0.0.1 --ServerApp.root_dir=$(CURDIR) \
+		--ServerApp.default_url=/lab/tree/notebooks
 
 test-fast: setup
 	$(BIN)/python -m pytest -m "not engine and not notebooks" -q

@@ -25,7 +25,7 @@ def free_port() -> int:
 
 ENGINE_PORT = int(os.environ.get("SERVELAB_TEST_PORT") or free_port())
 
-# Flags of ../shared/cpu-engine.md, sized for tests.
+# Flags of docs/cpu-engine.md, sized for tests.
 CPU_ARGS = {"enforce-eager": True, "dtype": "bfloat16", "max-model-len": 4096, "max-num-seqs": 64,
             "block-size": 32, "kv-cache-memory-bytes": "256M"}
 

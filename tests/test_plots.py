@@ -29,14 +29,37 @@ def test_japanese_figures_use_a_cjk_font_without_missing_glyphs():
     assert font and "CJK" in font
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fig = plots.ttft_vs_prompt_tokens(_summary(), {"基準": "基準構成（日本語）"}, title="入力長とTTFT")
+        fig = plots.ttft_vs_prompt_tokens(_summary(), {"基準": "基準構成（日本語）"}, lang="ja")
         fig.canvas.draw()
     assert not [w for w in caught if "missing from" in str(w.message)]
     plt.close(fig)
     plots.use_language("en")
     with warnings.catch_warnings(record=True) as caught:  # the contrast: DejaVu has no kana
         warnings.simplefilter("always")
-        fig = plots.ttft_vs_prompt_tokens(_summary(), title="入力長とTTFT")
+        fig = plots.ttft_vs_prompt_tokens(_summary(), lang="ja")
         fig.canvas.draw()
     assert [w for w in caught if "missing from" in str(w.message)]
     plt.close(fig)
+
+
+def test_one_colour_per_configuration_and_legend_outside_the_axes():
+    s = pd.concat([_summary(), _summary().assign(config="b")])
+    colors = plots.config_colors(["基準", "b"])
+    fig = plots.throughput_vs_concurrency(s, colors=colors)
+    lines = {tuple(round(x, 3) for x in matplotlib.colors.to_rgb(c.get_color())) for ax in fig.axes
+             for c in ax.get_lines() if c.get_marker() == "o"}
+    assert lines == {tuple(round(x, 3) for x in matplotlib.colors.to_rgb(c)) for c in colors.values()}
+    fig.canvas.draw()
+    legend = fig.legends[0].get_window_extent()
+    for ax in fig.axes:  # the legend sits below every panel, never on the data
+        assert legend.y1 <= ax.get_window_extent().y0
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["1", "4"]
+    plt.close(fig)
+
+
+def test_pareto_frontier_keeps_only_undominated_points():
+    pts = pd.DataFrame({"x": [1, 2, 3, 2.5], "y": [9, 8, 1, 4]})
+    f = plots.pareto_frontier(pts, "x", "y")
+    assert f[["x", "y"]].values.tolist() == [[1, 9], [2, 8], [2.5, 4], [3, 1]]
+    dominated = pd.concat([pts, pd.DataFrame({"x": [1.5], "y": [7]})])
+    assert len(plots.pareto_frontier(dominated, "x", "y")) == 4

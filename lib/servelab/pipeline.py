@@ -97,7 +97,7 @@ def notebooks_dir() -> Path:
     return project_root() / "notebooks"
 
 
-def execute_notebook(name: str, out_dir: Path, parameters: dict[str, Any]) -> Path:
+def execute_notebook(name: str, out_dir: Path, parameters: dict[str, Any], *, out_name: str | None = None) -> Path:
     """Execute notebooks/<name>.py (jupytext percent, kernelspec in its header) with papermill
     from the repository root; the executed copy is written scrubbed to out_dir/<name>.ipynb."""
     import jupytext
@@ -105,9 +105,9 @@ def execute_notebook(name: str, out_dir: Path, parameters: dict[str, Any]) -> Pa
 
     src = notebooks_dir() / f"{name}.py"
     out_dir.mkdir(parents=True, exist_ok=True)
-    nb_in = out_dir / f"{name}.input.ipynb"
+    nb_in = out_dir / f"{out_name or name}.input.ipynb"
     jupytext.write(jupytext.read(src), nb_in)
-    nb_out = out_dir / f"{name}.ipynb"
+    nb_out = out_dir / f"{out_name or name}.ipynb"
     plog = logging.getLogger("papermill")
     handler = _ServelabLines()
     plog.addHandler(handler)
@@ -336,25 +336,35 @@ def publish(study_id: str, run_root: Path, *, force: bool = False) -> Path:
 
 
 def render(study_id: str, keep_dir: Path | None = None) -> Path:
-    """Execute the write-up on reports/<study>/data and write index.html (inputs hidden).
+    """Execute the write-up on reports/<study>/data and write index.html (inputs hidden), plus
+    index.<lang>.html for each of the study's `translations`, linked to each other.
 
-    The executed notebook is kept in `keep_dir` when given (nbval checks it), else discarded.
+    The executed notebooks are kept in `keep_dir` when given (nbval checks them), else discarded.
     """
     import tempfile
 
     from .report.index import notebook_to_html, write_index
+    from .report.i18n import words
+    from .schema import study_from_dict, upgrade
 
     pub = reports_root() / study_id
     if not (pub / "data").exists():
         raise FileNotFoundError(f"{pub / 'data'} does not exist: nothing to render")
     t0 = time.monotonic()
+    study = study_from_dict(upgrade(read_json(pub / "data" / STUDY_JSON)["study"]), str(pub / "data" / STUDY_JSON))
+    langs = [study.language, *[x for x in study.translations if x != study.language]]
+    pages = {lang: "index.html" if i == 0 else f"index.{lang}.html" for i, lang in enumerate(langs)}
     with tempfile.TemporaryDirectory(prefix="servelab-render-") as tmp:
         work = Path(keep_dir) if keep_dir else Path(tmp)
-        nb = execute_notebook(WRITEUP, work, {"study_dir": str(pub.resolve())})
-        title = read_json(pub / "data" / STUDY_JSON)["study"].get("title", study_id)
-        notebook_to_html(nb, pub / "index.html", title=title)
+        for lang, page in pages.items():
+            name = WRITEUP if page == "index.html" else f"{WRITEUP}.{lang}"
+            nb = execute_notebook(WRITEUP, work, {"study_dir": str(pub.resolve()), "language": lang}, out_name=name)
+            other = next((x for x in langs if x != lang), None) if lang == langs[0] else langs[0]
+            alternate = {"href": pages[other], "label": words(lang)("other_language")} if other else None
+            notebook_to_html(nb, pub / page, title=study.title, language=lang, alternate=alternate)
     write_index(reports_root())
-    _log(f"report {pub / 'index.html'} rendered in {time.monotonic() - t0:.1f} s")
+    _log(f"report {pub / 'index.html'} rendered in {time.monotonic() - t0:.1f} s"
+         + (f" (+ {', '.join(list(pages.values())[1:])})" if len(pages) > 1 else ""))
     return pub / "index.html"
 
 

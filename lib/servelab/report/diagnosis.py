@@ -17,7 +17,7 @@ from ..analysis.roofline import HARDWARE, get_hardware, local_cpu_entry, rooflin
 from ..engines import get as engine_profile
 from . import html as rh
 from .load import StudyData, baselines, engine_gpus
-from .sections import num, pct
+from .sections import dash_note, num, pct
 
 
 def _cached(sd: StudyData, key: str, make: Any) -> Any:
@@ -44,8 +44,8 @@ def prefill_table(sd: StudyData) -> Any:
     rows = []
     for cid in sd.config_ids:
         f = fits.get(cid)
-        if not f or f["n"] == 0:
-            continue
+        if not f or f["n"] == 0 or f["distinct_prompt_lengths"] < 2:
+            continue  # one prompt length (a saturation sweep): nothing to fit
         rows.append([cid, f["prefill_tps"], f["prefill_tps_se"], f["overhead_s"] * 1000, f["overhead_s_se"] * 1000,
                      f["r2"], f["n"], f"{f['ttft_longest_over_shortest']:,.1f}×"
                      if math.isfinite(f["ttft_longest_over_shortest"]) else rh.MISSING])
@@ -53,9 +53,10 @@ def prefill_table(sd: StudyData) -> Any:
         return ""
     note = {"en": "not identifiable: fewer than 2 prompt lengths measured at concurrency 1, or TTFT does not grow",
             "ja": "推定不可：並列数 1 で測った入力長が 2 種類未満、または TTFT が増えない"}[sd.language]
-    return rh.table(pd.DataFrame(rows, columns=cols), sd.w("t_prefill"),
+    t = pd.DataFrame(rows, columns=cols)
+    return rh.table(t, sd.w("t_prefill"),
                     formats={cols[1]: "{:,.0f}", cols[2]: "{:,.0f}", cols[3]: "{:,.1f}", cols[4]: "{:,.1f}",
-                             cols[5]: "{:.3f}"}, notes={rh.MISSING: note})
+                             cols[5]: "{:.3f}"}, notes=dash_note(t, note))
 
 
 def goodput_frame(sd: StudyData) -> pd.DataFrame:
@@ -82,10 +83,11 @@ def saturation_table(sd: StudyData) -> Any:
         why = f"c={int(above.iloc[0]['concurrency'])}: {above.iloc[0]['slo_fail_reason']}" if len(above) else rh.MISSING
         rows.append([r.config, r.bucket, r.knee_concurrency if r.plateau else None, r.top_concurrency, gc,
                      r.aggregate_output_tps, why])
-    notes = {rh.MISSING: {"en": "none: no knee within the tested range, no level meeting the SLO, or every level "
+    t = pd.DataFrame(rows, columns=cols)
+    notes = dash_note(t, {"en": "none: no knee within the tested range, no level meeting the SLO, or every level "
                                 "meets it", "ja": "なし：範囲内にニーがない、SLO を満たすレベルがない、またはすべて満たす"}
-             [sd.language]}
-    return rh.table(pd.DataFrame(rows, columns=cols), sd.w("t_saturation"),
+                      [sd.language])
+    return rh.table(t, sd.w("t_saturation"),
                     formats={cols[2]: "{:,.0f}", cols[3]: "{:,.0f}", cols[4]: "{:,.0f}", cols[5]: "{:,.1f}"},
                     notes=notes)
 
@@ -112,8 +114,8 @@ def kv_section(sd: StudyData, cid: str) -> tuple[str, Any, pd.DataFrame | None]:
                       cols[3]: res["waiting_max"], cols[4]: res["preemptions_delta"], cols[5]: res["crowded_samples"]})
     table = rh.table(t, sd.w("t_kv", label=label), formats={cols[1]: "{:,.1f}", cols[2]: "{:,.0f}",
                                                             cols[3]: "{:,.0f}", cols[4]: "{:,.0f}"},
-                     notes={rh.MISSING: {"en": "the engine does not expose this counter",
-                                         "ja": "エンジンがこのカウンタを公開していません"}[sd.language]})
+                     notes=dash_note(t, {"en": "the engine does not expose this counter",
+                                         "ja": "エンジンがこのカウンタを公開していません"}[sd.language]))
     return f"**{label}**: {head}{v['sentence']}", table, s
 
 

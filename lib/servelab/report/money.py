@@ -106,12 +106,12 @@ def cost_section(sd: StudyData) -> tuple[str, Any]:
         lo, hi = pub["ratio_range"]
         text = ((f"This study runs on a local machine with no instance price, so no cost applies to its numbers. For "
                  f"scale, the same computation on **seed 001's published figures** (g7e.12xlarge, "
-                 f"${pub['monthly_usd']:,.0f} per 730 h all-in, its aggregate tok/s; Fireworks $0.22 in / $0.66 out per "
+                 f"USD {pub['monthly_usd']:,.0f} per 730 h all-in, its aggregate tok/s; Fireworks USD 0.22 in / USD 0.66 out per "
                  f"1M, as quoted in the seed). The seed itself published AWS at **{lo:g}× to {hi:g}×** Fireworks; the "
                  "ratios below are computed the same way, so they sit beside that range.") if en else
                 (f"この検証はインスタンス料金のないローカルマシンで実行したため、コストは適用されません。規模感として、"
-                 f"**seed 001 の公表値**（g7e.12xlarge、730 時間で ${pub['monthly_usd']:,.0f}、公表された合計 tok/s、"
-                 f"Fireworks の入力 $0.22 / 出力 $0.66 per 1M）で同じ計算をしました。seed 自身は AWS を Fireworks の "
+                 f"**seed 001 の公表値**（g7e.12xlarge、730 時間で USD {pub['monthly_usd']:,.0f}、公表された合計 tok/s、"
+                 f"Fireworks の入力 USD 0.22 / 出力 USD 0.66 per 1M）で同じ計算をしました。seed 自身は AWS を Fireworks の "
                  f"**{lo:g}〜{hi:g} 倍**と公表しており、下表の比はその範囲と並べて読めます。"))
         view[c[6]] = [f"{x} (seed 001: {lo:g}–{hi:g}×)" for x in view[c[6]]]
         return text, rh.table(view, sd.w("t_cost"), formats=fm)

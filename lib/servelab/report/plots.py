@@ -70,6 +70,19 @@ def _legend_below(fig: plt.Figure, handles: list[Any], labels: list[str]) -> Non
                    bbox_to_anchor=(0.5, 0.0))
 
 
+def _conc_axis(ax: Any, values: Any) -> None:
+    """Log2 concurrency axis labelled with the measured levels as plain numbers."""
+    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+
+    ax.set_xscale("log", base=2)
+    ticks = sorted({int(v) for v in values})
+    if len(ticks) > 8:
+        ticks = [t for i, t in enumerate(ticks) if i % 2 == 0 or t == ticks[-1]]
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_locator(NullLocator())
+
+
 def _finish(fig: plt.Figure, n_legend: int) -> plt.Figure:
     rows = math.ceil(n_legend / 3) if n_legend else 0
     fig.tight_layout(rect=(0, 0.05 + 0.05 * rows, 1, 1))
@@ -134,7 +147,7 @@ def throughput_vs_concurrency(summary: pd.DataFrame, labels: Mapping[str, str] |
                     ax.plot([g["goodput_concurrency"].iloc[0]], [g["aggregate_output_tps"].iloc[0]], "*", ms=13,
                             color=c, markeredgecolor="black", zorder=5)
         ax.set_title(b, fontsize=9)
-        ax.set_xscale("log", base=2)
+        _conc_axis(ax, s["concurrency"])
         ax.set_xlabel(L["conc"], fontsize=8)
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
@@ -173,7 +186,7 @@ def latency_vs_concurrency(summary: pd.DataFrame, labels: Mapping[str, str] | No
         axes[1][j].set_xlabel(L["conc"], fontsize=8)
         axes[1][j].set_ylim(bottom=0)
         for ax in axes[:, j]:
-            ax.set_xscale("log", base=2)
+            _conc_axis(ax, s["concurrency"])
             ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(L["ttft95"])
     axes[1][0].set_ylabel(L["decode"])
@@ -187,7 +200,7 @@ def latency_vs_concurrency(summary: pd.DataFrame, labels: Mapping[str, str] | No
 
 def pareto_frontier(points: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
     """The points no other point beats on both `x` and `y` (higher is better), sorted by x."""
-    p = points.dropna(subset=[x, y]).sort_values([x, y], ascending=[False, False])
+    p = points.dropna(subset=[x, y]).reset_index(drop=True).sort_values([x, y], ascending=[False, False])
     keep, best_y = [], -math.inf
     for i, r in p.iterrows():
         if r[y] > best_y:

@@ -62,6 +62,16 @@ def _short(v: Any) -> str:
     return "–" if v is None else str(v)
 
 
+def dash_note(df: pd.DataFrame, text: str) -> dict[str, str] | None:
+    """The en-dash footnote, only when a cell of `df` is missing."""
+    return {rh.MISSING: text} if df.isna().to_numpy().any() or (df == rh.MISSING).to_numpy().any() else None
+
+
+def span(lo: float, hi: float) -> str:
+    nd = 0 if min(abs(lo), abs(hi)) >= 100 else 1
+    return f"{num(lo, nd)}–{num(hi, nd)}"
+
+
 def effects(sd: StudyData) -> pd.DataFrame:
     return change_effects(sd.summary, sd.rounds, baselines(sd))
 
@@ -87,11 +97,12 @@ def headline(sd: StudyData) -> str:
                         noise=sd.w("beyond_noise") if e["beyond_noise"] else sd.w("within_noise"))
                    + " " + link(sd, "progression"))
     kn = knee(s)
-    top = s.loc[s.groupby("config", sort=False)["aggregate_output_tps"].idxmax()]
-    widest = kn.merge(top[["config", "bucket"]], on=["config", "bucket"])
-    widest = widest[widest["top_concurrency"] == widest["top_concurrency"].max()]
-    if len(widest):
-        r = widest.iloc[0]
+    kn = kn[kn["top_concurrency"] == kn["top_concurrency"].max()]  # the widest sweep says most
+    plateau = kn[kn["plateau"]].sort_values("knee_concurrency")
+    fastest = kn[kn["config"] == best["config"]]
+    pick = plateau if len(plateau) else (fastest if len(fastest) else kn)
+    if len(pick):
+        r = pick.iloc[0]
         if r["plateau"]:
             out.append(sd.w("h_saturation", label=lab.get(r["config"], r["config"]), bucket=r["bucket"],
                             conc=int(r["knee_concurrency"])) + " " + link(sd, "saturation"))
@@ -183,13 +194,13 @@ def results_table(sd: StudyData, cid: str) -> Any:
     s = sd.summary[sd.summary["config"] == cid].sort_values(["target_input_tokens", "concurrency"])
     rows = [[r.prompt_tokens, int(r.concurrency), r.ttft_p50_s * 1000, r.ttft_p95_s * 1000, r.decode_tps_p50,
              r.e2e_output_tps_p50, r.aggregate_output_tps,
-             f"{num(r.aggregate_output_tps_min, 1)}–{num(r.aggregate_output_tps_max, 1)}"] for r in s.itertuples()]
+             span(r.aggregate_output_tps_min, r.aggregate_output_tps_max)] for r in s.itertuples()]
     c = RESULT_COLS[sd.language]
     t = pd.DataFrame(rows, columns=c)
     return rh.table(t, sd.w("t_results", label=sd.labels().get(cid, cid)),
                     formats={c[0]: "{:,.0f}", c[2]: "{:,.1f}", c[3]: "{:,.1f}", c[4]: "{:,.1f}", c[5]: "{:,.1f}",
                              c[6]: "{:,.1f}"},
-                    notes={rh.MISSING: sd.w("dash_not_measured")})
+                    notes=dash_note(t, sd.w("dash_not_measured")))
 
 
 def progression_table(sd: StudyData) -> Any:
@@ -201,12 +212,13 @@ def progression_table(sd: StudyData) -> Any:
     lab = sd.labels()
     cols = {"en": ["change", "what changes", "levels", "Δ aggregate tok/s", "95 % interval", "Δ TTFT p50", "verdict"],
             "ja": ["変更", "変更点", "レベル数", "合計 tok/s の変化", "95 % 区間", "TTFT 中央値の変化", "判定"]}[sd.language]
-    rows = []
+    rows, multi = [], False
     for r in e.itertuples():
         n_changed = len(config_diff(sd.engine_params(r.baseline), sd.engine_params(r.config)))
         verdict = sd.w("beyond_noise") if r.beyond_noise else sd.w("within_noise")
         if n_changed > 1:
             verdict += " †"
+            multi = True
         rows.append([f"{lab.get(r.baseline, r.baseline)} → {lab.get(r.config, r.config)}",
                      change_text(sd, r.config, r.baseline), r.levels, pct(r.agg_change_pct),
                      f"{pct(r.agg_ci_low_pct)} … {pct(r.agg_ci_high_pct)}".replace("…", "to" if sd.language == "en"
@@ -214,7 +226,7 @@ def progression_table(sd: StudyData) -> Any:
                      pct(r.ttft_change_pct), verdict])
     note = {"en": "more than one setting changed: not attributable to either",
             "ja": "複数の設定を変更しているため、どちらの効果とも言えません"}[sd.language]
-    return rh.table(pd.DataFrame(rows, columns=cols), sd.w("t_progression"), notes={"†": note})
+    return rh.table(pd.DataFrame(rows, columns=cols), sd.w("t_progression"), notes={"†": note} if multi else None)
 
 
 # -- reproducibility ------------------------------------------------------------------------------

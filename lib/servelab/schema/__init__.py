@@ -35,6 +35,8 @@ class Study(Strict):
     study: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="study id (folder name)")
     title: str = Field(..., description="report title")
     language: Literal["en", "ja"] = Field("en", description="report prose language")
+    translations: list[Literal["en", "ja"]] = Field(
+        default_factory=list, description="also publish the report in these languages (index.<lang>.html)")
     description: str | None = Field(None, description="what the study asks")
     host: HostParams = Field(default_factory=LocalHostParams, description="where the engine runs (by kind)")
     engine: EngineParams = Field(default_factory=EngineParams, description="engine set-up shared by configurations")
