@@ -633,3 +633,53 @@ def test_servelab_cli_runs_aws_start_and_status(aws, capsys, monkeypatch):
     assert "; AWS deadline scales it to 0 at " in last
     assert cli.main(["aws", "down", "--stack", STACK]) == 0
     assert account_billables(factory(REGION)) == EMPTY
+
+
+def test_aws_host_creates_the_study_stack_and_arms_the_deadline_on_its_group(aws, monkeypatch, tmp_path):
+    """host.aws.stack: AwsHost ups the stack first and takes cluster, service and group from its
+    outputs; the deadline lands on the stack's group. (moto cannot run the awsvpc engine task,
+    so the start itself stops at the deadline; test_aws.py drives a whole start on build_stack.)"""
+    from pathlib import Path
+
+    import yaml
+
+    from servelab.hosts import aws as aws_host
+    from servelab.hosts.aws_ecs import EcsServiceHost
+    from servelab.schema import load_study
+
+    factory = make_factory()
+    monkeypatch.setenv("SERVELAB_AWS_ACCOUNT_ID", "123456789012")  # moto's account
+    monkeypatch.setenv("SERVELAB_RUNS", str(tmp_path / "runs"))
+    d = yaml.safe_load((Path(__file__).resolve().parents[1] / "params" / "seed-001-vllm-g7e.yaml").read_text())
+    d["host"]["aws"]["stack"]["name"] = STACK
+    d["host"]["aws"]["hourly_usd"] = 8.2861
+    p = tmp_path / "seed-001.yaml"
+    p.write_text(yaml.safe_dump(d))
+    study = load_study(p)
+    monkeypatch.setattr(aws_host, "make_host", lambda params, kind="aws-ecs", **kw: EcsServiceHost(
+        params, factory, sleep=lambda s: None))
+    # a run that failed before the stack existed: teardown has nothing to stop (and does not fail)
+    assert aws_host.AwsHost(study, "aws-ecs").teardown() == f"AWS host: stack {STACK} does not exist: nothing to stop"
+    host = aws_host.AwsHost(study, "aws-ecs")
+    host.check()
+    h = host.boto_host()
+    resolved = host._stack_up(h)
+    outs = st.outputs(PARAMS, session_factory=factory)
+    assert resolved == {"regions": [REGION], "cluster": outs["ClusterName"], "service": outs["ServiceName"],
+                        "asg_name": outs["AsgName"], "target_group_arn": outs["TargetGroupArn"],
+                        "log_group": outs["LogGroupName"], "container_name": "engine"}  # no CapacityProviderName: moto
+    assert (h.p.cluster, h.p.service, h.p.regions) == (f"{STACK}-cluster", outs["ServiceName"], [REGION])
+    stack = factory(REGION).client("cloudformation").describe_stacks(StackName=STACK)["Stacks"][0]
+    assert {x["ParameterKey"]: x["ParameterValue"] for x in stack["Parameters"]}["EngineImage"] == (
+        "vllm/vllm-openai:v0.26.0")
+    h.arm_deadline = True
+    h._arm_deadline(REGION, h._service(REGION))
+    assert h.deadline["asg"] == outs["AsgName"] and h.deadline["hours"] == 8
+    assert st.deadline_of(outs["AsgName"], region=REGION, session_factory=factory)["scheduled_utc"] == (
+        datetime.fromisoformat(h.deadline["utc"]))
+    assert h.clear_deadline(h.deadline) == f"deadline servelab-deadline on {outs['AsgName']} cleared"
+    assert st.deadline_of(outs["AsgName"], region=REGION, session_factory=factory) is None
+    # another process (no state file, outputs not read yet) tears down through the stack's outputs
+    assert aws_host.AwsHost(study, "aws-ecs").teardown().startswith(f"AWS host stopped: {{'{REGION}': [")
+    st.down(PARAMS, session_factory=factory, **NO_SLEEP)
+    assert account_billables(factory(REGION)) == EMPTY

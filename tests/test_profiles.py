@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import Literal
 
 import httpx
 import pytest
@@ -17,9 +16,8 @@ from servelab.engines import smoke
 from servelab.engines.vllm import derive_capture_sizes
 from servelab.hosts import for_study
 from servelab.schema import AwsParams, resolve_profile, validate_engines
-from servelab.schema import HostParams, Study
+from servelab.schema import Study
 from servelab.analysis.cost import cost_estimate_lines
-from servelab.schema import CostParams
 from servelab.engines import build_command
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -90,9 +90,10 @@ class AwsHost(Host):
             aws_secret_values(self.params.profile)
             self._credentials_read = True
 
-    def _stack_up(self, h: _Base) -> dict[str, Any]:
-        """Create (or update, or only read) the study's stack; its outputs replace cluster,
-        service, group, capacity provider and target group, and the run stays in its region."""
+    def _stack_up(self, h: _Base, create: bool = True) -> dict[str, Any]:
+        """Create (or update, or only read: create=False) the study's stack; its outputs replace
+        cluster, service, group, capacity provider and target group, and the run stays in its
+        region. Raises aws_stack.StackError (StackFailed, StackNotFound, NoCredentials)."""
         s = self.params.stack
         if s is None:
             return {}
@@ -102,7 +103,7 @@ class AwsHost(Host):
         sp = aws_stack.StackParams(s.name, region, {"InstanceType": self.params.instance_type, **s.parameters},
                                    self.params.profile)
         h.check_account()  # nothing is created in the wrong account
-        if s.create:
+        if s.create and create:
             h.log(f"{region}: cloudformation: create or update stack {s.name}")
             outs = aws_stack.up(sp, session_factory=h.session, sleep=h.sleep, clock=h.clock)
         else:
@@ -195,6 +196,13 @@ class AwsHost(Host):
         state = self.state_path()
         prev = read_json(state) if state.exists() else {}
         h = self.boto_host()
+        if self.params.stack and not h.p.service:  # the stack's outputs were read in another process, or never
+            from .aws_stack import StackNotFound
+
+            try:
+                self._stack_up(h, create=False)
+            except StackNotFound:
+                return f"AWS host: stack {self.params.stack.name} does not exist: nothing to stop"
         out = h.stop(prev.get("region"))  # raises on failure: state file and deadline stay
         msg = f"AWS host stopped: {out}"
         deadline = prev.get("deadline") or h.deadline

@@ -445,7 +445,7 @@ class EcsServiceHost(_Base):
         opts = (c.get("logConfiguration") or {}).get("options", {})
         group = self.p.log_group or opts.get("awslogs-group")
         if not group:
-            raise AwsHostError(f"no log group: the container has no awslogs configuration; set host.aws.log_group")
+            raise AwsHostError("no log group: the container has no awslogs configuration; set host.aws.log_group")
         prefix = opts.get("awslogs-stream-prefix")
         tasks = self._tasks(r) or self._tasks(r, "STOPPED")
         kw: dict[str, Any] = {"logGroupName": group, "startTime": int((self.clock() - since_s) * 1000),

@@ -173,6 +173,7 @@ class LevelRunner:
 
     def _install_signals(self) -> bool:
         loop = asyncio.get_running_loop()
+        self._previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
         try:
             for sig in STOP_SIGNALS:
                 loop.add_signal_handler(sig, self._on_signal, sig)
@@ -181,9 +182,15 @@ class LevelRunner:
             return False
 
     def _remove_signals(self) -> None:
+        """Hand the signals back to whoever held them before the run (asyncio's own removal
+        would reset them to the default action: a later SIGTERM would then kill the pipeline
+        before its teardown)."""
         loop = asyncio.get_running_loop()
         for sig in STOP_SIGNALS:
             loop.remove_signal_handler(sig)
+            prev = self._previous.get(sig)
+            if prev is not None:
+                signal.signal(sig, prev)
 
     # -- one level ------------------------------------------------------------------------
     def _jobs(self, li: int, lv: Level, rnd: int, n_req: int) -> list[Job]:
