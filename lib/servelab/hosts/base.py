@@ -15,7 +15,6 @@ import contextlib
 import os
 import signal
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,18 +22,7 @@ import psutil
 
 from ..runfolder import ENGINE_JSON, HOST_JSON, read_json, runs_root, write_json
 from ..schema import Study
-from .process import auth_headers, stop_process_group
-
-
-@dataclass
-class Server:
-    """Where to send requests, with what headers, and what we know about the server."""
-
-    base_url: str
-    model: str
-    headers: dict[str, str] = field(default_factory=dict)
-    info: dict[str, Any] = field(default_factory=dict)
-    tokenizer_dir: str | None = None
+from .process import Server, auth_headers, stop_process_group  # noqa: F401  (Server: where a client sends)
 
 
 class Host:
