@@ -38,7 +38,7 @@ class StudyData:
 
     def with_language(self, lang: str) -> "StudyData":
         """The same data written up in another language."""
-        return StudyData(self.root, self.study.model_copy(update={"language": lang}), self.folders, self.meta)
+        return StudyData(self.root, self.study.in_language(lang), self.folders, self.meta)
 
     @property
     def config_ids(self) -> list[str]:

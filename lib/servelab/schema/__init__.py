@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from .parts import (GPU_AMI_PARAMETER, HOST_KINDS, HOURS_PER_MONTH, AttachHostParams, AttachParams, AwsEcsHostParams,
                     AwsInstanceHostParams, AwsParams, Bucket, Configuration, CostParams, EngineParams, HostParams,
-                    LocalHostParams, ModelRef, Slo, Strict, Workload, DeviceParams, PeerRun)
+                    LocalHostParams, ModelRef, Slo, Strict, Workload, DeviceParams, PeerRun, StudyTexts)
 
 class Study(Strict):
     @model_validator(mode="before")
@@ -37,6 +37,8 @@ class Study(Strict):
     language: Literal["en", "ja"] = Field("en", description="report prose language")
     translations: list[Literal["en", "ja"]] = Field(
         default_factory=list, description="also publish the report in these languages (index.<lang>.html)")
+    texts: dict[Literal["en", "ja"], StudyTexts] = Field(
+        default_factory=dict, description="title, description and labels in another language, for translations")
     description: str | None = Field(None, description="what the study asks")
     host: HostParams = Field(default_factory=LocalHostParams, description="where the engine runs (by kind)")
     engine: EngineParams = Field(default_factory=EngineParams, description="engine set-up shared by configurations")
@@ -83,6 +85,18 @@ class Study(Strict):
         if errs:
             raise ValueError("\n".join(errs))
         return self
+
+    def in_language(self, lang: str) -> "Study":
+        """The study written up in `lang`: its language set, its title, description and labels
+        from `texts[lang]` where given."""
+        t = self.texts.get(lang)
+        update: dict[str, Any] = {"language": lang}
+        if t is not None:
+            update["title"] = t.title or self.title
+            update["description"] = t.description or self.description
+            update["configurations"] = [c.model_copy(update={"label": t.labels.get(c.id, c.label)})
+                                        for c in self.configurations]
+        return self.model_copy(update=update)
 
     def reduced_copy(self) -> "Study":
         """The same study with the `reduced` workload overrides applied."""
@@ -231,4 +245,4 @@ def study_from_dict(data: dict[str, Any], source: str = "<params>") -> Study:
 __all__ = ["Study", "ParamsError", "load_study", "study_from_dict", "upgrade", "format_errors", "validate_engines",
            "resolve_profile", "resolve_engine", "GPU_AMI_PARAMETER", "HOST_KINDS", "HOURS_PER_MONTH", "AttachHostParams",
            "AttachParams", "AwsEcsHostParams", "AwsInstanceHostParams", "AwsParams", "Bucket", "Configuration",
-           "CostParams", "DeviceParams", "PeerRun", "EngineParams", "HostParams", "LocalHostParams", "ModelRef", "Slo", "Strict", "Workload"]
+           "CostParams", "DeviceParams", "PeerRun", "StudyTexts", "EngineParams", "HostParams", "LocalHostParams", "ModelRef", "Slo", "Strict", "Workload"]

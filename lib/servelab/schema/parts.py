@@ -312,6 +312,14 @@ class Slo(Strict):
     tpot_p95_s: float | None = Field(None, gt=0, description="p95 time per output token target")
     error_rate: float = Field(0.01, ge=0, le=1, description="highest acceptable failed fraction")
 
+class StudyTexts(Strict):
+    """The study's own words in another language (a translated report uses them)."""
+
+    title: str | None = Field(None, description="the report title")
+    description: str | None = Field(None, description="what the study asks")
+    labels: dict[str, str] = Field(default_factory=dict, description="configuration id -> label")
+
+
 class PeerRun(Strict):
     """One run of a peer benchmark tool on the same server as a configuration."""
 
