@@ -223,3 +223,17 @@ def test_params_file_with_ray_workers_validates():
     data["workload"]["workers"] = {"backend": "ray", "count": 2, "adress": "auto"}
     with pytest.raises(ParamsError, match="adress"):
         study_from_dict(data)
+
+
+def test_cli_calibrate_ray(ray_cluster, tmp_path):
+    import json
+
+    from servelab.cli import main
+
+    out = tmp_path / "c.json"
+    assert main(["calibrate", "--ray", "--workers", "2", "--levels", "2", "--ttft", "0.01", "--itl", "0.002",
+                 "--tokens", "4", "--out", str(out)]) == 0
+    saved = json.loads(out.read_text())
+    assert saved["settings"]["backend"] == "ray" and saved["levels"][0]["ok"] == 4
+    clocks = saved["settings"]["worker_clocks"]
+    assert len(clocks) == 2 and all(abs(c["offset_s"]) <= c["rtt_s"] / 2 for c in clocks)

@@ -207,8 +207,10 @@ def make_pool(spec: Any, server: Server, max_c: int) -> Any:
     if isinstance(spec, int) or spec.backend == "local":
         n = worker_count(spec)
         return WorkerPool(n, server, max_c) if n > 1 else None
-    from .ray_pool import RayWorkerPool
-
+    try:
+        from .ray_pool import RayWorkerPool
+    except ImportError as e:
+        raise RuntimeError(f"workload.workers.backend 'ray' needs Ray: pip install 'servelab[ray]' ({e})") from e
     return RayWorkerPool(spec.count, server, max_c, address=spec.address)
 
 
