@@ -23,7 +23,7 @@ from IPython.display import Markdown, display
 from servelab.report import load_study_data
 from servelab.report import diagnosis as dg
 from servelab.report import html as rh
-from servelab.report import money, plots
+from servelab.report import gpu, money, plots
 from servelab.report import sections as sec
 
 sd = load_study_data(study_dir)
@@ -129,6 +129,14 @@ Markdown(f"{sec.anchor('symptoms', w('symptoms'), 3)}\n\n{dg.client_overhead_tex
 
 # %%
 Markdown("\n\n".join(dg.symptom_text(sd, cid) for cid in sd.config_ids))
+
+# %%
+gpu_text, gpu_tables = gpu.gpu_tables(sd)
+if gpu_tables:
+    display(Markdown(f"{sec.anchor('gpu', w('gpu'))}\n\n{gpu_text}"))
+    for t in gpu_tables:
+        display(t)
+    display(gpu.comparison_table(sd))
 
 # %%
 cost_text, cost_table = money.cost_section(sd)

@@ -91,7 +91,9 @@ def test_report_rerenders_from_data_alone(study_run):
     r = _servelab("report", "--all", env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     after = report.load_study_data(pub)
-    pd.testing.assert_frame_equal(report.progression(before), report.progression(after))
+    from servelab.report import sections
+
+    pd.testing.assert_frame_equal(sections.effects(before), sections.effects(after))
     assert "kv-tight" in (pub / "index.html").read_text()
 
 
@@ -136,8 +138,8 @@ def test_kv_verdicts_tight_vs_roomy(study_run):
     assert tight["waiting_max"] > 0 or tight["preemptions_delta"] > 0
     assert not roomy["limited"] and roomy["kv_usage_max_frac"] < 0.5 and roomy["preemptions_delta"] == 0
     html = (base / "reports" / "local-cpu" / "index.html").read_text()
-    assert "kv-tight</strong>: <strong>KV capacity limits concurrency." in html
-    assert "roomy</strong>: <strong>KV capacity does not limit concurrency." in html
+    assert "KV cache 136 blocks x 32 tokens</strong>: <strong>KV capacity limits concurrency." in html
+    assert "KV cache 256 MB (~65K tokens)</strong>: <strong>KV capacity does not limit concurrency." in html
     for section in ("TTFT vs prompt length", "Saturation and goodput", "KV-cache residency", "Roofline",
                     "Speculative decoding", "One change at a time", "Observation → first check"):
         assert section in html

@@ -12,7 +12,6 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from .cli_aws import add_parser as add_aws_parser
 from .schema import ParamsError, load_study
 
 EXIT_USAGE = 2
@@ -207,7 +206,12 @@ def parser() -> argparse.ArgumentParser:
     cal.add_argument("--out", help="result JSON (default runs/selfcheck/<timestamp>.json)")
     cal.set_defaults(fn=cmd_calibrate)
 
-    add_aws_parser(sub)  # servelab aws up|start|status|logs|tunnel|down
+    try:  # boto3 is a dependency; the GPU device's image lacks it, and needs no aws commands
+        from .cli_aws import add_parser as add_aws_parser
+    except ImportError:
+        pass
+    else:
+        add_aws_parser(sub)  # servelab aws up|start|status|logs|tunnel|down
     return p
 
 

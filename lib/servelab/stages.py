@@ -23,7 +23,7 @@ from .measure.runinfo import base_record, engine_gpu_devices, model_record
 from .measure.runner import RunResult, run_workload
 from .models import model_facts
 from .runfolder import ENGINE_JSON, HOST_JSON, RunFolder, read_json, runs_root, write_json
-from .schema import Study
+from .schema import Study, resolve_profile
 
 
 def run_dir(study: str, config_id: str, root: Path | None = None) -> Path:
@@ -71,7 +71,7 @@ def benchmark(study: Study, config_id: str, rdir: Path, *, progress: bool = True
     rss = RssWatcher(h["pid"]) if h.get("pid") else None
     if rss:
         rss.start()
-    eng = study.engine_for(config_id)
+    eng = resolve_profile(study, config_id)  # what launched: derived values (auto) filled in
     rec = base_record(study.study, config_id)
     rec["configuration"] = study.config(config_id).model_dump()
     rec["engine_params"] = eng.model_dump()

@@ -34,8 +34,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "lib"))
 
-from servelab.analysis.peers import peer_command  # noqa: E402
-from servelab.schema import load_study, resolve_profile  # noqa: E402
+from servelab.analysis.peers import peer_command
+from servelab.schema import load_study, resolve_profile
 
 PEER_ENGINE = {"vllm-bench": "vllm", "sglang-bench": "sglang"}
 SERVE_MIN_S = 240   # do not start a new engine with less time than this left
@@ -56,7 +56,7 @@ def log(study: str, msg: str) -> None:
 def sh(args: list[str], timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=max(5.0, timeout),
-                              env={**os.environ, **(env or {})})
+                              env={**os.environ, **(env or {})}, check=False)
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
         err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
@@ -186,7 +186,7 @@ def run_lane(params: Path, configs: list[str], gpus: str, port: int, deadline: f
         rec["metrics-after.txt"] = http(base + "/metrics")
         save_recorded(sid, cid, rec)
         gm = ROOT / "runs" / sid / cid / "gpu_metrics.jsonl"
-        nlines = sum(1 for _ in open(gm)) if gm.exists() else 0
+        nlines = len(gm.read_text().splitlines()) if gm.exists() else 0
         log(sid, f"[{cid}] run: exit {r.returncode} in {time.monotonic() - t0:.0f} s, gpu_metrics.jsonl "
                  f"{nlines} samples {r.stderr.strip()[-600:] if r.returncode else ''}")
         if study.device.peers.get(cid):
@@ -215,7 +215,9 @@ def main() -> None:
     if a.only:
         run_lane(a.params, a.only.split(","), all_gpus, study.engine.port, deadline, a.reduced)
     else:
-        lanes = lanes[: dev.gpus]
+        if len(lanes) > dev.gpus:
+            log(study.study, f"only {dev.gpus} GPU(s): lanes {lanes[dev.gpus:]} not run")
+            lanes = lanes[: dev.gpus]
         threads = [threading.Thread(target=run_lane, args=(a.params, lane, str(i), study.engine.port + i, deadline,
                                                            a.reduced))
                    for i, lane in enumerate(lanes)]

@@ -7,7 +7,7 @@
 # drive.py detached. Usage (from the repository root on the device):
 #   STUDY=h200-llama8b-sglang DEADLINE_S=1000 bash scripts/device/start-study.sh
 # Then poll from /root/snap: bash scripts/device/poll.sh 540 $STUDY
-set -uo pipefail
+set -uo pipefail  # pipefail: the import check below fails through | tail
 study=${STUDY:?set STUDY}
 deadline=${DEADLINE_S:?set DEADLINE_S}
 t0=$(date +%s)
@@ -28,9 +28,13 @@ rm -rf /root/snap && mkdir -p /root/snap
 cp -r lib scripts params notebooks pyproject.toml /root/snap/
 find /root/snap -name __pycache__ -prune -exec rm -rf {} +
 cd /root/snap
-PYTHONPATH=/root/site:/root/snap/lib python3 -c "
+# servelab's own env must import (2026-12-01: cli.py imported cli_aws -> botocore at the top, absent
+# on the device, and every `servelab serve` failed at once): stop here rather than start drive.py
+if ! PYTHONPATH=/root/site:/root/snap/lib python3 -c "
 import importlib.metadata as md, servelab.cli, servelab.stages, papermill, pynvml, httpx, pydantic
-print('servelab env ok: vllm', md.version('vllm'), 'papermill', papermill.__version__, 'pydantic', pydantic.VERSION)" 2>&1 | tail -n 3
+print('servelab env ok: vllm', md.version('vllm'), 'papermill', papermill.__version__, 'pydantic', pydantic.VERSION)" 2>&1 | tail -n 3; then
+  echo "servelab does not import with PYTHONPATH=/root/site:/root/snap/lib: drive.py not started"; exit 1
+fi
 PYTHONPATH=/root/site-sglang python3 -c "
 import importlib.metadata as md, transformers, tokenizers
 print('sglang env ok: sglang', md.version('sglang'), 'transformers', transformers.__version__, 'tokenizers', tokenizers.__version__)" 2>&1 | tail -n 3

@@ -1,11 +1,22 @@
 """SGLang's engine profile: its launcher command line, flag conflicts, the derived
-`cuda-graph-max-bs*` value, server facts from `/get_server_info` (SGLang has no `/version`),
-and its `/metrics` names (only served with `--enable-metrics`; `sglang/srt/metrics/collector.py`
-and the names seen on SGLang 0.5.16): `sglang:token_usage` (0..1 of the KV pool),
-`sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:cached_tokens_total`,
-`sglang:spec_accept_length`, `sglang:max_total_num_tokens`; `sglang:num_retracted_reqs` is a
-per-interval gauge, the cumulative retraction counter is `sglang:num_retracted_requests_total`.
-Series that differ only in `tp_rank` are mirrors of one scheduler and are counted once."""
+`cuda-graph-max-bs*` value, server facts from `/get_server_info` (SGLang has no `/version`:
+404 on 0.5.16; `/get_server_info` is a deprecated alias of `/server_info`, both answer with the
+server args plus `version`, `max_total_num_tokens`, `cuda_graph_config` and `internal_states`),
+and its `/metrics` names (only served with `--enable-metrics`; `sglang/srt/metrics/collector.py`).
+
+Names as recorded from SGLang 0.5.16 on an H200 (tests/fixtures/sglang-0.5.16/, label set
+engine_type, model_name, moe_ep_rank, pp_rank, tp_rank): `sglang:token_usage` (0..1 of the KV
+pool), `sglang:max_total_num_tokens`, `sglang:num_running_reqs`, `sglang:num_queue_reqs`,
+`sglang:cache_hit_rate`, `sglang:spec_accept_length` (and `spec_accept_rate`, which ServerSample
+has no field for), counters `sglang:prompt_tokens_total`, `sglang:generation_tokens_total`,
+`sglang:cached_tokens_total` (prompt tokens served from the radix cache; the series appears only
+with the first hit, so a scrape that has the prompt-token counter but no cached-tokens series
+means 0 cached tokens), histograms `sglang:time_to_first_token_seconds`,
+`sglang:inter_token_latency_seconds`, `sglang:e2e_request_latency_seconds`,
+`sglang:queue_time_seconds`. `sglang:num_retracted_reqs` is a per-interval gauge; 0.5.16 has no
+cumulative retraction counter (`sglang:num_retracted_requests_total` of later versions is read
+when present). Series that differ only in `tp_rank` are mirrors of one scheduler and are counted
+once."""
 
 from __future__ import annotations
 
@@ -16,7 +27,17 @@ from typing import TYPE_CHECKING, Any
 
 from .base import EngineProfile, python_executable
 from .flags import AUTO, flag_on, get_flag, norm
-from .prom import ServerSample, _counter_names, _dedup_tp, _first, _hist, _int, _mean, _Series, _sum
+from .prom import (
+    ServerSample,
+    _counter_names,
+    _dedup_tp,
+    _first,
+    _hist,
+    _int,
+    _mean,
+    _Series,
+    _sum,
+)
 
 if TYPE_CHECKING:  # a profile takes schema.EngineParams; schema validates flags through the profiles
     from ..schema import EngineParams
@@ -114,14 +135,17 @@ def parse_sglang_metrics(idx: Mapping[str, _Series]) -> ServerSample:
     s.waiting = _int(_sum(get(["sglang:num_queue_reqs"])))
     s.preemptions_total = _sum(get(_counter_names("sglang:num_retracted_requests")))
     s.retracted_reqs = _int(_sum(get(["sglang:num_retracted_reqs"])))
-    s.prefix_cache_hits_total = _sum(get(_counter_names("sglang:cached_tokens")))
     s.cache_hit_rate = _mean(get(["sglang:cache_hit_rate"]))
     s.spec_accept_length = _mean(get(["sglang:spec_accept_length"]))
     s.prompt_tokens_total = _sum(get(_counter_names("sglang:prompt_tokens")))
     s.generation_tokens_total = _sum(get(_counter_names("sglang:generation_tokens")))
+    s.prefix_cache_hits_total = _sum(get(_counter_names("sglang:cached_tokens")))
+    if s.prefix_cache_hits_total is None and s.prompt_tokens_total is not None:
+        s.prefix_cache_hits_total = 0.0  # the counter series appears with the first cache hit
     s.ttft_sum_s, s.ttft_count = _hist(idx, ["sglang:time_to_first_token_seconds"], tp_dedup=True)
     s.itl_sum_s, s.itl_count = _hist(idx, ["sglang:inter_token_latency_seconds"], tp_dedup=True)
     s.e2e_sum_s, s.e2e_count = _hist(idx, ["sglang:e2e_request_latency_seconds"], tp_dedup=True)
+    s.queue_sum_s, s.queue_count = _hist(idx, ["sglang:queue_time_seconds"], tp_dedup=True)
     return s
 
 

@@ -13,7 +13,7 @@ import httpx
 
 from ..engines import get as engine_profile
 from ..runfolder import read_json, runs_root, write_json
-from ..schema import AttachParams, Study
+from ..schema import AttachParams, Study, resolve_profile
 from .base import Host, Server, is_engine
 from .local import model_dir_for
 from .process import Engine, EngineError, stop_process_group
@@ -58,7 +58,7 @@ def served_path(study_id: str, config_id: str) -> Path:
 def serve(study: Study, config_id: str, *, port: int | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
     """Start the configuration's engine detached (for studies whose host attaches to it) and
     wait for /health. Writes the handle that `AttachHost.launch` and `stop_served` read."""
-    eng_p = study.engine_for(config_id)
+    eng_p = resolve_profile(study, config_id)  # derived values (auto) filled in, as the dry run shows
     if port or env:
         eng_p = eng_p.model_copy(update={"port": port or eng_p.port, "env": {**eng_p.env, **(env or {})}})
     model_dir = model_dir_for(eng_p)

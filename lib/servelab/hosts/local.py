@@ -8,6 +8,7 @@ from typing import Any
 
 from ..models import make_model
 from ..runfolder import HOST_JSON, read_json, resolve
+from ..schema import resolve_profile
 from .base import Host
 from .process import Engine
 
@@ -33,7 +34,7 @@ class LocalHost(Host):
 
     def launch(self, config_id: str, rdir: Path) -> dict[str, Any]:
         host = read_json(rdir / HOST_JSON)
-        eng = Engine(self.study.engine_for(config_id), host["model_dir"], rdir)
+        eng = Engine(resolve_profile(self.study, config_id), host["model_dir"], rdir)  # derived values filled in
         eng.start()
         return {"mode": "launched", "base_url": eng.base_url, "model": eng.model_dir, "pid": eng.proc.pid,
                 "info": eng.record(), "tokenizer_dir": eng.model_dir}

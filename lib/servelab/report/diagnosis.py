@@ -50,7 +50,7 @@ def prefill_table(sd: StudyData) -> Any:
                      f["r2"], f["n"], f"{f['ttft_longest_over_shortest']:,.1f}×"
                      if math.isfinite(f["ttft_longest_over_shortest"]) else rh.MISSING])
     if not rows:
-        return ""
+        return None
     note = {"en": "not identifiable: fewer than 2 prompt lengths measured at concurrency 1, or TTFT does not grow",
             "ja": "推定不可：並列数 1 で測った入力長が 2 種類未満、または TTFT が増えない"}[sd.language]
     t = pd.DataFrame(rows, columns=cols)
@@ -67,7 +67,7 @@ def saturation_table(sd: StudyData) -> Any:
     """Per configuration and prompt length: the knee, the top level, the goodput level and its
     throughput, and why the first level above it fails the SLO."""
     if sd.summary.empty:
-        return ""
+        return None
     k = knee(sd.summary)
     g = goodput_frame(sd)
     chk = slo_check(sd.summary, sd.study.slo)
@@ -99,7 +99,7 @@ def kv_section(sd: StudyData, cid: str) -> tuple[str, Any, pd.DataFrame | None]:
     if s is None or s.empty:
         msg = {"en": f"**{label}**: the server exposed no `/metrics`; KV residency cannot be assessed.",
                "ja": f"**{label}**：サーバーが `/metrics` を公開していないため、KV キャッシュは評価できません。"}
-        return msg[sd.language], "", None
+        return msg[sd.language], None, None
     v = kv_verdict(s, facts=sd.facts(cid) or None, engine_args=sd.engine_params(cid))
     head = {"en": ("**KV capacity limits concurrency.** " if v["limited"] else "**KV capacity does not limit "
                    "concurrency.** "),
@@ -155,7 +155,7 @@ def roofline_tables(sd: StudyData) -> tuple[Any, Any]:
         if hw:
             used[hw["name"]] = hw
     if not used:
-        return "", ""
+        return None, None
     hcols = {"en": ["hardware", "memory bandwidth (TB/s)", "bf16 dense (TFLOP/s)", "source"],
              "ja": ["ハードウェア", "メモリ帯域 (TB/s)", "bf16 dense (TFLOP/s)", "出典"]}[sd.language]
     hrows = [[h["name"], h["memory_bandwidth_Bps"] / 1e12,
@@ -165,7 +165,7 @@ def roofline_tables(sd: StudyData) -> tuple[Any, Any]:
                     formats={hcols[1]: "{:,.2f}", hcols[2]: "{:,.2f}"})
     e = roofline(sd)
     if e.empty:
-        return hw_t, ""
+        return hw_t, None
     e = e[e["concurrency"] == e.groupby("config")["concurrency"].transform("min")]
     ecols = {"en": ["configuration", "bucket", "TPOT p50 (ms)", "bound (ms/token)", "decode efficiency",
                     "implied bandwidth (TB/s)"],
@@ -249,7 +249,7 @@ def spec_section(sd: StudyData) -> tuple[str, Any]:
                      "problem was found." if sd.language == "en" else
                      "この検証には投機的デコーディングを使う構成はなく、CUDA Graph の capture size の問題も見つかりませんでした。")
     if not tables:
-        return "\n".join(lines), ""
+        return "\n".join(lines), None
     ab = pd.concat(tables, ignore_index=True)
     t = pd.DataFrame({"configuration": ab["config"], "bucket": ab["bucket"], "concurrency": ab["concurrency"],
                       "Δ aggregate tok/s": [pct(x) for x in ab["aggregate_output_tps_change_pct"]],

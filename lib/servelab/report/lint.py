@@ -189,7 +189,12 @@ def lint_text(page: str) -> list[str]:
         for m in _CSS_URL.finditer(css):
             if not m.group(1).strip().startswith("data:"):
                 problems.append(f"external resource: url({m.group(1).strip()!r}) in <style>")
+    for m in _EMPTY_OUTPUT.finditer(page):  # a cell whose value was "" or None shown as text
+        problems.append(f"an empty cell result is shown as text: {m.group(0)!r}")
     return problems
+
+
+_EMPTY_OUTPUT = re.compile(r"<pre[^>]*>\s*(?:''|&#39;&#39;|\"\"|None)\s*</pre>")
 
 
 def lint_html(path: str | Path) -> list[str]:

@@ -148,7 +148,7 @@ def peer_section(sd: StudyData) -> tuple[str, Any]:
     files = peer_files(sd)
     if not files:
         return ("No peer tool was run for this study." if sd.language == "en"
-                else "この検証では比較ツールを実行していません。"), ""
+                else "この検証では比較ツールを実行していません。"), None
     rows = []
     for f in files:
         cid = f.parent.name

@@ -117,6 +117,16 @@ def headline(sd: StudyData) -> str:
                    + " " + link(sd, "saturation"))
     else:
         out.append(sd.w("h_no_goodput", slo=slo_parts(sd)) + " " + link(sd, "saturation"))
+    from .gpu import engine_comparison_table
+
+    cmp_ = engine_comparison_table(sd)
+    if len(cmp_):
+        ref = cmp_["reference"].iloc[0]
+        other = cmp_[cmp_["config"] != ref]
+        best = other.groupby("config", sort=False)["aggregate_vs_reference"].median().idxmax()
+        r = other[other["config"] == best]["aggregate_vs_reference"]
+        out.append(sd.w("h_engines", other=lab.get(best, best), ref=lab.get(ref, ref), n=len(r),
+                        lo=pct((r.min() - 1) * 100), hi=pct((r.max() - 1) * 100)) + " " + link(sd, "gpu"))
     from .money import cost_sentence
 
     out.append(cost_sentence(sd) + " " + link(sd, "cost"))
@@ -146,7 +156,7 @@ def fixed_settings(sd: StudyData) -> Any:
     """Engine settings every configuration shares and that are set (no empty values)."""
     settings = [flatten(sd.engine_params(c)) for c in sd.config_ids]
     if not settings:
-        return ""
+        return None
     skip = ("host", "port", "startup_timeout_s")
     keys = [k for k, v in settings[0].items() if v not in (None, {}, [], "")
             and all(s.get(k) == v for s in settings) and k.split(".")[0] not in skip]
@@ -208,7 +218,7 @@ def progression_table(sd: StudyData) -> Any:
     aggregate tok/s with its bootstrap interval, the TTFT change and the noise verdict."""
     e = effects(sd)
     if e.empty:
-        return ""
+        return None
     lab = sd.labels()
     cols = {"en": ["change", "what changes", "levels", "Δ aggregate tok/s", "95 % interval", "Δ TTFT p50", "verdict"],
             "ja": ["変更", "変更点", "レベル数", "合計 tok/s の変化", "95 % 区間", "TTFT 中央値の変化", "判定"]}[sd.language]
