@@ -1,3 +1,3 @@
 """servelab: reproducible, blog-quality benchmarks of self-hosted LLM servers."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # as pyproject.toml
