@@ -117,6 +117,12 @@ def headline(sd: StudyData) -> str:
                    + " " + link(sd, "saturation"))
     else:
         out.append(sd.w("h_no_goodput", slo=slo_parts(sd)) + " " + link(sd, "saturation"))
+    from ..analysis import kv_verdict
+
+    limited = [lab.get(c, c) for c in sd.config_ids
+               if sd.samples(c) is not None and kv_verdict(sd.samples(c))["limited"]]
+    if limited:
+        out.append(sd.w("h_kv", configs=", ".join(limited)) + " " + link(sd, "kv"))
     from .gpu import engine_comparison_table
 
     cmp_ = engine_comparison_table(sd)
