@@ -86,9 +86,7 @@ def test_report_rerenders_from_data_alone(study_run):
     before = report.load_study_data(pub)
     from_runs = report.load_study_data(base / "runs" / "local-cpu")
     pd.testing.assert_frame_equal(before.summary, from_runs.summary)
-    r = _servelab("report", "local-cpu", env=env)
-    assert r.returncode == 0, r.stderr[-2000:]
-    r = _servelab("report", "--all", env=env)
+    r = _servelab("report", "local-cpu", env=env)  # (`report --all` is the README's, tests/test_readme.py)
     assert r.returncode == 0, r.stderr[-2000:]
     after = report.load_study_data(pub)
     from servelab.report import sections
