@@ -37,10 +37,7 @@ def prefill_fits(sd: StudyData) -> dict[str, dict[str, Any]]:
 
 def prefill_table(sd: StudyData) -> Any:
     fits = prefill_fits(sd)
-    cols = {"en": ["configuration", "prefill tok/s", "± SE", "fixed overhead (ms)", "± SE (ms)", "r²", "requests",
-                   "TTFT longest / shortest"],
-            "ja": ["構成", "Prefill tok/s", "± 標準誤差", "固定時間 (ms)", "± 標準誤差 (ms)", "r²", "リクエスト数",
-                   "最長 / 最短入力の TTFT"]}[sd.language]
+    cols = sd.w("diagnosis_40")
     rows = []
     for cid in sd.config_ids:
         f = fits.get(cid)
@@ -51,8 +48,7 @@ def prefill_table(sd: StudyData) -> Any:
                      if math.isfinite(f["ttft_longest_over_shortest"]) else rh.MISSING])
     if not rows:
         return None
-    note = {"en": "not identifiable: fewer than 2 prompt lengths measured at concurrency 1, or TTFT does not grow",
-            "ja": "推定不可：並列数 1 で測った入力長が 2 種類未満、または TTFT が増えない"}[sd.language]
+    note = sd.w("diagnosis_54")
     t = pd.DataFrame(rows, columns=cols)
     return rh.table(t, sd.w("t_prefill"),
                     formats={cols[1]: "{:,.0f}", cols[2]: "{:,.0f}", cols[3]: "{:,.1f}", cols[4]: "{:,.1f}",
@@ -71,10 +67,7 @@ def saturation_table(sd: StudyData) -> Any:
     k = knee(sd.summary)
     g = goodput_frame(sd)
     chk = slo_check(sd.summary, sd.study.slo)
-    cols = {"en": ["configuration", "bucket", "knee (concurrency)", "highest tested", "goodput (concurrency)",
-                   "aggregate tok/s at goodput", "first level failing the SLO"],
-            "ja": ["構成", "バケット", "ニー（並列数）", "最大の並列数", "グッドプット（並列数）",
-                   "グッドプットの合計 tok/s", "SLO を満たさない最初のレベル"]}[sd.language]
+    cols = sd.w("diagnosis_74")
     rows = []
     for r in k.merge(g, on=["config", "bucket"], how="left").itertuples():
         fails = chk[(chk["config"] == r.config) & (chk["bucket"] == r.bucket) & ~chk["meets_slo"]]
@@ -84,9 +77,7 @@ def saturation_table(sd: StudyData) -> Any:
         rows.append([r.config, r.bucket, r.knee_concurrency if r.plateau else None, r.top_concurrency, gc,
                      r.aggregate_output_tps, why])
     t = pd.DataFrame(rows, columns=cols)
-    notes = dash_note(t, {"en": "none: no knee within the tested range, no level meeting the SLO, or every level "
-                                "meets it", "ja": "なし：範囲内にニーがない、SLO を満たすレベルがない、またはすべて満たす"}
-                      [sd.language])
+    notes = dash_note(t, sd.w("diagnosis_87"))
     return rh.table(t, sd.w("t_saturation"),
                     formats={cols[2]: "{:,.0f}", cols[3]: "{:,.0f}", cols[4]: "{:,.0f}", cols[5]: "{:,.1f}"},
                     notes=notes)
@@ -106,16 +97,12 @@ def kv_section(sd: StudyData, cid: str) -> tuple[str, Any, pd.DataFrame | None]:
             "ja": ("**KV キャッシュ容量が並列数を制限しています。** " if v["limited"] else
                    "**KV キャッシュ容量は並列数を制限していません。** ")}[sd.language]
     res = kv_residency(s)
-    cols = {"en": ["level", "KV usage max (%)", "running max", "waiting max", "preemptions",
-                   "samples waiting at KV ≥ 90 %"],
-            "ja": ["レベル", "KV 使用率の最大 (%)", "実行中の最大", "待機中の最大", "プリエンプション",
-                   "KV ≥ 90 % で待機したサンプル"]}[sd.language]
+    cols = sd.w("diagnosis_109")
     t = pd.DataFrame({cols[0]: res["level"], cols[1]: res["kv_usage_max_frac"] * 100, cols[2]: res["running_max"],
                       cols[3]: res["waiting_max"], cols[4]: res["preemptions_delta"], cols[5]: res["crowded_samples"]})
     table = rh.table(t, sd.w("t_kv", label=label), formats={cols[1]: "{:,.1f}", cols[2]: "{:,.0f}",
                                                             cols[3]: "{:,.0f}", cols[4]: "{:,.0f}"},
-                     notes=dash_note(t, {"en": "the engine does not expose this counter",
-                                         "ja": "エンジンがこのカウンタを公開していません"}[sd.language]))
+                     notes=dash_note(t, sd.w("diagnosis_117")))
     return f"**{label}**: {head}{v['sentence']}", table, s
 
 
@@ -156,8 +143,7 @@ def roofline_tables(sd: StudyData) -> tuple[Any, Any]:
             used[hw["name"]] = hw
     if not used:
         return None, None
-    hcols = {"en": ["hardware", "memory bandwidth (TB/s)", "bf16 dense (TFLOP/s)", "source"],
-             "ja": ["ハードウェア", "メモリ帯域 (TB/s)", "bf16 dense (TFLOP/s)", "出典"]}[sd.language]
+    hcols = sd.w("diagnosis_159")
     hrows = [[h["name"], h["memory_bandwidth_Bps"] / 1e12,
               (h.get("bf16_dense_flops") or h.get("peak_flops") or math.nan) / 1e12,
               f"{h.get('source', '')} ({h.get('as_of', '')})"] for h in used.values()]
@@ -167,9 +153,7 @@ def roofline_tables(sd: StudyData) -> tuple[Any, Any]:
     if e.empty:
         return hw_t, None
     e = e[e["concurrency"] == e.groupby("config")["concurrency"].transform("min")]
-    ecols = {"en": ["configuration", "bucket", "TPOT p50 (ms)", "bound (ms/token)", "decode efficiency",
-                    "implied bandwidth (TB/s)"],
-             "ja": ["構成", "バケット", "TPOT 中央値 (ms)", "下限 (ms/トークン)", "Decode 効率", "実効帯域 (TB/s)"]}[sd.language]
+    ecols = sd.w("diagnosis_170")
     t = pd.DataFrame({ecols[0]: e["config"], ecols[1]: e["bucket"], ecols[2]: e["tpot_p50_s"] * 1000,
                       ecols[3]: e["decode_bound_s_per_token"] * 1000, ecols[4]: e["decode_efficiency_pct"],
                       ecols[5]: e["implied_bandwidth_Bps"] / 1e12})

@@ -72,19 +72,13 @@ def cost_sentence(sd: StudyData) -> str:
                 m_usd=f"{r['managed_usd_per_m_output']:,.2f}", ratio=f"{ratio:,.1f}×")
 
 
-COLS = {
-    "en": ["configuration", "level", "aggregate tok/s", "self-host $ per 1M output", "managed API",
-           "managed $ per 1M output (incl. input)", "self-host / managed", "break-even utilization"],
-    "ja": ["構成", "レベル", "合計 tok/s", "セルフホスト $/出力 100 万トークン", "マネージド API",
-           "マネージド $/出力 100 万トークン（入力込み）", "セルフホスト / マネージド", "損益分岐の稼働率"],
-}
 
 
 def cost_section(sd: StudyData) -> tuple[str, Any]:
     """(text, table): self-host vs managed at each configuration's best measured level."""
     t, kind = cost_rows(sd)
     en = sd.language == "en"
-    c = COLS[sd.language]
+    c = sd.w("cost_columns")
     if kind == "replay":
         m = resolve_managed([sd.study.cost.replay_price])[sd.study.cost.replay_price]
         text = (f"The measured tokens priced at the managed endpoint's list price: {m.label()}." if en else
@@ -163,10 +157,7 @@ def peer_section(sd: StudyData) -> tuple[str, Any]:
             for name, r in (("servelab", m), (tool, pd.Series(p._asdict()))):
                 rows.append([cid, int(p.concurrency), name, int(r["ok"]), r["prompt_tokens"], r["ttft_p50_s"] * 1000,
                              r["tpot_p50_s"] * 1000, r["aggregate_output_tps"]])
-    cols = {"en": ["configuration", "concurrency", "tool", "requests", "prompt tokens (p50)", "TTFT p50 (ms)",
-                   "TPOT p50 (ms)", "output tok/s"],
-            "ja": ["構成", "並列数", "ツール", "リクエスト数", "入力トークン (中央値)", "TTFT 中央値 (ms)",
-                   "TPOT 中央値 (ms)", "出力 tok/s"]}[sd.language]
+    cols = sd.w("money_166")
     text = ("Both tools measured the same server in the same session. Definitions differ in small ways "
             "(benchmarks/README.md): the peer's TTFT ends at the first chunk with a non-empty `choices` list (for "
             "chat, the role-only chunk), servelab's at the first chunk carrying text; the peer's random dataset sets "

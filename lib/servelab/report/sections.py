@@ -144,8 +144,7 @@ def headline(sd: StudyData) -> str:
 def config_table(sd: StudyData) -> Any:
     """One row per configuration: label, engine and version, baseline and what changed."""
     w, bases, rows = sd.w, baselines(sd), []
-    cols = {"en": ["configuration", "label", "engine", "compared with", "what changes"],
-            "ja": ["構成", "ラベル", "エンジン", "比較対象", "変更点"]}[sd.language]
+    cols = sd.w("sections_147")
     for c in sd.study.configurations:
         if c.id not in sd.folders:
             rows.append([c.id, c.label or c.id, rh.MISSING, rh.MISSING, w("not_measured")])
@@ -166,7 +165,7 @@ def fixed_settings(sd: StudyData) -> Any:
     skip = ("host", "port", "startup_timeout_s")
     keys = [k for k, v in settings[0].items() if v not in (None, {}, [], "")
             and all(s.get(k) == v for s in settings) and k.split(".")[0] not in skip]
-    cols = {"en": ["setting", "value"], "ja": ["設定", "値"]}[sd.language]
+    cols = sd.w("sections_169")
     return rh.table(pd.DataFrame([[k, str(settings[0][k])] for k in keys], columns=cols), sd.w("t_fixed"))
 
 
@@ -183,7 +182,7 @@ def method_text(sd: StudyData) -> str:
 
 
 def definitions_table(sd: StudyData) -> Any:
-    cols = {"en": ["metric", "definition"], "ja": ["指標", "定義"]}[sd.language]
+    cols = sd.w("sections_186")
     return rh.table(pd.DataFrame(list(DEFINITIONS.items()), columns=cols), sd.w("t_definitions"))
 
 
@@ -197,12 +196,6 @@ def devices_text(sd: StudyData) -> str:
 
 # -- results ----------------------------------------------------------------------------------
 
-RESULT_COLS = {
-    "en": ["input tokens", "concurrency", "TTFT p50 (ms)", "TTFT p95 (ms)", "decode tok/s (p50)", "E2E tok/s (p50)",
-           "aggregate tok/s", "aggregate range (tok/s)"],
-    "ja": ["入力トークン", "並列数", "TTFT 中央値 (ms)", "TTFT p95 (ms)", "Decode tok/s (中央値)", "E2E tok/s (中央値)",
-           "合計 tok/s", "合計の範囲 (tok/s)"],
-}
 
 
 def results_table(sd: StudyData, cid: str) -> Any:
@@ -211,7 +204,7 @@ def results_table(sd: StudyData, cid: str) -> Any:
     rows = [[r.prompt_tokens, int(r.concurrency), r.ttft_p50_s * 1000, r.ttft_p95_s * 1000, r.decode_tps_p50,
              r.e2e_output_tps_p50, r.aggregate_output_tps,
              span(r.aggregate_output_tps_min, r.aggregate_output_tps_max)] for r in s.itertuples()]
-    c = RESULT_COLS[sd.language]
+    c = sd.w("results_columns")
     t = pd.DataFrame(rows, columns=c)
     return rh.table(t, sd.w("t_results", label=sd.labels().get(cid, cid)),
                     formats={c[0]: "{:,.0f}", c[2]: "{:,.1f}", c[3]: "{:,.1f}", c[4]: "{:,.1f}", c[5]: "{:,.1f}",
@@ -226,8 +219,7 @@ def progression_table(sd: StudyData) -> Any:
     if e.empty:
         return None
     lab = sd.labels()
-    cols = {"en": ["change", "what changes", "levels", "Δ aggregate tok/s", "95 % interval", "Δ TTFT p50", "verdict"],
-            "ja": ["変更", "変更点", "レベル数", "合計 tok/s の変化", "95 % 区間", "TTFT 中央値の変化", "判定"]}[sd.language]
+    cols = sd.w("sections_229")
     rows, multi = [], False
     for r in e.itertuples():
         n_changed = len(config_diff(sd.engine_params(r.baseline), sd.engine_params(r.config)))
@@ -240,8 +232,7 @@ def progression_table(sd: StudyData) -> Any:
                      f"{pct(r.agg_ci_low_pct)} … {pct(r.agg_ci_high_pct)}".replace("…", "to" if sd.language == "en"
                                                                                      else "〜"),
                      pct(r.ttft_change_pct), verdict])
-    note = {"en": "more than one setting changed: not attributable to either",
-            "ja": "複数の設定を変更しているため、どちらの効果とも言えません"}[sd.language]
+    note = sd.w("sections_243")
     return rh.table(pd.DataFrame(rows, columns=cols), sd.w("t_progression"), notes={"†": note} if multi else None)
 
 
