@@ -224,14 +224,15 @@ def comparison_table(sd: Any) -> Any:
     if t.empty:
         return None
     en = sd.language == "en"
-    c = (["bucket", "concurrency", "configuration", "engine", "aggregate tok/s", "TTFT p50 (ms)", "decode tok/s (p50)",
+    c = (["level", "configuration", "engine", "aggregate tok/s", "TTFT p50 (ms)", "decode tok/s (p50)",
           "J per output token", "vs reference"] if en else
-         ["バケット", "並列数", "構成", "エンジン", "合計 tok/s", "TTFT 中央値 (ms)", "Decode tok/s (中央値)",
+         ["レベル", "構成", "エンジン", "合計 tok/s", "TTFT 中央値 (ms)", "Decode tok/s (中央値)",
           "出力トークンあたり J", "基準比"])
-    v = pd.DataFrame({c[0]: t["bucket"], c[1]: t["concurrency"], c[2]: t["config"], c[3]: t["engine"],
-                      c[4]: t["aggregate_output_tps"], c[5]: t["ttft_p50_s"] * 1000, c[6]: t["decode_tps_p50"],
-                      c[7]: t["j_per_output_token"], c[8]: [f"{x:,.3f}×" for x in t["aggregate_vs_reference"]]})
+    v = pd.DataFrame({c[0]: [f"{b} c={int(k)}" for b, k in zip(t["bucket"], t["concurrency"])], c[1]: t["config"],
+                      c[2]: t["engine"], c[3]: t["aggregate_output_tps"], c[4]: t["ttft_p50_s"] * 1000,
+                      c[5]: t["decode_tps_p50"], c[6]: t["j_per_output_token"],
+                      c[7]: [f"{x:,.3f}×" for x in t["aggregate_vs_reference"]]})
     return rh.table(v, sd.w("t_compare") + f" ({'reference' if en else '基準'}: {t['reference'].iloc[0]})",
-                    formats={c[4]: "{:,.1f}", c[5]: "{:,.1f}", c[6]: "{:,.1f}", c[7]: "{:,.3f}"},
+                    formats={c[3]: "{:,.1f}", c[4]: "{:,.1f}", c[5]: "{:,.1f}", c[6]: "{:,.3f}"},
                     notes={rh.MISSING: "no GPU telemetry" if en else "GPU テレメトリなし"}
                     if v.isna().to_numpy().any() else None)
