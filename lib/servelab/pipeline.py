@@ -26,7 +26,6 @@ from typing import Any
 import yaml
 
 from . import stages
-from .engines import get as engine_profile
 from .hosts import EngineError, for_study
 from .measure.runner import finalize
 from .runfolder import (ENGINE_JSON, ENGINE_LOG, PARAMS_EFFECTIVE, PUBLISHED_FILES, RECORDS, STUDY_JSON, RunFolder,
@@ -139,8 +138,7 @@ def describe(study: Study) -> str:
     for c in study.configurations:
         eng = resolve_profile(study, c.id)  # derived values (e.g. capture sizes) filled in
         if eng.model is not None:
-            model = eng.model.path if eng.model.path else f"<model:{eng.model.preset}>"
-            lines += host.describe_config(c.id, shlex.join(engine_profile(eng.kind).command(eng, model, python="python")))
+            lines += stages.launch_plan(study, c.id, python="python").splitlines()
             if eng.env:
                 lines.append(f"[{c.id}] env " + " ".join(shlex.quote(f"{k}={v}") for k, v in eng.env.items()))
     lines += host.plan_lines()

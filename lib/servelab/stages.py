@@ -96,24 +96,18 @@ def benchmark(study: Study, config_id: str, rdir: Path, *, progress: bool = True
                         gpu_devices=[g["index"] for g in gpus] if gpus else None, before_final=add_rss)
 
 
-def stop(rdir: Path, grace_s: float = 20.0, study: Study | None = None) -> str:
-    """Stop a configuration's engine from its handle (whole process group). Safe to call twice."""
-    host = for_study(study) if study is not None else Host(None)  # type: ignore[arg-type]
-    return host.stop(Path(rdir), grace_s)
-
-
 # -- views the stage notebooks show ------------------------------------------------------------
 
-def launch_plan(study: Study, config_id: str) -> str:
-    """What `launch` will start or reach for this configuration (the dry-run lines)."""
+def launch_plan(study: Study, config_id: str, python: str | None = None) -> str:
+    """What `launch` will start or reach for this configuration (the dry-run lines): the engine
+    command with its derived values, shell-quoted, in the host's words."""
     import shlex
 
     from .engines import build_command
-    from .schema import resolve_profile
 
     eng = resolve_profile(study, config_id)
     model = (eng.model.path or f"<model:{eng.model.preset}>") if eng.model else "<model>"
-    return "\n".join(for_study(study).describe_config(config_id, shlex.join(build_command(eng, model))))
+    return "\n".join(for_study(study).describe_config(config_id, shlex.join(build_command(eng, model, python))))
 
 
 def level_plan(study: Study, config_id: str) -> pd.DataFrame:
@@ -183,4 +177,4 @@ def server_metrics_table(run: RunFolder) -> pd.DataFrame:
     return out.round(1)
 
 
-__all__ = ["provision", "launch", "benchmark", "stop", "run_dir", "serve", "stop_served", "load_run", "HOST_JSON"]
+__all__ = ["provision", "launch", "benchmark", "run_dir", "launch_plan", "level_plan", "serve", "stop_served", "load_run", "HOST_JSON"]

@@ -14,7 +14,6 @@ import os
 import shutil
 import sys
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -201,4 +200,4 @@ def has_gpu() -> bool:
     return bool(shutil.which("nvidia-smi")) or bool(os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
-__all__ = ["EngineProfile", "flag_on", "get_flag", "python_executable", "has_gpu", "Path"]
+__all__ = ["EngineProfile", "flag_on", "get_flag", "python_executable", "has_gpu"]
