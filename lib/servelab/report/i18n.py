@@ -1,6 +1,7 @@
 """Every heading and sentence of the write-up in English and Japanese, from one table
-(`i18n.yaml`); `words(lang)` returns a lookup that fills `{placeholders}`. A key missing in
-one language is an error, so a Japanese report never falls back to English mid-page."""
+(`i18n.yaml`, plus one file per report area in `i18n/*.yaml`); `words(lang)` returns a lookup
+that fills `{placeholders}`. A key missing in one language, or defined in two files, is an
+error, so a Japanese report never falls back to English mid-page."""
 
 from __future__ import annotations
 
@@ -15,7 +16,14 @@ LANGUAGES = ("en", "ja")
 
 @cache
 def table() -> dict[str, dict[str, str]]:
-    data = yaml.safe_load((Path(__file__).with_name("i18n.yaml")).read_text(encoding="utf-8"))
+    here = Path(__file__).parent
+    data: dict[str, dict[str, str]] = {}
+    for path in [here / "i18n.yaml", *sorted((here / "i18n").glob("*.yaml"))]:
+        part = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        twice = sorted(set(part) & set(data))
+        if twice:
+            raise KeyError(f"{path.name}: keys already defined in another i18n file: {twice}")
+        data.update(part)
     for key, v in data.items():
         missing = [lang for lang in LANGUAGES if lang not in v]
         if missing:
