@@ -26,10 +26,11 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from servelab.hosts.aws_base import (AccountMismatch, AwsHostError, CapacityUnavailable, GuardTripped, HostTimeout,
-                                     container_argv, port_forward_command)
-from servelab.hosts.aws_ecs import EcsServiceHost
-from servelab.hosts.aws_instance import SingleInstanceHost
+from servelab.hosts.aws.base import container_argv
+from servelab.hosts.aws.ecs import EcsServiceHost
+from servelab.hosts.aws.errors import AccountMismatch, AwsHostError, CapacityUnavailable, GuardTripped, HostTimeout
+from servelab.hosts.aws.instance import SingleInstanceHost
+from servelab.hosts.aws.tunnel import port_forward_command
 from servelab.hosts import for_study
 from servelab.schema import GPU_AMI_PARAMETER, AwsEcsHostParams, AwsInstanceHostParams, AwsParams
 
@@ -581,7 +582,7 @@ def _seed001_on(region: str, tmp_path, monkeypatch, **aws_kw):
 def test_killed_run_leaves_the_deadline_action_in_place(aws, tmp_path, monkeypatch):
     """AwsHost sets the deadline on the group before the service scales out and records it; a
     process that dies mid-benchmark (no teardown) leaves it in AWS; a later teardown clears it."""
-    from servelab.hosts import aws as aws_host
+    from servelab.hosts.aws import host as aws_host
     from servelab.runfolder import read_json
 
     build_stack("eu-west-2")

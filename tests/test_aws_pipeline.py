@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from servelab import pipeline, stages
-from servelab.hosts import aws
-from servelab.hosts.aws_base import HostInfo, _Base
+from servelab.hosts.aws import host as aws
+from servelab.hosts.aws.base import BotoHost, HostInfo
 from servelab.runfolder import read_json, runs_root
 from servelab.schema import load_study
 
@@ -152,7 +152,7 @@ def test_aws_run_refuses_unreadable_credentials_before_anything(aws_study, monke
 
 
 # -- the watchdog trips mid-benchmark (fake clock) -----------------------------------------------
-class ClockHost(_Base):
+class ClockHost(BotoHost):
     """The real guard() and watchdog thread of the AWS hosts on a fake clock, without boto3:
     starting and stopping only record what they would do."""
 
@@ -262,7 +262,7 @@ def test_seed001_dry_run_prints_stack_commands_deadline_and_cost(monkeypatch):
     monkeypatch.setattr(boto3, "client", no_aws)
     study = load_study(ROOT / "params" / "seed-001-vllm-g7e.yaml")
     lines = pipeline.describe(study).splitlines()
-    # the stack to create, its resources and hourly cost (aws_stack.plan)
+    # the stack to create, its resources and hourly cost (stack.plan)
     assert ("aws: stack servelab-seed-001 in us-east-1: create or update from templates/ecs-gpu-stack.yaml "
             "(CloudFormation, 34 resources); parameters InstanceType=g7e.12xlarge GpuCount=2 "
             "EngineImage=vllm/vllm-openai:v0.26.0 RootVolumeGiB=300") in lines

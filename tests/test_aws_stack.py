@@ -1,4 +1,4 @@
-"""servelab.hosts.aws_stack against moto: template lint, up -> status -> down, deadline, shared capacity.
+"""servelab.hosts.aws (stack, deadline, billing) against moto: template lint, up -> status -> down, deadline, shared capacity.
 
 What moto (5.2) cannot do, and how these tests stay honest about it (each shim is named
 `moto_*` and does through the service APIs what real CloudFormation / ECS would do):
@@ -42,8 +42,11 @@ import pytest
 moto = pytest.importorskip("moto")
 from moto import mock_aws
 from servelab import cli_aws
-from servelab.hosts import aws_billable as bill
-from servelab.hosts import aws_stack as st
+from servelab.hosts.aws import billing as bill
+from servelab.hosts.aws import deadline as dl
+from servelab.hosts.aws import errors as err
+from servelab.hosts.aws import session as ses
+from servelab.hosts.aws import stack as st
 
 REGION = "us-east-1"
 STACK = "sl-test"
@@ -118,7 +121,7 @@ _MODELS = botocore.loaders.create_loader()  # service models read once for the w
 
 
 def make_factory(emulate_deletes: bool = True):
-    """session_factory for aws_stack: one moto session per region, all sharing one botocore
+    """session_factory for the stack functions: one moto session per region, all sharing one botocore
     model loader (reading the service JSON per session is most of the time otherwise)."""
     sessions: dict[str, boto3.Session] = {}
 
@@ -170,7 +173,7 @@ def account_billables(session: boto3.Session) -> dict[str, list[str]]:
 
 
 EMPTY = {"instances": [], "nat": [], "lb": [], "volumes": [], "eip": [], "endpoints": []}
-PARAMS = st.StackParams(STACK, REGION, {"InstanceType": "g7e.12xlarge"})
+PARAMS = ses.StackParams(STACK, REGION, {"InstanceType": "g7e.12xlarge"})
 NO_SLEEP = {"sleep": lambda s: None}
 
 
@@ -243,7 +246,7 @@ def test_plan_lists_resources_and_sums_hourly_items():
     root_hourly = 300 * prices["ebs_gp3_gb_month"] / 730
     assert pl.running_hourly_usd == pytest.approx(pl.idle_hourly_usd + root_hourly + 8.2861)
     assert pl.running_hourly_usd == pytest.approx(sum(i.usd for i in pl.running_items))
-    ep = st.plan(st.StackParams(STACK, REGION, {"Egress": "endpoints"}), instance_hourly_usd=None)
+    ep = st.plan(ses.StackParams(STACK, REGION, {"Egress": "endpoints"}), instance_hourly_usd=None)
     ep_ids = dict(ep.resources)
     assert "NatGateway" not in ep_ids and "InternetGateway" not in ep_ids
     interface = {r["Properties"]["ServiceName"]["Fn::Sub"].split("}.")[1]
@@ -252,11 +255,11 @@ def test_plan_lists_resources_and_sums_hourly_items():
     assert sum(t == "AWS::EC2::VPCEndpoint" for _, t in ep.resources) == len(interface) + 1  # + S3 gateway
     assert ep.idle_hourly_usd == pytest.approx(2 * len(interface) * prices["vpc_endpoint_az_hour"]
                                                + prices["alb_hour"] + prices["alb_lcu_hour"])
-    with pytest.raises(st.StackError, match="Bogus"):
-        st.plan(st.StackParams(STACK, REGION, {"Bogus": "1"}), instance_hourly_usd=1.0)
-    with pytest.raises(st.StackError, match="Egress='vpn' is not one of nat, endpoints"):
-        st.plan(st.StackParams(STACK, REGION, {"Egress": "vpn"}), instance_hourly_usd=1.0)
-    eu = st.plan(st.StackParams(STACK, "eu-west-2"), instance_hourly_usd=None)
+    with pytest.raises(err.StackError, match="Bogus"):
+        st.plan(ses.StackParams(STACK, REGION, {"Bogus": "1"}), instance_hourly_usd=1.0)
+    with pytest.raises(err.StackError, match="Egress='vpn' is not one of nat, endpoints"):
+        st.plan(ses.StackParams(STACK, REGION, {"Egress": "vpn"}), instance_hourly_usd=1.0)
+    eu = st.plan(ses.StackParams(STACK, "eu-west-2"), instance_hourly_usd=None)
     assert eu.idle_hourly_usd == pytest.approx(sum(bill.load_fixed_prices("eu-west-2")[k] for k in (
         "nat_gateway_hour", "public_ipv4_hour", "alb_hour", "alb_lcu_hour")))
 
@@ -296,13 +299,13 @@ def test_up_status_down_leaves_nothing(aws):
     assert any("1 instance(s) terminated" in line for line in log) and log[-1].startswith("verified")
     assert before == account_billables(s) == EMPTY
     assert s.client("cloudformation").list_stacks(StackStatusFilter=["CREATE_COMPLETE"])["StackSummaries"] == []
-    with pytest.raises(st.StackNotFound):
+    with pytest.raises(err.StackNotFound):
         st.status(PARAMS, session_factory=factory)
 
 
 def test_endpoints_egress_bills_interface_endpoints_and_down_removes_them(aws):
     factory = make_factory()
-    params = st.StackParams(STACK, REGION, {"Egress": "endpoints"})
+    params = ses.StackParams(STACK, REGION, {"Egress": "endpoints"})
     st.up(params, session_factory=factory, **NO_SLEEP)
     items, total = st.status(params, session_factory=factory)
     endpoints = sorted(b.detail for b in items if b.kind == "vpc-endpoint")
@@ -318,9 +321,9 @@ def test_endpoints_egress_bills_interface_endpoints_and_down_removes_them(aws):
 
 def test_up_again_updates_and_keeps_previous_parameters(aws):
     factory = make_factory()
-    st.up(st.StackParams(STACK, REGION, {"InstanceType": "g7e.24xlarge", "GpuCount": "4"}),
+    st.up(ses.StackParams(STACK, REGION, {"InstanceType": "g7e.24xlarge", "GpuCount": "4"}),
           session_factory=factory, **NO_SLEEP)
-    st.up(st.StackParams(STACK, REGION, {"EngineImage": "lmsysorg/sglang:v0.5"}), session_factory=factory, **NO_SLEEP)
+    st.up(ses.StackParams(STACK, REGION, {"EngineImage": "lmsysorg/sglang:v0.5"}), session_factory=factory, **NO_SLEEP)
     stack = factory(REGION).client("cloudformation").describe_stacks(StackName=STACK)["Stacks"][0]
     values = {p["ParameterKey"]: p["ParameterValue"] for p in stack["Parameters"]}
     assert stack["StackStatus"] == "UPDATE_COMPLETE"
@@ -332,7 +335,7 @@ def test_down_reports_leftovers_without_the_shim(aws):
     """Without moto_cloudformation_deletes moto's delete_stack fails on the VPC: down says so."""
     factory = make_factory(emulate_deletes=False)
     st.up(PARAMS, session_factory=factory, **NO_SLEEP)
-    with pytest.raises(st.StackError, match="DependencyViolation"):
+    with pytest.raises(err.StackError, match="DependencyViolation"):
         st.down(PARAMS, session_factory=factory, **NO_SLEEP)
     items, _ = st.status(PARAMS, session_factory=factory)
     assert {"nat-gateway", "public-ipv4"} <= {b.kind for b in items}
@@ -343,7 +346,7 @@ def test_killed_mid_benchmark_leaves_deadline_in_aws(aws):
     outs = st.up(PARAMS, session_factory=factory, **NO_SLEEP)
     moto_start(factory(REGION), outs)
     deadline = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=3)
-    st.set_deadline(outs["AsgName"], deadline, region=REGION, session_factory=factory)
+    dl.set_deadline(outs["AsgName"], deadline, region=REGION, session_factory=factory)
     # ... the process dies here: no down, no clear_deadline. What AWS holds:
     asg = factory(REGION).client("autoscaling")
     actions = asg.describe_scheduled_actions(AutoScalingGroupName=outs["AsgName"])["ScheduledUpdateGroupActions"]
@@ -353,12 +356,12 @@ def test_killed_mid_benchmark_leaves_deadline_in_aws(aws):
     tags = {t["Key"]: t["Value"] for t in asg.describe_auto_scaling_groups(
         AutoScalingGroupNames=[outs["AsgName"]])["AutoScalingGroups"][0]["Tags"]}
     assert tags["servelab:deadline"] == deadline.isoformat()
-    assert st.deadline_of(outs["AsgName"], region=REGION, session_factory=factory) == {
+    assert dl.deadline_of(outs["AsgName"], region=REGION, session_factory=factory) == {
         "scheduled_utc": deadline, "tag_utc": deadline}
-    st.clear_deadline(outs["AsgName"], region=REGION, session_factory=factory)
-    assert st.deadline_of(outs["AsgName"], region=REGION, session_factory=factory) is None
+    dl.clear_deadline(outs["AsgName"], region=REGION, session_factory=factory)
+    assert dl.deadline_of(outs["AsgName"], region=REGION, session_factory=factory) is None
     with pytest.raises(ValueError, match="future"):
-        st.set_deadline(outs["AsgName"], datetime.now(UTC), region=REGION, session_factory=factory)
+        dl.set_deadline(outs["AsgName"], datetime.now(UTC), region=REGION, session_factory=factory)
 
 
 def test_down_refuses_shared_capacity_then_force_warns(aws):
@@ -371,7 +374,7 @@ def test_down_refuses_shared_capacity_then_force_warns(aws):
     td = ecs.describe_services(cluster=outs["ClusterName"], services=[outs["ServiceName"]])["services"][0]["taskDefinition"]
     ecs.create_service(cluster=outs["ClusterName"], serviceName="other-model", taskDefinition=td, desiredCount=1,
                        capacityProviderStrategy=[{"capacityProvider": cp, "weight": 1}])
-    with pytest.raises(st.SharedCapacity) as e:
+    with pytest.raises(err.SharedCapacity) as e:
         st.down(PARAMS, session_factory=factory, **NO_SLEEP)
     other = ecs.describe_services(cluster=outs["ClusterName"], services=["other-model"])["services"][0]
     assert e.value.services == [f"{STACK}-cluster/other-model (desired 1, running {other['runningCount']})"]
@@ -413,14 +416,14 @@ def test_failed_up_leaves_nothing(aws, monkeypatch):
     monkeypatch.setattr(ElasticAddressBackend, "allocate_address", allocate_once_failing)
     factory = make_factory()
     s = factory(REGION)
-    with pytest.raises(st.StackFailed, match="AddressLimitExceeded") as e:
+    with pytest.raises(err.StackFailed, match="AddressLimitExceeded") as e:
         st.up(PARAMS, session_factory=factory, **NO_SLEEP)
     assert calls[0] == 2  # the default VPC and the stack's: the network existed when the EIP failed
     assert e.value.leftovers == [] and "nothing billable left" in str(e.value)
     assert account_billables(s) == EMPTY
     assert [v["VpcId"] for v in s.client("ec2").describe_vpcs()["Vpcs"] if not v["IsDefault"]] == []
     assert [i for i in s.client("ec2").describe_internet_gateways()["InternetGateways"]] == []
-    with pytest.raises(st.StackNotFound):
+    with pytest.raises(err.StackNotFound):
         st.outputs(PARAMS, session_factory=factory)
 
 
@@ -437,7 +440,7 @@ def test_logs_and_tunnel(aws):
     factory = make_factory()
     s = factory(REGION)
     outs = st.up(PARAMS, session_factory=factory, **NO_SLEEP)
-    with pytest.raises(st.StackError, match="no running instance"):
+    with pytest.raises(err.StackError, match="no running instance"):
         st.tunnel_command(PARAMS, session_factory=factory)
     moto_start(s, outs)
     argv = st.tunnel_command(PARAMS, session_factory=factory, local_port=18080)
@@ -498,7 +501,7 @@ def test_failed_up_the_real_aws_way_reports_events_oldest_first(aws):
         def get_credentials(self):
             return moto_session.get_credentials()
     sleeps, ticks = [], iter(range(0, 10_000, 15))
-    with stub, pytest.raises(st.StackFailed) as e:
+    with stub, pytest.raises(err.StackFailed) as e:
         st.up(PARAMS, session_factory=lambda region: Session(), sleep=sleeps.append, clock=lambda: next(ticks))
     stub.assert_no_pending_responses()  # no delete_stack: OnFailure=DELETE had done it
     assert e.value.events == [
@@ -529,7 +532,7 @@ def test_cli_up_dry_run_makes_no_aws_call(capsys, monkeypatch):
 def test_cli_status_and_down_under_moto(aws, capsys, monkeypatch):
     # the CLI builds its sessions with default_session_factory: give it the moto-shimmed one
     factory = make_factory()
-    monkeypatch.setattr(st, "default_session_factory", lambda profile=None: factory)
+    monkeypatch.setattr(ses, "default_session_factory", lambda profile=None: factory)
     assert _cli(["aws", "status", "--stack", STACK]) == 1
     err = capsys.readouterr().err
     assert err.startswith("servelab aws status: stack sl-test does not exist") and err.count("\n") == 1
@@ -538,7 +541,7 @@ def test_cli_status_and_down_under_moto(aws, capsys, monkeypatch):
     out = capsys.readouterr().out
     asg_name = next(line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("AsgName: "))
     assert f"deadline: {asg_name} scales to 0 at " in out
-    assert st.deadline_of(asg_name, region=REGION, session_factory=factory)["scheduled_utc"] is not None
+    assert dl.deadline_of(asg_name, region=REGION, session_factory=factory)["scheduled_utc"] is not None
     assert _cli(["aws", "status", "--stack", STACK]) == 0
     out = capsys.readouterr().out
     assert "3 billable resource(s)" in out and "nat-gateway" in out
@@ -552,7 +555,7 @@ def test_cli_status_and_down_under_moto(aws, capsys, monkeypatch):
 @pytest.mark.parametrize("command", ["status", "logs", "tunnel", "down"])
 def test_cli_missing_stack_one_line(aws, capsys, monkeypatch, command):
     factory = make_factory()
-    monkeypatch.setattr(st, "default_session_factory", lambda profile=None: factory)
+    monkeypatch.setattr(ses, "default_session_factory", lambda profile=None: factory)
     assert _cli(["aws", command, "--stack", "nope"]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"servelab aws {command}: stack nope does not exist in {REGION}") and err.count("\n") == 1
@@ -578,7 +581,7 @@ def test_start_restores_max_size_after_a_fired_deadline_and_sets_a_new_one(aws):
     # the deadline fired (moto runs no scheduled actions: do what it did)
     auto.update_auto_scaling_group(AutoScalingGroupName=name, MinSize=0, MaxSize=0, DesiredCapacity=0)
     now = datetime.now(UTC).replace(microsecond=0)
-    log = st.start(PARAMS, deadline_hours=2, session_factory=factory, now_utc=lambda: now)
+    log = dl.start(PARAMS, deadline_hours=2, session_factory=factory, now_utc=lambda: now)
     when = (now + timedelta(hours=2)).isoformat(timespec="seconds")
     assert log == [f"ASG {name} MaxSize 0 -> 1 (a deadline or down had set 0)",
                    f"deadline: {name} scales to 0 at {when} (2 h, servelab-deadline)",
@@ -588,11 +591,11 @@ def test_start_restores_max_size_after_a_fired_deadline_and_sets_a_new_one(aws):
     assert group["MaxSize"] == 1
     svc = s.client("ecs").describe_services(cluster=outs["ClusterName"], services=[outs["ServiceName"]])["services"][0]
     assert svc["desiredCount"] == 1
-    assert st.deadline_of(name, region=REGION, session_factory=factory)["scheduled_utc"] == now + timedelta(hours=2)
-    again = st.start(PARAMS, deadline_hours=1, session_factory=factory, now_utc=lambda: now)
+    assert dl.deadline_of(name, region=REGION, session_factory=factory)["scheduled_utc"] == now + timedelta(hours=2)
+    again = dl.start(PARAMS, deadline_hours=1, session_factory=factory, now_utc=lambda: now)
     assert not again[0].startswith("ASG")  # MaxSize already 1: nothing to restore
     with pytest.raises(ValueError, match="needs a deadline"):
-        st.start(PARAMS, deadline_hours=0, session_factory=factory)
+        dl.start(PARAMS, deadline_hours=0, session_factory=factory)
 
 
 def test_billing_line_answers_in_one_line():
@@ -614,7 +617,7 @@ def test_servelab_cli_runs_aws_start_and_status(aws, capsys, monkeypatch):
     from servelab import cli
 
     factory = make_factory()
-    monkeypatch.setattr(st, "default_session_factory", lambda profile=None: factory)
+    monkeypatch.setattr(ses, "default_session_factory", lambda profile=None: factory)
     monkeypatch.setattr(st.time, "sleep", lambda s: None)
     assert cli.main(["aws", "up", "--stack", STACK]) == 0
     capsys.readouterr()
@@ -643,8 +646,8 @@ def test_aws_host_creates_the_study_stack_and_arms_the_deadline_on_its_group(aws
 
     import yaml
 
-    from servelab.hosts import aws as aws_host
-    from servelab.hosts.aws_ecs import EcsServiceHost
+    from servelab.hosts.aws import host as aws_host
+    from servelab.hosts.aws.ecs import EcsServiceHost
     from servelab.schema import load_study
 
     factory = make_factory()
@@ -675,10 +678,10 @@ def test_aws_host_creates_the_study_stack_and_arms_the_deadline_on_its_group(aws
     h.arm_deadline = True
     h._arm_deadline(REGION, h._service(REGION))
     assert h.deadline["asg"] == outs["AsgName"] and h.deadline["hours"] == 8
-    assert st.deadline_of(outs["AsgName"], region=REGION, session_factory=factory)["scheduled_utc"] == (
+    assert dl.deadline_of(outs["AsgName"], region=REGION, session_factory=factory)["scheduled_utc"] == (
         datetime.fromisoformat(h.deadline["utc"]))
     assert h.clear_deadline(h.deadline) == f"deadline servelab-deadline on {outs['AsgName']} cleared"
-    assert st.deadline_of(outs["AsgName"], region=REGION, session_factory=factory) is None
+    assert dl.deadline_of(outs["AsgName"], region=REGION, session_factory=factory) is None
     # another process (no state file, outputs not read yet) tears down through the stack's outputs
     assert aws_host.AwsHost(study, "aws-ecs").teardown().startswith(f"AWS host stopped: {{'{REGION}': [")
     st.down(PARAMS, session_factory=factory, **NO_SLEEP)

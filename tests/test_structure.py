@@ -3,6 +3,7 @@ engine- and host-specific decisions only inside their registries."""
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
@@ -53,3 +54,117 @@ def test_the_schema_imports_no_pandas():
             "print(sorted(m for m in ('pandas', 'boto3', 'matplotlib', 'httpx') if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]"
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(LIB.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_imports(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement that can run: top level and inside functions, not the ones under
+    `if TYPE_CHECKING:` (annotations only)."""
+    out: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for sub in child.orelse:
+                    visit(sub)
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                out.append(child)
+            visit(child)
+
+    visit(tree)
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """servelab module -> the servelab modules it imports at run time (lazy imports included).
+    `from pkg import name` imports pkg, and pkg.name too where that is a module."""
+    paths = {_module_name(p): p for p in _modules()}
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges: set[str] = set()
+        for node in _runtime_imports(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                edges |= {a.name for a in node.names}
+                continue
+            base = package.split(".")
+            if node.level:
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            edges.add(target)
+            edges |= {f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in paths}
+        graph[name] = {e for e in edges if e in paths and e != name}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One shortest cycle through each strongly connected group of modules (Tarjan, then BFS)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[set[str]] = []
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = set()
+            while True:
+                w = stack.pop()
+                group.add(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    sys.setrecursionlimit(10_000)
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    cycles = []
+    for group in groups:
+        start = min(group)
+        prev: dict[str, str] = {}
+        frontier, seen = [start], {start}
+        while frontier and start not in prev:
+            nxt = []
+            for v in frontier:
+                for w in sorted(graph[v] & group):
+                    if w == start and start not in prev:
+                        prev[start] = v
+                    elif w not in seen:
+                        seen.add(w)
+                        prev[w] = v
+                        nxt.append(w)
+            frontier = nxt
+        path, v = [start], prev[start]
+        while v != start:
+            path.append(v)
+            v = prev[v]
+        cycles.append([start, *reversed(path[1:]), start])
+    return cycles
+
+
+def test_no_import_cycle_at_run_time():
+    cycles = import_cycles(import_graph())
+    assert cycles == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_the_cycle_finder_finds_a_lazy_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycles(graph) == [["a", "b", "c", "a"]]
+    tree = ast.parse("def f():\n    from . import x\nif TYPE_CHECKING:\n    import y\n")
+    assert [type(n).__name__ for n in _runtime_imports(tree)] == ["ImportFrom"]

@@ -1,9 +1,9 @@
 """`servelab aws up|start|status|logs|tunnel|down`: the ECS GPU CloudFormation stack from the command line.
 
 `add_parser(subparsers)` registers the `aws` command on the main parser's subparsers; every
-subcommand calls servelab.hosts.aws_stack and prints one clear line (exit 1) when credentials
-are missing, the stack does not exist or AWS refuses. `status` ends with one line that answers
-"is anything still running and billing me?". Not for logic: that is aws_stack's.
+subcommand calls servelab.hosts.aws (`stack`, `deadline`) and prints one clear line (exit 1) when
+credentials are missing, the stack does not exist or AWS refuses. `status` ends with one line that
+answers "is anything still running and billing me?". Not for logic: that is the package's.
 """
 
 from __future__ import annotations
@@ -20,8 +20,11 @@ from typing import Any
 import yaml
 from botocore.exceptions import BotoCoreError, ClientError
 
-from .hosts import aws_stack as st
-from .hosts.aws_billable import Billable
+from .hosts.aws import deadline as dl
+from .hosts.aws import stack as st
+from .hosts.aws.billing import Billable
+from .hosts.aws.errors import Leftovers, StackError
+from .hosts.aws.session import StackParams
 
 EXIT_FAIL = 1
 EC2_PRICES = Path(__file__).resolve().parent / "data" / "prices.yaml"
@@ -37,18 +40,18 @@ def committed_instance_usd_per_hour(instance_type: str, region: str) -> float | 
                  if r.get("instance_type") == instance_type and r.get("region") == region), None)
 
 
-def _params(a: argparse.Namespace) -> st.StackParams:
+def _params(a: argparse.Namespace) -> StackParams:
     values: dict[str, Any] = {}
     for kv in getattr(a, "param", None) or []:
         key, sep, value = kv.partition("=")
         if not sep:
-            raise st.StackError(f"--param wants KEY=VALUE, got {kv!r}")
+            raise StackError(f"--param wants KEY=VALUE, got {kv!r}")
         values[key] = value
     for attr, key in (("instance_type", "InstanceType"), ("image", "EngineImage"), ("command", "EngineCommand"),
                       ("gpus", "GpuCount"), ("egress", "Egress")):
         if getattr(a, attr, None) is not None:
             values[key] = getattr(a, attr)
-    return st.StackParams(a.stack, a.region, values, a.profile)
+    return StackParams(a.stack, a.region, values, a.profile)
 
 
 def _price(a: argparse.Namespace, instance_type: str) -> float | None:
@@ -83,7 +86,7 @@ def _cmd_up(a: argparse.Namespace) -> int:
         print(f"{k}: {v}")
     if a.deadline_hours:
         when = datetime.now(UTC) + timedelta(hours=a.deadline_hours)
-        st.set_deadline(outs["AsgName"], when, region=p.region, profile=p.profile)
+        dl.set_deadline(outs["AsgName"], when, region=p.region, profile=p.profile)
         print(f"deadline: {outs['AsgName']} scales to 0 at {when.isoformat(timespec='seconds')} (servelab-deadline)")
     return 0
 
@@ -112,11 +115,11 @@ def billing_line(stack: str, items: list[Billable], total: float, deadline: date
     return f"nothing of stack {stack} bills now{when}"
 
 
-def _deadline(p: st.StackParams) -> datetime | None:
+def _deadline(p: StackParams) -> datetime | None:
     try:
         asg = st.outputs(p).get("AsgName")
-        got = st.deadline_of(asg, region=p.region, profile=p.profile) if asg else None
-    except (st.StackError, ClientError):
+        got = dl.deadline_of(asg, region=p.region, profile=p.profile) if asg else None
+    except (StackError, ClientError):
         return None
     return (got or {}).get("scheduled_utc")
 
@@ -136,7 +139,7 @@ def _cmd_status(a: argparse.Namespace) -> int:
 
 
 def _cmd_start(a: argparse.Namespace) -> int:
-    for line in st.start(_params(a), deadline_hours=a.deadline_hours):
+    for line in dl.start(_params(a), deadline_hours=a.deadline_hours):
         print(line)
     return 0
 
@@ -172,12 +175,12 @@ def _guarded(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
     def run(a: argparse.Namespace) -> int:
         try:
             return fn(a)
-        except st.Leftovers as e:
+        except Leftovers as e:
             print(f"servelab aws {a.aws_command}: {e}", file=sys.stderr)
             for b in e.items:
                 print(f"  {b.line()}", file=sys.stderr)
             return EXIT_FAIL
-        except (st.StackError, ValueError, KeyError) as e:
+        except (StackError, ValueError, KeyError) as e:
             print(f"servelab aws {a.aws_command}: {str(e).strip(chr(34))}", file=sys.stderr)
             return EXIT_FAIL
         except ClientError as e:

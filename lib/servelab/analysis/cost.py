@@ -205,7 +205,7 @@ def seed001_monthly(region: str = "us-east-1", instance_hourly_usd: float | None
     itemise. Returns {"items": [(label, usd, basis, source)], "itemised_usd", "published_usd",
     "not_itemised_usd"}. Raises KeyError for a region without fixed prices, PriceError without
     an instance price."""
-    from ..hosts.aws_billable import PRICES_PATH, _read_yaml
+    from ..hosts.aws.billing import PRICES_PATH, read_yaml
     from ..prices import ec2_hourly_usd
 
     pub = seed001_published()
@@ -216,7 +216,7 @@ def seed001_monthly(region: str = "us-east-1", instance_hourly_usd: float | None
     else:
         inst = (instance_hourly_usd, "as given")
     items = [(f"{pub['instance_type']} On-Demand", inst[0] * hours, f"{inst[0]:g} USD/h x {hours:g} h", inst[1])]
-    fixed = _read_yaml(PRICES_PATH)["regions"][region]
+    fixed = read_yaml(PRICES_PATH)["regions"][region]
     for key, label, qty, unit in SEED001_FIXED:
         e = fixed[key]
         usd = float(e["usd"]) * qty * (hours if unit == "h" else 1.0)
@@ -288,11 +288,11 @@ def study_price(study: Any, *, use_api: bool = False, cache_dir: Any = None) -> 
 
 def cost_estimate_lines(study: Any) -> list[str]:
     """What `servelab run --dry-run` prints about money. Never calls AWS (committed table only)."""
-    from ..hosts import for_study
+    from .. import hosts
 
     cost = study.cost
     aws = getattr(study.host, "aws", None)
-    basis = for_study(study).cost_basis
+    basis = hosts.get(study.host.kind).cost_basis
     lines: list[str] = []
     if cost is None and aws is None:
         if basis == "endpoint":

@@ -83,6 +83,7 @@ def stop_served(study_id: str, config_id: str) -> str:
 
 class AttachHost(Host):
     kind = "attach"
+    kinds = ("attach",)
     cost_basis = "endpoint"
 
     @staticmethod

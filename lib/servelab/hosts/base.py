@@ -29,6 +29,8 @@ class Host:
     """Base of the hosts; `kind` is the params' `host.kind`."""
 
     kind = ""
+    #: the `host.kind` values this class serves (the registry's keys, servelab.hosts.HOSTS)
+    kinds: tuple[str, ...] = ()
     #: servelab starts the engine itself (so it knows the weights: the smoke check's dummy rule)
     launches_engine = False
     #: what the cost section prices: "local" (nothing billed), "instance" (hours), "endpoint" (tokens)

@@ -27,6 +27,7 @@ def model_dir_for(eng: Any) -> str:
 
 class LocalHost(Host):
     kind = "local"
+    kinds = ("local",)
     launches_engine = True
 
     def _provision(self, config_id: str, rdir: Path) -> dict[str, Any]:

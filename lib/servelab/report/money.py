@@ -12,7 +12,7 @@ import pandas as pd
 
 from ..analysis.cost import cost_table, replay_cost_table, seed001_published, seed001_summary, study_price
 from ..analysis.peers import import_vllm_bench
-from ..hosts import for_study
+from .. import hosts
 from ..prices import load_table, resolve_managed
 from ..summary import summarize
 from . import html as rh
@@ -43,7 +43,7 @@ def cost_rows(sd: StudyData) -> tuple[pd.DataFrame, str]:
         pub = seed001_published()
         t = cost_table(seed001_summary(), pub["monthly_usd"] / pub["hours"], resolve_managed(["fireworks/deepseek-v4-flash"]))
         return t, "seed001"
-    if cost.replay_price and for_study(sd.study).cost_basis == "endpoint":
+    if cost.replay_price and hosts.get(sd.study.host.kind).cost_basis == "endpoint":
         m = resolve_managed([cost.replay_price])[cost.replay_price]
         return replay_cost_table(sd.summary, m, cost.cached_input_fraction), "replay"
     price = study_price(sd.study, use_api=False)

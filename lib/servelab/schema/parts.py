@@ -79,7 +79,7 @@ class AttachParams(Strict):
         return self
 
 class AwsStackParams(Strict):
-    """`host.aws.stack`: the CloudFormation stack (hosts/templates/ecs-gpu-stack.yaml) the study
+    """`host.aws.stack`: the CloudFormation stack (hosts/aws/templates/ecs-gpu-stack.yaml) the study
     runs on; its outputs give the cluster, service, capacity provider, group and target group."""
 
     name: str = Field(..., pattern=r"^[A-Za-z][A-Za-z0-9-]{0,100}$",

@@ -1,4 +1,4 @@
-"""The seeds' ECS GPU stack as one CloudFormation stack: plan, up, status, down, deadline.
+"""The seeds' ECS GPU stack as one CloudFormation stack: plan, up, status, down, logs, tunnel.
 
 templates/ecs-gpu-stack.yaml is seeds 000/001's Terraform layout (VPC, NAT gateway or
 interface endpoints, internal ALB, ECS cluster + capacity provider on a 0..1 Auto Scaling
@@ -7,15 +7,14 @@ group of GPU instances, engine service at desired 0). This module drives it thro
 - `plan` prices the template without calling AWS (what `up --dry-run` prints);
   `change_set` asks CloudFormation what would change and deletes the change set again;
 - `up` creates or updates the stack and waits; a failed create is deleted and verified empty;
-- `status` lists what bills now (aws_billable.find_billable) with the hourly total;
+- `status` lists what bills now (billing.find_billable) with the hourly total;
 - `down` is the seeds' "scale to zero and check": service 0, refuse if another service shares
   the capacity, ASG 0, delete the stack, then verify that nothing billable is left;
-- `set_deadline` / `clear_deadline` / `deadline_of` / `start` (in aws_deadline.py, re-exported
-  here) leave an Auto Scaling scheduled action that takes the group to 0 at a UTC time, so AWS
-  stops the GPUs even when servelab dies mid-benchmark, and start the service again.
+- the deadline AWS enforces itself and `start` are the job of `deadline.py`, above this module.
 
 Every call takes `session_factory(region) -> boto3.Session` (moto sessions in tests) and an
-injectable `sleep(seconds)` / `clock() -> seconds`; no other servelab module is imported.
+injectable `sleep(seconds)` / `clock() -> seconds`; it builds on `errors`, `session` and
+`billing` of this package only.
 """
 
 from __future__ import annotations
@@ -24,67 +23,21 @@ import json
 import math
 import time
 import warnings
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import boto3
-from botocore.exceptions import (BotoCoreError, ClientError, NoCredentialsError, NoRegionError,
-                                 PartialCredentialsError, ProfileNotFound)
+from botocore.exceptions import BotoCoreError, ClientError
 from botocore.parsers import ResponseParserError
 
-from .aws_billable import (TAG_STACK, Billable, CostItem, asg_instances, find_billable, hourly_total_usd,
-                           load_template, other_services_on, stack_hourly_items, template_resources)
+from .billing import (TAG_STACK, Billable, CostItem, asg_instances, find_billable, hourly_total_usd,
+                      load_template, other_services_on, stack_hourly_items, template_resources)
+from .errors import Leftovers, SharedCapacity, StackError, StackFailed, StackNotFound
+from .session import SessionFactory, StackParams, open_session
 
 TEMPLATE_PATH = Path(__file__).resolve().parent / "templates" / "ecs-gpu-stack.yaml"
-SessionFactory = Callable[[str], Any]
-
-
-class StackError(RuntimeError):
-    """A stack operation failed; the message is one line a user can act on."""
-
-
-class NoCredentials(StackError):
-    """No usable AWS credentials (or region) for the session."""
-
-
-class StackNotFound(StackError):
-    """The named stack does not exist in the region."""
-
-
-class StackFailed(StackError):
-    """Create/update failed; `events` holds the failed resource events, `leftovers` what stayed."""
-
-    def __init__(self, message: str, events: list[str], leftovers: list[Billable]):
-        super().__init__(message)
-        self.events, self.leftovers = events, leftovers
-
-
-class SharedCapacity(StackError):
-    """Another ECS service still uses the stack's capacity provider; `services` names them."""
-
-    def __init__(self, message: str, services: list[str]):
-        super().__init__(message)
-        self.services = services
-
-
-class Leftovers(StackError):
-    """Billable resources survived `down`; `items` lists them with their hourly USD."""
-
-    def __init__(self, message: str, items: list[Billable]):
-        super().__init__(message)
-        self.items = items
-
-
-@dataclass(frozen=True)
-class StackParams:
-    """Which stack: `stack_name` in `region`, template `parameters` ({name: str | list}), `profile`."""
-    stack_name: str
-    region: str
-    parameters: Mapping[str, Any] = field(default_factory=dict)
-    profile: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,11 +54,6 @@ class Plan:
     @property
     def running_hourly_usd(self) -> float:
         return sum(i.usd for i in self.running_items)
-
-
-def default_session_factory(profile: str | None = None) -> SessionFactory:
-    """`boto3.Session(profile_name=profile, region_name=region)` per call; raises ProfileNotFound."""
-    return lambda region: boto3.Session(profile_name=profile, region_name=region)
 
 
 def plan(params: StackParams, *, instance_hourly_usd: float | None, template_path: Path | None = None,
@@ -125,21 +73,6 @@ def plan(params: StackParams, *, instance_hourly_usd: float | None, template_pat
     return Plan(resources,
                 stack_hourly_items(params.region, instance_hourly_usd=None, running=False, **common),
                 stack_hourly_items(params.region, instance_hourly_usd=instance_hourly_usd, running=True, **common))
-
-
-def _session(params: StackParams, session_factory: SessionFactory | None) -> Any:
-    """A session with credentials; raises NoCredentials (missing keys, unknown profile) instead."""
-    factory = session_factory or default_session_factory(params.profile)
-    try:
-        session = factory(params.region)
-        credentials = session.get_credentials()
-    except (NoCredentialsError, PartialCredentialsError, NoRegionError, ProfileNotFound) as e:
-        raise NoCredentials(f"AWS credentials unusable: {e}") from e
-    if credentials is None:
-        raise NoCredentials(f"no AWS credentials for region {params.region}"
-                            + (f" and profile {params.profile}" if params.profile else "")
-                            + " (set AWS_PROFILE or run aws configure / aws sso login)")
-    return session
 
 
 def _template_defaults(path: Path | None) -> dict[str, Any]:  # SSM-typed ones re-resolve each update
@@ -163,7 +96,7 @@ def _describe(cf: Any, stack: str) -> dict[str, Any] | None:
 
 def outputs(params: StackParams, *, session_factory: SessionFactory | None = None) -> dict[str, str]:
     """The stack's Outputs as {key: value}. Raises StackNotFound, NoCredentials."""
-    stack = _describe(_session(params, session_factory).client("cloudformation"), params.stack_name)
+    stack = _describe(open_session(params, session_factory).client("cloudformation"), params.stack_name)
     if stack is None:
         raise StackNotFound(f"stack {params.stack_name} does not exist in {params.region}")
     return {o["OutputKey"]: o["OutputValue"] for o in stack.get("Outputs", [])}
@@ -211,7 +144,7 @@ def up(params: StackParams, *, session_factory: SessionFactory | None = None,
     back by CloudFormation. Raises StackFailed (failed resource events, leftovers), StackError
     (timeout, a stack stuck in a state that needs `down`), NoCredentials.
     """
-    session = _session(params, session_factory)
+    session = open_session(params, session_factory)
     cf = session.client("cloudformation")
     body = (template_path or TEMPLATE_PATH).read_text()
     common = {"StackName": params.stack_name, "TemplateBody": body, "Parameters": _cfn_parameters(params),
@@ -272,7 +205,7 @@ def change_set(params: StackParams, *, session_factory: SessionFactory | None = 
     REVIEW_IN_PROGRESS placeholder stack is deleted too. Raises StackError (timeout, failed
     change set other than "no changes"), NoCredentials.
     """
-    session = _session(params, session_factory)
+    session = open_session(params, session_factory)
     cf = session.client("cloudformation")
     existing = _describe(cf, params.stack_name)
     kind = "UPDATE" if existing and existing["StackStatus"] != "REVIEW_IN_PROGRESS" else "CREATE"
@@ -309,7 +242,7 @@ def status(params: StackParams, *, session_factory: SessionFactory | None = None
     """Billable resources of the stack now (found through its resources, its ASG's instances and
     the servelab:stack tag) and their total USD per hour. Raises StackNotFound when neither the
     stack nor anything tagged with it exists, NoCredentials."""
-    session = _session(params, session_factory)
+    session = open_session(params, session_factory)
     cf = session.client("cloudformation")
     stack = _describe(cf, params.stack_name)
     ids: dict[str, set[str]] = {}
@@ -335,7 +268,7 @@ def down(params: StackParams, *, force: bool = False, session_factory: SessionFa
     each). Raises SharedCapacity, Leftovers (items still billing), StackNotFound, StackError
     (timeout, stack DELETE_FAILED), NoCredentials.
     """
-    session = _session(params, session_factory)
+    session = open_session(params, session_factory)
     cf, ecs, asg = (session.client(s) for s in ("cloudformation", "ecs", "autoscaling"))
     stack = _describe(cf, params.stack_name)
     if stack is None:
@@ -418,7 +351,7 @@ def logs(params: StackParams, *, since_min: float = 30, session_factory: Session
     """(time UTC, stream, message) of the engine log group for the last `since_min` minutes.
 
     Raises StackNotFound, NoCredentials."""
-    session = _session(params, session_factory)
+    session = open_session(params, session_factory)
     group = outputs(params, session_factory=lambda _r: session).get("LogGroupName")
     if not group:
         raise StackNotFound(f"stack {params.stack_name} has no LogGroupName output")
@@ -435,7 +368,7 @@ def tunnel_command(params: StackParams, *, local_port: int = 8080,
     Goes through a running instance of the stack's ASG (needs the Session Manager plugin).
     Raises StackNotFound, StackError (no running instance: run the service first), NoCredentials.
     """
-    session = _session(params, session_factory)
+    session = open_session(params, session_factory)
     outs = outputs(params, session_factory=lambda _r: session)
     ids = asg_instances(session, {outs["AsgName"]} if outs.get("AsgName") else set())
     running = [iid for iid in sorted(ids)
@@ -447,17 +380,3 @@ def tunnel_command(params: StackParams, *, local_port: int = 8080,
             "--document-name", "AWS-StartPortForwardingSessionToRemoteHost", "--parameters",
             json.dumps({"host": [outs["LoadBalancerDns"]], "portNumber": ["80"], "localPortNumber": [str(local_port)]})]
     return argv + (["--profile", params.profile] if params.profile else [])
-
-
-_DEADLINE_NAMES = ("DEADLINE_ACTION", "TAG_DEADLINE", "clear_deadline", "deadline_of", "set_deadline", "start",
-                   "restore_max_size")
-
-
-def __getattr__(name: str) -> Any:
-    """The deadline and `start` live in aws_deadline.py (this file stays under 500 lines); read
-    lazily so that either module can be imported first."""
-    if name in _DEADLINE_NAMES:
-        from . import aws_deadline
-
-        return getattr(aws_deadline, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

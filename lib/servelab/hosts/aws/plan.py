@@ -1,14 +1,17 @@
 """What `servelab run --dry-run` says about an AWS host, without calling AWS: the stack to
-create (its template resources and hourly cost from aws_stack.plan), the ECS calls per
-configuration, the AWS-enforced deadline, the stop, the limits. Split off aws_ecs.py (which
-keeps `EcsServiceHost.plan` as the entry point) to keep both files short."""
+create (its template resources and hourly cost from stack.plan), the ECS calls per
+configuration, the AWS-enforced deadline, the stop, the limits. Below `ecs` (whose
+`EcsServiceHost.plan` is the entry point) and `host` (the stack and deadline lines)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..schema import AwsParams
-from .aws_base import _guard_line, container_argv
+from ...schema import AwsParams
+from .base import container_argv, guard_line
+from .errors import StackError
+from .session import StackParams
+from .stack import plan as stack_plan
 
 
 def ecs_plan(p: AwsParams, commands: dict[str, list[str]] | None = None) -> list[str]:
@@ -48,7 +51,7 @@ def ecs_plan(p: AwsParams, commands: dict[str, list[str]] | None = None) -> list
     lines.append(f"aws: stop: ecs:UpdateService desiredCount=0; wait tasks STOPPED; unless another service uses "
                  f"{cp}: remove scale-in protection, autoscaling:UpdateAutoScalingGroup {asg} DesiredCapacity=0; "
                  f"wait instances terminated ({p.stop_timeout_s:g} s)")
-    lines.append("aws: " + _guard_line(p) + "; every failure path runs the stop above")
+    lines.append("aws: " + guard_line(p) + "; every failure path runs the stop above")
     return lines
 
 
@@ -82,20 +85,18 @@ def deadline_line(p: AwsParams, kind: str, hourly_usd: float | None) -> str:
 
 def stack_lines(p: AwsParams, instance_hourly_usd: float | None) -> list[str]:
     """The stack to create: template resources and USD per hour idle and running (no AWS call)."""
-    from . import aws_stack
-
     if p.stack is None:
         return []
     s = p.stack
     region = p.stack_region or p.regions[0]
     params = {k: v for k, v in s.parameters.items()}
     params.setdefault("InstanceType", p.instance_type)
-    sp = aws_stack.StackParams(s.name, region, params, p.profile)
+    sp = StackParams(s.name, region, params, p.profile)
     given = " ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in params.items())
     what = "create or update" if s.create else "use (must exist)"
     try:
-        pl = aws_stack.plan(sp, instance_hourly_usd=instance_hourly_usd)
-    except (aws_stack.StackError, KeyError) as e:
+        pl = stack_plan(sp, instance_hourly_usd=instance_hourly_usd)
+    except (StackError, KeyError) as e:
         return [f"aws: stack {s.name} in {region}: {what}; cannot price it: {str(e).strip(chr(34))}"]
     lines = [f"aws: stack {s.name} in {region}: {what} from templates/ecs-gpu-stack.yaml (CloudFormation, "
              f"{len(pl.resources)} resources); parameters {given}"]

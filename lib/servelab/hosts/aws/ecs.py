@@ -12,12 +12,17 @@ import shlex
 from datetime import datetime, timezone
 from typing import Any
 
-from .aws_base import (_TD_READONLY, AwsHostError, HostInfo, HostTimeout, _Base, _epoch, _err_code,
-                       GuardTripped, _NotDeployed, _RegionCapacity, CAPACITY_TEXT, container_argv,
-                       port_forward_command)
+from .base import CAPACITY_TEXT, BotoHost, HostInfo, container_argv, epoch, err_code
+from .deadline import arm_group, clear_group
+from .errors import AwsHostError, GuardTripped, HostTimeout, NotDeployed, RegionCapacity
+from .plan import ecs_plan
+from .tunnel import port_forward_command
+
+_TD_READONLY = ("taskDefinitionArn", "revision", "status", "requiresAttributes", "compatibilities",
+                "registeredAt", "registeredBy", "deregisteredAt")
 
 # ==========================================================================================
-class EcsServiceHost(_Base):
+class EcsServiceHost(BotoHost):
     """The seeds' stack: ECS service on EC2 (ASG behind a capacity provider) and an internal ALB."""
 
     mode = "ecs-service"
@@ -28,12 +33,12 @@ class EcsServiceHost(_Base):
         try:
             r = ecs.describe_services(cluster=self.p.cluster, services=[self.p.service])
         except Exception as e:  # noqa: BLE001 - ClusterNotFound and friends: not deployed here
-            if _err_code(e) in ("ClusterNotFoundException", "ServiceNotFoundException", "InvalidParameterException"):
-                raise _NotDeployed(f"ECS service {self.p.cluster}/{self.p.service} not found ({_err_code(e)})") from None
+            if err_code(e) in ("ClusterNotFoundException", "ServiceNotFoundException", "InvalidParameterException"):
+                raise NotDeployed(f"ECS service {self.p.cluster}/{self.p.service} not found ({err_code(e)})") from None
             raise
         svcs = [s for s in r.get("services", []) if s.get("status") != "INACTIVE"]
         if not svcs:
-            raise _NotDeployed(f"ECS service {self.p.cluster}/{self.p.service} not found in {region}")
+            raise NotDeployed(f"ECS service {self.p.cluster}/{self.p.service} not found in {region}")
         return svcs[0]
 
     def _capacity_provider(self, region: str, svc: dict[str, Any]) -> str | None:
@@ -132,7 +137,7 @@ class EcsServiceHost(_Base):
         groups = self.client(region, "autoscaling").describe_auto_scaling_groups(
             AutoScalingGroupNames=[asg]).get("AutoScalingGroups", [])
         if not groups:
-            raise _NotDeployed(f"Auto Scaling group {asg} not found")
+            raise NotDeployed(f"Auto Scaling group {asg} not found")
         return groups[0], groups[0].get("Instances", [])
 
     def _capacity_failures(self, region: str, asg: str | None, since: float) -> list[str]:
@@ -142,7 +147,7 @@ class EcsServiceHost(_Base):
             AutoScalingGroupName=asg, MaxRecords=50).get("Activities", [])
         out = []
         for a in acts:
-            t = _epoch(a.get("StartTime"))
+            t = epoch(a.get("StartTime"))
             if t is not None and t < since - 60:
                 continue
             text = " ".join(str(a.get(k, "")) for k in ("StatusMessage", "Description", "Cause"))
@@ -159,7 +164,7 @@ class EcsServiceHost(_Base):
     def _task_failures(self, region: str, since: float, td_arn: str | None) -> list[str]:
         out = []
         for t in self._tasks(region, "STOPPED"):
-            stopped = _epoch(t.get("stoppedAt"))
+            stopped = epoch(t.get("stoppedAt"))
             if stopped is None or stopped < since or (td_arn and t.get("taskDefinitionArn") != td_arn):
                 continue
             codes = [c.get("exitCode") for c in t.get("containers", []) if c.get("exitCode") not in (None, 0)]
@@ -195,7 +200,7 @@ class EcsServiceHost(_Base):
         if not instance_ids:
             return []
         res = self.client(region, "ec2").describe_instances(InstanceIds=instance_ids).get("Reservations", [])
-        return [t for r in res for i in r.get("Instances", []) if (t := _epoch(i.get("LaunchTime"))) is not None]
+        return [t for r in res for i in r.get("Instances", []) if (t := epoch(i.get("LaunchTime"))) is not None]
 
     def _wait_ready(self, region: str, since: float, td_arn: str | None) -> dict[str, Any]:
         deadline = self.clock() + self.p.start_timeout_s
@@ -206,7 +211,7 @@ class EcsServiceHost(_Base):
             if launched and self.started_at is not None:
                 self.started_at = min(self.started_at, min(launched))
             if len(st["capacity_failures"]) >= self.p.max_capacity_failures:
-                raise _RegionCapacity(st["capacity_failures"][-1])
+                raise RegionCapacity(st["capacity_failures"][-1])
             fails = self._task_failures(region, since, td_arn)
             if len(fails) >= self.p.max_task_failures:
                 raise AwsHostError(f"{region}: the engine task stopped {len(fails)} times: {fails[-1]}"
@@ -278,17 +283,13 @@ class EcsServiceHost(_Base):
         st = self._wait_ready(region, now, td_arn)
         return self._info(region, st)
 
-    # -- the deadline AWS enforces (aws_deadline.arm_group / clear_group) --------------------
+    # -- the deadline AWS enforces (deadline.arm_group / clear_group) --------------------
     def _arm_deadline(self, region: str, svc: dict[str, Any]) -> None:
         """servelab-deadline on the service's Auto Scaling group before it scales out."""
         if self.arm_deadline:
-            from .aws_deadline import arm_group
-
             arm_group(self, region, self._asg(region, svc))
 
     def clear_deadline(self, deadline: dict[str, Any] | None) -> str | None:
-        from .aws_deadline import clear_group
-
         return clear_group(self, deadline)
 
     def deploy(self, command: list[str], env: dict[str, str] | None = None) -> HostInfo:
@@ -345,7 +346,7 @@ class EcsServiceHost(_Base):
         done: list[str] = []
         try:
             svc = self._service(region)
-        except _NotDeployed as e:
+        except NotDeployed as e:
             return [f"{region}: nothing to stop ({e})"]
         ecs = self.client(region, "ecs")
         if svc.get("desiredCount", 0) != 0:
@@ -406,7 +407,7 @@ class EcsServiceHost(_Base):
         for r in regions:
             try:
                 st = self.probe(r)
-            except _NotDeployed as e:
+            except NotDeployed as e:
                 out[r] = {"deployed": False, "reason": str(e)}
                 continue
             svc = st["service"]
@@ -458,7 +459,7 @@ class EcsServiceHost(_Base):
         try:
             events = logs.filter_log_events(**kw).get("events", [])
         except Exception as e:  # noqa: BLE001
-            if _err_code(e) == "ResourceNotFoundException" and "logStreamNames" in kw:
+            if err_code(e) == "ResourceNotFoundException" and "logStreamNames" in kw:
                 kw.pop("logStreamNames")
                 events = logs.filter_log_events(**kw).get("events", [])
             else:
@@ -470,8 +471,6 @@ class EcsServiceHost(_Base):
         r = region or self.region or self.p.regions[0]
         return self._endpoint(r, self.probe(r))[1]
 
-    # -- dry run (aws_plan.ecs_plan) -------------------------------------------------------
+    # -- dry run (plan.ecs_plan) -------------------------------------------------------
     def plan(self, commands: dict[str, list[str]] | None = None) -> list[str]:
-        from .aws_plan import ecs_plan
-
         return ecs_plan(self.p, commands)

@@ -1,6 +1,6 @@
 """What the ECS GPU stack bills for, by the hour: fixed prices, live billable resources, leftovers.
 
-All money in USD. Pieces (aws_stack builds on them; split off to keep both files short):
+All money in USD. Pieces (`stack` builds on them):
 - `load_fixed_prices` reads data/aws-fixed-prices.yaml (quoted list prices of the NAT
   gateway, ALB, gp3, public IPv4, interface endpoints, CloudWatch Logs) per region;
 - `template_resources` reads templates/ecs-gpu-stack.yaml without AWS (the dry run), and
@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 TAG_STACK = "servelab:stack"
-PRICES_PATH = Path(__file__).resolve().parents[1] / "data" / "aws-fixed-prices.yaml"
+PRICES_PATH = Path(__file__).resolve().parents[2] / "data" / "aws-fixed-prices.yaml"
 INTERFACE_ENDPOINTS = ("ecr.api", "ecr.dkr", "logs", "ssm", "ssmmessages", "ec2messages",
                        "ecs", "ecs-agent", "ecs-telemetry")  # the template's Egress=endpoints
 ALIVE_INSTANCE = ("pending", "running", "stopping", "stopped", "shutting-down")
@@ -57,7 +57,7 @@ class CostItem:
 
 
 @lru_cache(maxsize=8)
-def _read_yaml(path: Path) -> Any:
+def read_yaml(path: Path) -> Any:
     """A data file's YAML, read once per process (the files ship with the package)."""
     return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
@@ -69,7 +69,7 @@ def load_fixed_prices(region: str, path: Path | None = None) -> dict[str, float]
     public_ipv4_hour, vpc_endpoint_az_hour, vpc_endpoint_gb, cloudwatch_logs_ingest_gb,
     data_transfer_out_gb. Raises KeyError naming the regions on file when `region` is absent.
     """
-    doc = _read_yaml(path or PRICES_PATH)
+    doc = read_yaml(path or PRICES_PATH)
     regions = doc["regions"]
     if region not in regions:
         raise KeyError(f"no fixed AWS prices for region {region!r} in {path or PRICES_PATH}; "
@@ -79,7 +79,7 @@ def load_fixed_prices(region: str, path: Path | None = None) -> dict[str, float]
 
 def hours_per_month(path: Path | None = None) -> float:
     """Hours in a billing month by AWS's convention (730), from the price file. Raises OSError, KeyError."""
-    return float(_read_yaml(path or PRICES_PATH)["hours_per_month"])
+    return float(read_yaml(path or PRICES_PATH)["hours_per_month"])
 
 
 def stack_hourly_items(region: str, *, instance_hourly_usd: float | None, running: bool,

@@ -7,12 +7,13 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from ..secrets import SECRET_NAME
-from .aws_base import (CAPACITY_CODES, CAPACITY_TEXT, TAG_KEY, AwsHostError, HostInfo, _Base, _epoch, _err_code,
-                       _guard_line, _NotDeployed, _RegionCapacity, container_argv, port_forward_command)
+from ...secrets import SECRET_NAME
+from .base import CAPACITY_CODES, CAPACITY_TEXT, TAG_KEY, BotoHost, HostInfo, container_argv, epoch, err_code, guard_line
+from .errors import AwsHostError, NotDeployed, RegionCapacity
+from .tunnel import port_forward_command
 
 # ==========================================================================================
-class SingleInstanceHost(_Base):
+class SingleInstanceHost(BotoHost):
     """One GPU instance from the public ECS GPU AMI running the engine container (no ECS)."""
 
     mode = "single-instance"
@@ -27,7 +28,7 @@ class SingleInstanceHost(_Base):
         if not subnets or not sgs:
             vpcs = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}]).get("Vpcs", [])
             if not vpcs:
-                raise _NotDeployed(f"no subnets given for {region} and no default VPC there")
+                raise NotDeployed(f"no subnets given for {region} and no default VPC there")
             vpc = vpcs[0]["VpcId"]
             if not subnets:
                 subnets = [s["SubnetId"] for s in ec2.describe_subnets(
@@ -119,15 +120,15 @@ class SingleInstanceHost(_Base):
                     inst = ec2.run_instances(**kw)["Instances"][0]
                     break
                 except Exception as e:  # noqa: BLE001
-                    if _err_code(e) in CAPACITY_CODES or CAPACITY_TEXT.search(str(e)):
-                        last = f"{_err_code(e) or 'capacity'} in {subnet}: {str(e)[:200]}"
+                    if err_code(e) in CAPACITY_CODES or CAPACITY_TEXT.search(str(e)):
+                        last = f"{err_code(e) or 'capacity'} in {subnet}: {str(e)[:200]}"
                         continue
                     raise
             if inst is None:
-                raise _RegionCapacity(last or "run_instances found no capacity")
+                raise RegionCapacity(last or "run_instances found no capacity")
             self.log(f"{region}: ec2:RunInstances -> {inst['InstanceId']}")
         iid = inst["InstanceId"]
-        launched = _epoch(inst.get("LaunchTime")) or self.clock()
+        launched = epoch(inst.get("LaunchTime")) or self.clock()
         self.started_at = min(launched, self.clock()) if self.started_at is None else self.started_at
         deadline = self.clock() + self.p.start_timeout_s
 
@@ -190,7 +191,7 @@ class SingleInstanceHost(_Base):
             insts = self._find(r, ("pending", "running", "stopping", "stopped", "shutting-down"))
             rows = []
             for i in insts:
-                t = _epoch(i.get("LaunchTime"))
+                t = epoch(i.get("LaunchTime"))
                 hours = (self.clock() - t) / 3600 if t else 0.0
                 rows.append({"id": i["InstanceId"], "state": i["State"]["Name"], "type": i.get("InstanceType"),
                              "hours_running": hours,
@@ -229,7 +230,7 @@ class SingleInstanceHost(_Base):
                      f"AWS-StartPortForwardingSession --parameters portNumber={p.container_port},"
                      f"localPortNumber={p.local_port}")
         lines.append(f"aws: stop: ec2:TerminateInstances (tag {TAG_KEY}={p.name}); wait terminated")
-        lines.append("aws: " + _guard_line(p) + "; every failure path terminates the instance")
+        lines.append("aws: " + guard_line(p) + "; every failure path terminates the instance")
         return lines
 
     def deploy(self, command: list[str], env: dict[str, str] | None = None) -> HostInfo:

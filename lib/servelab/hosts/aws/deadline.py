@@ -9,11 +9,11 @@ servelab is gone.
   (MaxSize 0 keeps the capacity provider from scaling out), set a new deadline, service
   desired 1.
 
-`arm_group` / `clear_group` do the same for the pipeline's ECS host (aws_ecs.EcsServiceHost):
+`arm_group` / `clear_group` do the same for the pipeline's ECS host (ecs.EcsServiceHost):
 the deadline is set before the service asks for an instance and cleared after a clean stop.
 
-Split off aws_stack.py (which re-exports every name) to keep both files short; every call
-takes `session_factory(region) -> boto3.Session` and an injectable `now_utc()`.
+Above `stack` (it reads the stack's outputs); every call takes
+`session_factory(region) -> boto3.Session` and an injectable `now_utc()`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from .aws_stack import SessionFactory, StackError, StackParams, _session, outputs
+from .errors import StackError
+from .session import SessionFactory, StackParams, open_session
+from .stack import outputs
 
 TAG_DEADLINE = "servelab:deadline"
 DEADLINE_ACTION = "servelab-deadline"
@@ -48,7 +50,7 @@ def set_deadline(asg_name: str, deadline_utc: datetime, *, region: str, profile:
         raise ValueError("deadline_utc must be timezone-aware (UTC)")
     if deadline_utc <= now_utc() + timedelta(seconds=60):
         raise ValueError(f"deadline {deadline_utc.isoformat()} is not at least a minute in the future")
-    asg = _session(StackParams("-", region, profile=profile), session_factory).client("autoscaling")
+    asg = open_session(StackParams("-", region, profile=profile), session_factory).client("autoscaling")
     when = deadline_utc.astimezone(UTC).replace(microsecond=0)
     asg.put_scheduled_update_group_action(AutoScalingGroupName=asg_name, ScheduledActionName=DEADLINE_ACTION,
                                           StartTime=when, MinSize=0, MaxSize=0, DesiredCapacity=0)
@@ -59,7 +61,7 @@ def set_deadline(asg_name: str, deadline_utc: datetime, *, region: str, profile:
 def clear_deadline(asg_name: str, *, region: str, profile: str | None = None,
                    session_factory: SessionFactory | None = None) -> None:
     """Removes the servelab-deadline scheduled action and tag (missing ones are fine). Raises NoCredentials."""
-    asg = _session(StackParams("-", region, profile=profile), session_factory).client("autoscaling")
+    asg = open_session(StackParams("-", region, profile=profile), session_factory).client("autoscaling")
     try:
         asg.delete_scheduled_action(AutoScalingGroupName=asg_name, ScheduledActionName=DEADLINE_ACTION)
     except ClientError as e:
@@ -72,7 +74,7 @@ def deadline_of(asg_name: str, *, region: str, profile: str | None = None,
                 session_factory: SessionFactory | None = None) -> dict[str, datetime | None] | None:
     """{"scheduled_utc": the action's StartTime, "tag_utc": the tag's time} (UTC datetimes) or None
     without either. Raises NoCredentials, botocore ClientError."""
-    asg = _session(StackParams("-", region, profile=profile), session_factory).client("autoscaling")
+    asg = open_session(StackParams("-", region, profile=profile), session_factory).client("autoscaling")
     actions = [a for page in asg.get_paginator("describe_scheduled_actions").paginate(
         AutoScalingGroupName=asg_name, ScheduledActionNames=[DEADLINE_ACTION]) for a in page["ScheduledUpdateGroupActions"]]
     groups = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[asg_name])["AutoScalingGroups"]
@@ -107,7 +109,7 @@ def start(params: StackParams, *, deadline_hours: float, session_factory: Sessio
     """
     if not deadline_hours or deadline_hours <= 0:
         raise ValueError("start needs a deadline: deadline_hours > 0 (the GPUs must stop without servelab)")
-    session = _session(params, session_factory)
+    session = open_session(params, session_factory)
     outs = outputs(params, session_factory=lambda _r: session)
     missing = [k for k in ("AsgName", "ClusterName", "ServiceName") if not outs.get(k)]
     if missing:

@@ -6,7 +6,8 @@ definition on the same instance); the study's end (and every failure or signal) 
 after a clean stop, clears the deadline. The spend/time watchdog runs for the whole `servelab
 run`; when it trips it stops the host and ends the run in the main thread (run.json partial,
 the guard's reason). AWS credentials are read (and enter the scrub list) before anything starts.
-The boto3 work is in `aws_ecs.py` / `aws_instance.py` / `aws_stack.py`."""
+The boto3 work is in `ecs.py` / `instance.py` / `stack.py` of this package; this module is
+its top (nothing here imports it back)."""
 
 from __future__ import annotations
 
@@ -17,21 +18,26 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..runfolder import HOST_JSON, RUN_JSON, read_json, write_json
-from ..schema import Study, resolve_profile
-from ..engines import get as engine_profile
-from .attach import attach
-from .aws_base import SessionFactory, _Base, open_tunnel
-from .aws_ecs import EcsServiceHost
-from .aws_instance import SingleInstanceHost
-from .base import Host
-from ..schema import AttachParams, AwsParams
+from ...engines import get as engine_profile
+from ...runfolder import HOST_JSON, RUN_JSON, read_json, write_json
+from ...schema import AttachParams, AwsParams, Study, resolve_profile
+from ..attach import attach
+from ..base import Host
+from .base import BotoHost
+from .ecs import EcsServiceHost
+from .errors import StackNotFound
+from .instance import SingleInstanceHost
+from .plan import deadline_line, stack_lines
+from .session import SessionFactory, StackParams
+from .stack import outputs as stack_outputs
+from .stack import up as stack_up
+from .tunnel import open_tunnel
 
 AWS_CLASSES = {"aws-ecs": EcsServiceHost, "aws-instance": SingleInstanceHost}
 
 
 def make_host(params: AwsParams, kind: str = "aws-ecs", session_factory: SessionFactory | None = None,
-              **kw: Any) -> _Base:
+              **kw: Any) -> BotoHost:
     """The boto3 host of `host.kind` (aws-ecs: the seeds' ECS stack; aws-instance: one instance)."""
     return AWS_CLASSES[kind](params, session_factory, **kw)
 
@@ -51,17 +57,19 @@ class AwsHost(Host):
     cost_basis = "instance"
     watchdog_interval_s = 60.0
 
-    def __init__(self, study: Study, kind: str) -> None:
+    kinds = ("aws-ecs", "aws-instance")
+
+    def __init__(self, study: Study, kind: str | None = None) -> None:
         super().__init__(study)
-        self.kind = kind
+        self.kind = kind or study.host.kind
         assert study.host.aws is not None
         self.params = study.host.aws
-        self._host: _Base | None = None
+        self._host: BotoHost | None = None
         self._credentials_read = False
         #: the watchdog's reason when it stopped the host during this run
         self.tripped: str | None = None
 
-    def boto_host(self) -> _Base:
+    def boto_host(self) -> BotoHost:
         if self._host is None:
             self._host = make_host(self.params, self.kind, log=lambda m: print(f"[servelab] aws: {m}", flush=True))
             self._sync()
@@ -85,29 +93,27 @@ class AwsHost(Host):
         """Read the profile's / environment's AWS credentials into the scrub list; raises
         secrets.AwsCredentialsError (with what to do) when they cannot be read."""
         if not self._credentials_read:
-            from ..secrets import aws_secret_values
+            from ...secrets import aws_secret_values
 
             aws_secret_values(self.params.profile)
             self._credentials_read = True
 
-    def _stack_up(self, h: _Base, create: bool = True) -> dict[str, Any]:
+    def _stack_up(self, h: BotoHost, create: bool = True) -> dict[str, Any]:
         """Create (or update, or only read: create=False) the study's stack; its outputs replace
         cluster, service, group, capacity provider and target group, and the run stays in its
-        region. Raises aws_stack.StackError (StackFailed, StackNotFound, NoCredentials)."""
+        region. Raises errors.StackError (StackFailed, StackNotFound, NoCredentials)."""
         s = self.params.stack
         if s is None:
             return {}
-        from . import aws_stack
-
         region = self.params.stack_region
-        sp = aws_stack.StackParams(s.name, region, {"InstanceType": self.params.instance_type, **s.parameters},
+        sp = StackParams(s.name, region, {"InstanceType": self.params.instance_type, **s.parameters},
                                    self.params.profile)
         h.check_account()  # nothing is created in the wrong account
         if s.create and create:
             h.log(f"{region}: cloudformation: create or update stack {s.name}")
-            outs = aws_stack.up(sp, session_factory=h.session, sleep=h.sleep, clock=h.clock)
+            outs = stack_up(sp, session_factory=h.session, sleep=h.sleep, clock=h.clock)
         else:
-            outs = aws_stack.outputs(sp, session_factory=h.session)
+            outs = stack_outputs(sp, session_factory=h.session)
         resolved = {"regions": [region], "cluster": outs.get("ClusterName"), "service": outs.get("ServiceName"),
                     "asg_name": outs.get("AsgName"), "capacity_provider": outs.get("CapacityProviderName"),
                     "target_group_arn": outs.get("TargetGroupArn"), "log_group": outs.get("LogGroupName"),
@@ -197,8 +203,6 @@ class AwsHost(Host):
         prev = read_json(state) if state.exists() else {}
         h = self.boto_host()
         if self.params.stack and not h.p.service:  # the stack's outputs were read in another process, or never
-            from .aws_stack import StackNotFound
-
             try:
                 self._stack_up(h, create=False)
             except StackNotFound:
@@ -221,7 +225,7 @@ class AwsHost(Host):
         """The instance price the dry run uses: host.aws.hourly_usd or the committed table."""
         if self.params.hourly_usd:
             return self.params.hourly_usd
-        from ..prices import PriceError, ec2_hourly_usd
+        from ...prices import PriceError, ec2_hourly_usd
 
         try:
             return ec2_hourly_usd(self.params.instance_type, self.params.stack_region or self.params.regions[0],
@@ -230,8 +234,6 @@ class AwsHost(Host):
             return None
 
     def plan_lines(self) -> list[str]:
-        from .aws_plan import deadline_line, stack_lines
-
         price = self._dry_price()
         h = make_host(self.params, self.kind, session_factory=lambda r: None)
         return (stack_lines(self.params, price) + h.plan(engine_commands(self.study))

@@ -1,23 +1,24 @@
-"""What both AWS hosts share: errors, the host record, the guards (expected account, spend and
-time limits, a watchdog thread), the region loop that moves on when GPU capacity is short and
-tears down on every failure, and the SSM port forward. Every call goes through an injectable
+"""What both AWS hosts share (`BotoHost`, the base of ecs.EcsServiceHost and
+instance.SingleInstanceHost): the host record, the guards (expected account, spend and time
+limits, a watchdog thread), the region loop that moves on when GPU capacity is short and tears
+down on every failure, and the container's argv. The SSM port forward is `tunnel.py`. Every call goes through an injectable
 boto3 Session factory (moto in tests) and an injectable clock and sleep. Not for prices
 (`servelab.prices`) or measuring (`measure`)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import shlex
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 
-from ..schema import AwsParams
+from ...schema import AwsParams
+from .errors import (AccountMismatch, AwsHostError, CapacityUnavailable, GuardTripped, HostTimeout, NotDeployed,
+                     RegionCapacity)
+from .session import SessionFactory
 
 CAPACITY_CODES = {"InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
                   "Unsupported", "InstanceLimitExceeded", "VcpuLimitExceeded", "InsufficientCapacityOnHost",
@@ -29,41 +30,6 @@ CAPACITY_TEXT = re.compile(
     r"InstanceLimitExceeded|UnfulfillableCapacity", re.I)
 
 TAG_KEY = "servelab:host"
-
-_TD_READONLY = ("taskDefinitionArn", "revision", "status", "requiresAttributes", "compatibilities",
-                "registeredAt", "registeredBy", "deregisteredAt")
-
-
-class AwsHostError(RuntimeError):
-    """An AWS host could not be started, watched or stopped; the message says what and where."""
-
-
-class AccountMismatch(AwsHostError):
-    pass
-
-
-class CapacityUnavailable(AwsHostError):
-    """No region of the list had capacity; `attempts` holds (region, reason) pairs."""
-
-    def __init__(self, attempts: list[tuple[str, str]]) -> None:
-        self.attempts = attempts
-        super().__init__("no GPU capacity in any region: " + "; ".join(f"{r}: {why}" for r, why in attempts))
-
-
-class GuardTripped(AwsHostError):
-    """The spend or time limit was reached; the host has been stopped."""
-
-
-class HostTimeout(AwsHostError):
-    pass
-
-
-class _RegionCapacity(AwsHostError):
-    pass
-
-
-class _NotDeployed(AwsHostError):
-    pass
 
 
 @dataclass
@@ -84,10 +50,9 @@ class HostInfo:
     def record(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items()}
 
-SessionFactory = Callable[[str], Any]
 
 
-def _epoch(t: Any) -> float | None:
+def epoch(t: Any) -> float | None:
     if t is None:
         return None
     if isinstance(t, datetime):
@@ -95,53 +60,8 @@ def _epoch(t: Any) -> float | None:
     return float(t)
 
 
-def _err_code(e: BaseException) -> str:
+def err_code(e: BaseException) -> str:
     return str(getattr(e, "response", {}).get("Error", {}).get("Code", "")) if hasattr(e, "response") else ""
-
-
-def port_forward_command(region: str, instance_id: str, remote_port: int, local_port: int,
-                         host: str | None = None) -> list[str]:
-    """`aws ssm start-session` port forward (needs the Session Manager plugin locally)."""
-    if host:
-        doc = "AWS-StartPortForwardingSessionToRemoteHost"
-        params = {"host": [host], "portNumber": [str(remote_port)], "localPortNumber": [str(local_port)]}
-    else:
-        doc = "AWS-StartPortForwardingSession"
-        params = {"portNumber": [str(remote_port)], "localPortNumber": [str(local_port)]}
-    return ["aws", "ssm", "start-session", "--region", region, "--target", instance_id, "--document-name", doc,
-            "--parameters", json.dumps(params, separators=(",", ":"))]
-
-
-def open_tunnel(cmd: list[str], local_port: int, timeout_s: float = 30.0) -> subprocess.Popen[bytes]:
-    """Start a port-forward command in its own process group; wait until the local port listens."""
-    import socket
-
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AwsHostError(f"port forward exited ({proc.returncode}): "
-                               f"{(proc.stderr.read() if proc.stderr else b'').decode(errors='replace')[:300]}")
-        with socket.socket() as s:
-            s.settimeout(0.5)
-            if s.connect_ex(("127.0.0.1", local_port)) == 0:
-                return proc
-        time.sleep(0.5)
-    close_tunnel(proc)
-    raise AwsHostError(f"port forward did not open 127.0.0.1:{local_port} within {timeout_s:g} s: {shlex.join(cmd)}")
-
-
-def close_tunnel(proc: subprocess.Popen[bytes]) -> None:
-    import signal
-
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(10)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def container_argv(command: list[str]) -> tuple[list[str], list[str]]:
@@ -160,7 +80,7 @@ def container_argv(command: list[str]) -> tuple[list[str], list[str]]:
     return command[:1], command[1:]
 
 
-class _Base:
+class BotoHost:
     mode = ""
 
     def __init__(self, params: AwsParams, session_factory: SessionFactory | None = None, *,
@@ -233,7 +153,7 @@ class _Base:
             if self._price_lookup:
                 v = self._price_lookup(self.p.instance_type, region)
             else:
-                from ..prices import default_cache_dir, ec2_hourly_usd
+                from ...prices import default_cache_dir, ec2_hourly_usd
 
                 v = ec2_hourly_usd(self.p.instance_type, region, use_api=self.p.price_source == "pricing-api",
                                    session=self._sessions.get(region), cache_dir=default_cache_dir())
@@ -267,11 +187,11 @@ class _Base:
         return s
 
     def watchdog(self, interval_s: float = 60.0, sync: Callable[[], None] | None = None,
-                 on_trip: Callable[[GuardTripped], None] | None = None) -> "_Watchdog":
+                 on_trip: Callable[[GuardTripped], None] | None = None) -> "Watchdog":
         """A daemon thread calling guard() every interval (after `sync()`, which may load the
         region and start time another process recorded); stops the host when a limit trips,
         then calls `on_trip(error)` (AwsHost: end the run in the main thread)."""
-        return _Watchdog(self, interval_s, sync, on_trip)
+        return Watchdog(self, interval_s, sync, on_trip)
 
     # -- the deadline AWS enforces ---------------------------------------------------------
     def limit_hours(self, region: str | None) -> tuple[float, str]:
@@ -341,11 +261,11 @@ class _Base:
                 info = self._start_in(region, command, env or {})
                 info.attempts = list(self.attempts)
                 return info
-            except _NotDeployed as e:
+            except NotDeployed as e:
                 self.attempts.append((region, str(e)))
                 self.log(f"{region}: {e}")
                 continue
-            except _RegionCapacity as e:
+            except RegionCapacity as e:
                 self.attempts.append((region, str(e)))
                 self.log(f"{region}: no capacity ({e}); tearing down and trying the next region")
                 self._teardown(region)
@@ -381,8 +301,8 @@ class _Base:
         raise NotImplementedError
 
 
-class _Watchdog:
-    def __init__(self, host: _Base, interval_s: float, sync: Callable[[], None] | None = None,
+class Watchdog:
+    def __init__(self, host: BotoHost, interval_s: float, sync: Callable[[], None] | None = None,
                  on_trip: Callable[[GuardTripped], None] | None = None) -> None:
         self.host, self.interval_s, self.sync, self.on_trip = host, interval_s, sync, on_trip
         self._stop = threading.Event()
@@ -403,7 +323,7 @@ class _Watchdog:
             except Exception as e:  # noqa: BLE001 - keep watching through transient API errors
                 self.host.log(f"watchdog: {type(e).__name__}: {e}")
 
-    def __enter__(self) -> "_Watchdog":
+    def __enter__(self) -> "Watchdog":
         self._t.start()
         return self
 
@@ -412,7 +332,7 @@ class _Watchdog:
         self._t.join(5)
 
 
-def _guard_line(p: AwsParams) -> str:
+def guard_line(p: AwsParams) -> str:
     parts = []
     if p.max_hours:
         parts.append(f"{p.max_hours:g} h")
