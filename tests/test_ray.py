@@ -18,7 +18,9 @@ from servelab.hosts.base import Server
 from servelab.measure import runner
 from servelab.measure.client import RequestSpec
 from servelab.measure.runinfo import base_record
-from servelab.measure.workers import Job, WorkerPool, make_pool, worker_count
+from servelab.measure.pools import make_pool, worker_count
+from servelab.measure.rounds import Job
+from servelab.measure.workers import WorkerPool
 from servelab.runfolder import read_json, read_jsonl
 from servelab.schema import Bucket, ParamsError, Workload, study_from_dict
 from servelab.schema.parts import WorkerBackend

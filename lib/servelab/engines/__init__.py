@@ -13,35 +13,17 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from .base import EngineProfile
-from .prom import ServerSample, _index
+from .flags import load_engine_env
+from .prom import ServerSample, index_metrics
 from .sglang import SglangProfile
 from .vllm import VllmProfile
 
 PROFILES: dict[str, EngineProfile] = {p.kind: p for p in (VllmProfile(), SglangProfile())}
 KINDS = tuple(PROFILES)
 
-# Engine environment variables the seeds set (documented; values checked where typed).
-ENGINE_ENV: dict[str, dict[str, Any]] = {
-    "SGLANG_ENABLE_DSV41_ENGRAM_HOST_TABLE": {
-        "engine": "sglang", "type": "bool",
-        "doc": "keep DeepSeek V4.1's Engram tables in host (CPU) memory instead of HBM (seed 000: "
-               "required on g7e.24xlarge; ~23.56 GiB less weight per GPU)"},
-    "SGLANG_DSV41_ENGRAM_HOST_TABLE_LAYOUT": {
-        "engine": "sglang", "type": "str",
-        "doc": "host-table layout: 'private' (seed 000's dev-dsv41 image: each rank holds its share); "
-               "sglang 0.5.23 names the layouts 'shared' and 'per_rank'"},
-    "SGLANG_DSV41_ENGRAM_HOST_TABLE_PIN": {
-        "engine": "sglang", "type": "bool",
-        "doc": "allocate the host table in pinned memory for faster H2D copies (needs memlock unlimited)"},
-    "SGLANG_ENABLE_DSV41_ENGRAM_DROP_PAGE_CACHE": {
-        "engine": "sglang", "type": "bool",
-        "doc": "drop the weight files' page cache after loading (seed 000 sets false: reload ~40 s)"},
-    "SGLANG_SM120_FLASHMLA_BACKEND": {
-        "engine": "sglang", "type": "str",
-        "doc": "Sparse MLA implementation on SM120 (RTX PRO 6000); seed 000: triton (flashinfer stalls in prefill)"},
-    "SGLANG_DEFAULT_THINKING": {
-        "engine": "sglang", "type": "bool", "doc": "thinking (reasoning) on by default; seed 000: false"},
-}
+# Engine environment variables the seeds set (documented; values checked where typed): data/engine-env.yaml.
+ENGINE_ENV: dict[str, dict[str, Any]] = load_engine_env()
+EngineProfile.register(PROFILES)  # the profiles reach each other through the registry, not by importing it
 
 
 def get(kind: str) -> EngineProfile:
@@ -68,7 +50,7 @@ def parse_metrics(text: str) -> ServerSample:
     if kind == "unknown":
         list(text_string_to_metric_families(text))  # still validate the format
         return ServerSample()
-    return PROFILES[kind].parse_metrics(_index(text))
+    return PROFILES[kind].parse_metrics(index_metrics(text))
 
 
 def build_command(p: Any, model_dir: str, python: str | None = None) -> list[str]:

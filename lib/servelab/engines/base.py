@@ -4,7 +4,7 @@ An `EngineProfile` knows its flag table, the command line and environment that s
 the checks and derived values for a configuration's flags, what a report says about them,
 how to read its `/metrics` and where its server facts live. The registry
 (`servelab.engines.get`) hands out one profile per `engine.kind`; code outside `engines/`
-never branches on the kind. Not for running the process (`engines.process`).
+never branches on the kind. Not for running the process (`servelab.hosts.process`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from .flags import FlagTable, check_value, flag_args, flag_on, get_flag, load_table, norm
-from .prom import ServerSample, _Series
+from .flags import FlagTable, check_value, flag_args, flag_on, get_flag, load_engine_env, load_table, norm
+from .prom import ServerSample, Series
 
 if TYPE_CHECKING:  # a profile takes schema.EngineParams; schema validates flags through the profiles
     from ..schema import EngineParams
@@ -37,6 +37,14 @@ class EngineProfile:
     auto_flags: tuple[str, ...] = ()  # flags whose value may be `auto` (derived)
     info_paths: tuple[str, ...] = ("/version",)  # server facts endpoints, first that answers
     base_env: dict[str, str] = {"HF_HUB_OFFLINE": "1"}
+    #: every registered profile by kind (set by the registry, servelab.engines, through `register`)
+    peers: Mapping[str, "EngineProfile"] = {}
+
+    @classmethod
+    def register(cls, profiles: Mapping[str, "EngineProfile"]) -> None:
+        """Make the registry's profiles known to each other (the other engine's flags and
+        environment prefix in a message) without a profile importing its package back."""
+        EngineProfile.peers = profiles
 
     # -- flags ----------------------------------------------------------------------------
     @property
@@ -48,10 +56,8 @@ class EngineProfile:
 
     def suggest(self, flag: str) -> str:
         """The message for a flag this engine does not know (spelling, or another engine's flag)."""
-        from . import PROFILES
-
         hint = self.equivalents.get(flag)
-        for other in PROFILES.values():
+        for other in self.peers.values():
             if other.kind != self.kind and flag in other.table.spell:
                 art = "an" if other.label[0] in "AEIOS" else "a"
                 me = "an" if self.label[0] in "AEIOS" else "a"
@@ -95,15 +101,14 @@ class EngineProfile:
 
     def validate_env(self, env: dict[str, str]) -> list[str]:
         """Problems with engine environment variables: another engine's prefix, bad booleans."""
-        from . import PROFILES, ENGINE_ENV
-
         errs: list[str] = []
-        others = {p.env_prefix: p.label for p in PROFILES.values() if p.kind != self.kind and p.env_prefix}
+        others = {p.env_prefix: p.label for p in self.peers.values() if p.kind != self.kind and p.env_prefix}
+        engine_env = load_engine_env()
         for k, v in env.items():
             for prefix, label in others.items():
                 if k.startswith(prefix):
                     errs.append(f"env {k}: an {label} variable on a {self.kind} engine")
-            spec = ENGINE_ENV.get(k)
+            spec = engine_env.get(k)
             if spec and spec["type"] == "bool" and str(v).strip().lower() not in _BOOL_STRINGS:
                 errs.append(f"env {k}: expected true or false, got {v!r}")
             if not isinstance(v, str):
@@ -185,7 +190,7 @@ class EngineProfile:
         v = info.get("version")
         return str(v) if v else None
 
-    def parse_metrics(self, idx: Mapping[str, _Series]) -> ServerSample:
+    def parse_metrics(self, idx: Mapping[str, Series]) -> ServerSample:
         raise NotImplementedError
 
 

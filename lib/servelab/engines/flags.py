@@ -148,6 +148,15 @@ class FlagTable:
 
 
 @cache
+def load_engine_env() -> dict[str, dict[str, Any]]:
+    """The engine environment variables the seeds set, from `engines/data/engine-env.yaml`:
+    {name: {"engine", "type" (bool values are checked), "doc"}}."""
+    import yaml
+
+    return yaml.safe_load((DATA / "engine-env.yaml").read_text())
+
+
+@cache
 def load_table(kind: str) -> FlagTable:
     """The flag table of engine `kind` from `engines/data/<kind>-flags.txt` (first line: its source)."""
     text = (DATA / f"{kind}-flags.txt").read_text()

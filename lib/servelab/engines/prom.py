@@ -91,17 +91,17 @@ COUNTER_FIELDS: tuple[str, ...] = (
     "e2e_count",
 )
 
-_Series = list[tuple[dict[str, str], float]]
+Series = list[tuple[dict[str, str], float]]
 
 
-def _index(text: str) -> dict[str, _Series]:
+def index_metrics(text: str) -> dict[str, Series]:
     """Sample name -> [(labels, value)], across all families.
 
     Indexing by *sample* name sidesteps the parser's family renaming (a counter
     family ``x`` has samples ``x_total``/``x_created``; a histogram ``h`` has
     ``h_bucket``/``h_sum``/``h_count``). NaN values are dropped.
     """
-    out: dict[str, _Series] = defaultdict(list)
+    out: dict[str, Series] = defaultdict(list)
     # Histogram buckets are most of the lines and nothing here reads them (only _sum/_count):
     # dropping them before the pure-Python parser cuts its CPU per scrape several-fold, CPU the
     # sampler would otherwise take from the client and, on a small machine, from the server.
@@ -115,7 +115,7 @@ def _index(text: str) -> dict[str, _Series]:
     return out
 
 
-def _first(idx: Mapping[str, _Series], names: Iterable[str]) -> _Series | None:
+def first_series(idx: Mapping[str, Series], names: Iterable[str]) -> Series | None:
     """Series of the first name present (preference order, never summed across names)."""
     for n in names:
         series = idx.get(n)
@@ -124,13 +124,13 @@ def _first(idx: Mapping[str, _Series], names: Iterable[str]) -> _Series | None:
     return None
 
 
-def _counter_names(base: str) -> tuple[str, str]:
+def counter_names(base: str) -> tuple[str, str]:
     # Typed counters always parse to `<base>_total`; an untyped bare `<base>` line
     # (no TYPE comment) keeps its literal name.
     return (f"{base}_total", base)
 
 
-def _dedup_tp(series: _Series) -> _Series:
+def dedup_tp(series: Series) -> Series:
     """Keep one series per label set ignoring ``tp_rank`` (SGLang TP mirrors)."""
     best: dict[tuple[tuple[str, str], ...], tuple[int, dict[str, str], float]] = {}
     for labels, v in series:
@@ -144,19 +144,19 @@ def _dedup_tp(series: _Series) -> _Series:
     return [(labels, v) for _, labels, v in best.values()]
 
 
-def _sum(series: _Series | None) -> float | None:
+def sum_of(series: Series | None) -> float | None:
     return None if not series else float(sum(v for _, v in series))
 
 
-def _mean(series: _Series | None) -> float | None:
+def mean_of(series: Series | None) -> float | None:
     return None if not series else float(sum(v for _, v in series) / len(series))
 
 
-def _int(x: float | None) -> int | None:
+def to_int(x: float | None) -> int | None:
     return None if x is None else int(round(x))
 
 
-def _label_int(value: str | None) -> int | None:
+def label_int(value: str | None) -> int | None:
     if value is None:
         return None
     try:
@@ -165,13 +165,13 @@ def _label_int(value: str | None) -> int | None:
         return None
 
 
-def _hist(idx: Mapping[str, _Series], bases: Iterable[str], tp_dedup: bool = False) -> tuple[float | None, float | None]:
+def histogram(idx: Mapping[str, Series], bases: Iterable[str], tp_dedup: bool = False) -> tuple[float | None, float | None]:
     """(sum, count) of the first histogram base name that is present."""
     for base in bases:
         s, c = idx.get(f"{base}_sum"), idx.get(f"{base}_count")
         if s or c:
             if tp_dedup:
-                s = _dedup_tp(s) if s else s
-                c = _dedup_tp(c) if c else c
-            return _sum(s), _sum(c)
+                s = dedup_tp(s) if s else s
+                c = dedup_tp(c) if c else c
+            return sum_of(s), sum_of(c)
     return None, None

@@ -29,14 +29,14 @@ from .base import EngineProfile, python_executable
 from .flags import AUTO, flag_on, get_flag, norm
 from .prom import (
     ServerSample,
-    _counter_names,
-    _dedup_tp,
-    _first,
-    _hist,
-    _int,
-    _mean,
-    _Series,
-    _sum,
+    counter_names,
+    dedup_tp,
+    first_series,
+    histogram,
+    to_int,
+    mean_of,
+    Series,
+    sum_of,
 )
 
 if TYPE_CHECKING:  # a profile takes schema.EngineParams; schema validates flags through the profiles
@@ -123,29 +123,29 @@ def _sglang_conflicts(args: dict[str, Any], concurrency: Iterable[int] | None) -
     return errs
 
 
-def parse_sglang_metrics(idx: Mapping[str, _Series]) -> ServerSample:
-    def get(names: Iterable[str]) -> _Series | None:
-        series = _first(idx, names)
-        return _dedup_tp(series) if series else None
+def parse_sglang_metrics(idx: Mapping[str, Series]) -> ServerSample:
+    def get(names: Iterable[str]) -> Series | None:
+        series = first_series(idx, names)
+        return dedup_tp(series) if series else None
 
     s = ServerSample(engine="sglang")
-    s.kv_usage_frac = _mean(get(["sglang:token_usage"]))
-    s.kv_capacity_tokens = _int(_sum(get(["sglang:max_total_num_tokens"])))
-    s.running = _int(_sum(get(["sglang:num_running_reqs"])))
-    s.waiting = _int(_sum(get(["sglang:num_queue_reqs"])))
-    s.preemptions_total = _sum(get(_counter_names("sglang:num_retracted_requests")))
-    s.retracted_reqs = _int(_sum(get(["sglang:num_retracted_reqs"])))
-    s.cache_hit_rate = _mean(get(["sglang:cache_hit_rate"]))
-    s.spec_accept_length = _mean(get(["sglang:spec_accept_length"]))
-    s.prompt_tokens_total = _sum(get(_counter_names("sglang:prompt_tokens")))
-    s.generation_tokens_total = _sum(get(_counter_names("sglang:generation_tokens")))
-    s.prefix_cache_hits_total = _sum(get(_counter_names("sglang:cached_tokens")))
+    s.kv_usage_frac = mean_of(get(["sglang:token_usage"]))
+    s.kv_capacity_tokens = to_int(sum_of(get(["sglang:max_total_num_tokens"])))
+    s.running = to_int(sum_of(get(["sglang:num_running_reqs"])))
+    s.waiting = to_int(sum_of(get(["sglang:num_queue_reqs"])))
+    s.preemptions_total = sum_of(get(counter_names("sglang:num_retracted_requests")))
+    s.retracted_reqs = to_int(sum_of(get(["sglang:num_retracted_reqs"])))
+    s.cache_hit_rate = mean_of(get(["sglang:cache_hit_rate"]))
+    s.spec_accept_length = mean_of(get(["sglang:spec_accept_length"]))
+    s.prompt_tokens_total = sum_of(get(counter_names("sglang:prompt_tokens")))
+    s.generation_tokens_total = sum_of(get(counter_names("sglang:generation_tokens")))
+    s.prefix_cache_hits_total = sum_of(get(counter_names("sglang:cached_tokens")))
     if s.prefix_cache_hits_total is None and s.prompt_tokens_total is not None:
         s.prefix_cache_hits_total = 0.0  # the counter series appears with the first cache hit
-    s.ttft_sum_s, s.ttft_count = _hist(idx, ["sglang:time_to_first_token_seconds"], tp_dedup=True)
-    s.itl_sum_s, s.itl_count = _hist(idx, ["sglang:inter_token_latency_seconds"], tp_dedup=True)
-    s.e2e_sum_s, s.e2e_count = _hist(idx, ["sglang:e2e_request_latency_seconds"], tp_dedup=True)
-    s.queue_sum_s, s.queue_count = _hist(idx, ["sglang:queue_time_seconds"], tp_dedup=True)
+    s.ttft_sum_s, s.ttft_count = histogram(idx, ["sglang:time_to_first_token_seconds"], tp_dedup=True)
+    s.itl_sum_s, s.itl_count = histogram(idx, ["sglang:inter_token_latency_seconds"], tp_dedup=True)
+    s.e2e_sum_s, s.e2e_count = histogram(idx, ["sglang:e2e_request_latency_seconds"], tp_dedup=True)
+    s.queue_sum_s, s.queue_count = histogram(idx, ["sglang:queue_time_seconds"], tp_dedup=True)
     return s
 
 
@@ -197,5 +197,5 @@ class SglangProfile(EngineProfile):
                 "speculative": f"{algo} k={sglang_spec_tokens(args)}" if flag_on(args, "speculative-algorithm") else None,
                 "prefix_cache": not flag_on(args, "disable-radix-cache")}
 
-    def parse_metrics(self, idx: Mapping[str, _Series]) -> ServerSample:
+    def parse_metrics(self, idx: Mapping[str, Series]) -> ServerSample:
         return parse_sglang_metrics(idx)

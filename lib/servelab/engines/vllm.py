@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .base import EngineProfile, has_gpu, python_executable
 from .flags import AUTO, flag_on, get_flag, json_value, load_table, norm
-from .prom import ServerSample, _counter_names, _first, _hist, _int, _label_int, _mean, _Series, _sum
+from .prom import ServerSample, counter_names, first_series, histogram, to_int, label_int, mean_of, Series, sum_of
 
 if TYPE_CHECKING:  # a profile takes schema.EngineParams; schema validates flags through the profiles
     from ..schema import EngineParams
@@ -140,25 +140,25 @@ def _vllm_conflicts(args: dict[str, Any], concurrency: Iterable[int] | None) -> 
     return errs
 
 
-def parse_vllm_metrics(idx: Mapping[str, _Series]) -> ServerSample:
+def parse_vllm_metrics(idx: Mapping[str, Series]) -> ServerSample:
     s = ServerSample(engine="vllm")
-    s.kv_usage_frac = _mean(_first(idx, ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]))
-    s.running = _int(_sum(_first(idx, ["vllm:num_requests_running"])))
-    s.waiting = _int(_sum(_first(idx, ["vllm:num_requests_waiting"])))
-    s.preemptions_total = _sum(_first(idx, _counter_names("vllm:num_preemptions")))
-    s.prefix_cache_queries_total = _sum(
-        _first(idx, [*_counter_names("vllm:prefix_cache_queries"), *_counter_names("vllm:gpu_prefix_cache_queries")])
+    s.kv_usage_frac = mean_of(first_series(idx, ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]))
+    s.running = to_int(sum_of(first_series(idx, ["vllm:num_requests_running"])))
+    s.waiting = to_int(sum_of(first_series(idx, ["vllm:num_requests_waiting"])))
+    s.preemptions_total = sum_of(first_series(idx, counter_names("vllm:num_preemptions")))
+    s.prefix_cache_queries_total = sum_of(
+        first_series(idx, [*counter_names("vllm:prefix_cache_queries"), *counter_names("vllm:gpu_prefix_cache_queries")])
     )
-    s.prefix_cache_hits_total = _sum(
-        _first(idx, [*_counter_names("vllm:prefix_cache_hits"), *_counter_names("vllm:gpu_prefix_cache_hits")])
+    s.prefix_cache_hits_total = sum_of(
+        first_series(idx, [*counter_names("vllm:prefix_cache_hits"), *counter_names("vllm:gpu_prefix_cache_hits")])
     )
-    s.spec_drafts_total = _sum(_first(idx, _counter_names("vllm:spec_decode_num_drafts")))
-    s.spec_draft_tokens_total = _sum(_first(idx, _counter_names("vllm:spec_decode_num_draft_tokens")))
-    s.spec_accepted_tokens_total = _sum(_first(idx, _counter_names("vllm:spec_decode_num_accepted_tokens")))
-    s.prompt_tokens_total = _sum(_first(idx, _counter_names("vllm:prompt_tokens")))
-    s.generation_tokens_total = _sum(_first(idx, _counter_names("vllm:generation_tokens")))
+    s.spec_drafts_total = sum_of(first_series(idx, counter_names("vllm:spec_decode_num_drafts")))
+    s.spec_draft_tokens_total = sum_of(first_series(idx, counter_names("vllm:spec_decode_num_draft_tokens")))
+    s.spec_accepted_tokens_total = sum_of(first_series(idx, counter_names("vllm:spec_decode_num_accepted_tokens")))
+    s.prompt_tokens_total = sum_of(first_series(idx, counter_names("vllm:prompt_tokens")))
+    s.generation_tokens_total = sum_of(first_series(idx, counter_names("vllm:generation_tokens")))
 
-    info = _first(idx, ["vllm:cache_config_info"])
+    info = first_series(idx, ["vllm:cache_config_info"])
     if info:
 
         def engine_key(item: tuple[dict[str, str], float]) -> tuple[int, str]:
@@ -166,19 +166,19 @@ def parse_vllm_metrics(idx: Mapping[str, _Series]) -> ServerSample:
             return (int(e), e) if e.isdigit() else (1 << 30, e)
 
         ordered = sorted(info, key=engine_key)
-        s.num_gpu_blocks = _label_int(ordered[0][0].get("num_gpu_blocks"))
-        s.block_size = _label_int(ordered[0][0].get("block_size"))
+        s.num_gpu_blocks = label_int(ordered[0][0].get("num_gpu_blocks"))
+        s.block_size = label_int(ordered[0][0].get("block_size"))
         caps = [
-            (_label_int(lab.get("num_gpu_blocks")), _label_int(lab.get("block_size"))) for lab, _ in ordered
+            (label_int(lab.get("num_gpu_blocks")), label_int(lab.get("block_size"))) for lab, _ in ordered
         ]
         if all(nb is not None and bs is not None for nb, bs in caps):
             s.kv_capacity_tokens = sum(nb * bs for nb, bs in caps)  # type: ignore[operator]
 
-    s.ttft_sum_s, s.ttft_count = _hist(idx, ["vllm:time_to_first_token_seconds"])
-    s.itl_sum_s, s.itl_count = _hist(idx, ["vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"])
-    s.prefill_sum_s, s.prefill_count = _hist(idx, ["vllm:request_prefill_time_seconds"])
-    s.queue_sum_s, s.queue_count = _hist(idx, ["vllm:request_queue_time_seconds"])
-    s.e2e_sum_s, s.e2e_count = _hist(idx, ["vllm:e2e_request_latency_seconds"])
+    s.ttft_sum_s, s.ttft_count = histogram(idx, ["vllm:time_to_first_token_seconds"])
+    s.itl_sum_s, s.itl_count = histogram(idx, ["vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"])
+    s.prefill_sum_s, s.prefill_count = histogram(idx, ["vllm:request_prefill_time_seconds"])
+    s.queue_sum_s, s.queue_count = histogram(idx, ["vllm:request_queue_time_seconds"])
+    s.e2e_sum_s, s.e2e_count = histogram(idx, ["vllm:e2e_request_latency_seconds"])
     return s
 
 
@@ -247,5 +247,5 @@ class VllmProfile(EngineProfile):
                 "speculative": f"{sc.get('method', '?')} k={sc.get('num_speculative_tokens')}" if sc else None,
                 "prefix_cache": not flag_on(args, "no-enable-prefix-caching")}
 
-    def parse_metrics(self, idx: Mapping[str, _Series]) -> ServerSample:
+    def parse_metrics(self, idx: Mapping[str, Series]) -> ServerSample:
         return parse_vllm_metrics(idx)

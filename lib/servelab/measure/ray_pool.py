@@ -3,7 +3,7 @@
 
 `RayWorkerPool` has `WorkerPool`'s interface (`run_round`, `describe`, `close`). Each worker is
 an actor (`ClientActor`, threaded) whose own thread runs servelab's streaming client
-(`workers.run_round` -> `client.send`) on its own event loop (uvloop when installed) for its
+(`rounds.run_round` -> `client.send`) on its own event loop (uvloop when installed) for its
 share of every round (`jobs[i::n]`, the concurrency split the same way). Results stream back
 while the round runs: the driver keeps one `poll()` call in flight per actor, which returns
 whatever finished since the last one (a batch, at most `POLL_WAIT_S` after the first result),
@@ -23,7 +23,7 @@ every job it had not reported recorded once through `on_result` as a failed resu
 error_kind "worker_lost" and Ray's reason; the driver tracks the seqs it has received, so a
 late or repeated result is dropped, never written twice. The round goes on with the other
 workers, later rounds are split across the survivors, and when none is left `run_round`
-raises `workers.PoolLost` (the run ends as partial; `--resume` redoes the level).
+raises `rounds.PoolLost` (the run ends as partial; `--resume` redoes the level).
 Not for the grid, files or resume (`runner`).
 """
 
@@ -44,7 +44,7 @@ from ray.exceptions import RayError
 
 from ..hosts.base import Server
 from . import client as sc
-from .workers import Job, PoolLost, _run, merge_stats, run_round
+from .rounds import Job, PoolLost, merge_stats, run_loop, run_round
 
 WORKER_LOST = "worker_lost"
 CLOCK_SAMPLES = 8  # round trips per clock-offset measurement (the least RTT is kept)
@@ -72,7 +72,7 @@ class ClientActor:
             _renice(niceness)
         self._cmds: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._out: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=_run, args=(self._main(base_url, headers, max_c),), daemon=True)
+        self._thread = threading.Thread(target=run_loop, args=(self._main(base_url, headers, max_c),), daemon=True)
         self._thread.start()
 
     async def _main(self, base_url: str, headers: dict[str, str], max_c: int) -> None:

@@ -30,7 +30,9 @@ from ..hosts.base import Server
 from ..runfolder import CLIENT_STATS, GPU_METRICS, LEVELS, RECORDS, SERVER_METRICS, JsonlWriter, RunFolder, now_iso, read_jsonl
 from ..schema import Bucket, Workload
 from . import client as sc
-from .workers import Job, PoolLost, WorkerPool, make_pool, run_round, run_sync, worker_count
+from .pools import make_pool, worker_count
+from .rounds import Job, PoolLost, run_round, run_sync
+from .workers import WorkerPool
 from .workload import Calibrated, calibrate, token_counter
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -49,8 +49,8 @@ import numpy as np
 import pandas as pd
 
 from . import client as sc
-from .runner import Job, run_round, run_sync
-from .workers import make_pool
+from .pools import make_pool
+from .rounds import Job, run_round, run_sync
 
 DEFAULT_LEVELS = (1, 4, 16, 64, 256, 512, 1024)
 TTFT_ERR_LIMIT_MS = 1.0  # target: TTFT median error <= 1 ms
