@@ -32,14 +32,15 @@ resume = False  # (benchmark only) continue an interrupted run
 start = False  # (launch, benchmark) start the engine / send load; servelab run sets it
 
 # %%
-from servelab import pipeline, stages
+from servelab import stages
 from servelab.paths import resolve
+from servelab.plan import load_plan
 
-study = pipeline.load(params_path, reduced)
+plan = load_plan(params_path, config_id, reduced)  # engine, workload and host, resolved once
 rdir = resolve(run_dir)
 
 # %%
-host = stages.provision(study, config_id, rdir)
+host = stages.provision(plan, rdir)
 host
 
 # %% [markdown]

@@ -31,16 +31,17 @@ resume = False  # (benchmark only) continue an interrupted run
 start = False  # start the engine (servelab run sets it); False: show the command only
 
 # %%
-from servelab import pipeline, stages
+from servelab import stages
 from servelab.paths import resolve
+from servelab.plan import load_plan
 
-study = pipeline.load(params_path, reduced)
+plan = load_plan(params_path, config_id, reduced)  # engine, workload and host, resolved once
 rdir = resolve(run_dir)
-print(stages.launch_plan(study, config_id))
+print(stages.launch_plan(plan))
 
 # %%
 if start:
-    handle = stages.launch(study, config_id, rdir)
+    handle = stages.launch(plan, rdir)
     display(stages.launch_table(handle))
 else:
     print("start = False: nothing started. Set start = True (or run `servelab run`) to launch it.")

@@ -31,19 +31,20 @@ resume = False  # continue an interrupted run from its first incomplete level
 start = False  # send the load (servelab run sets it); False: show the plan only
 
 # %%
-from servelab import pipeline, stages
+from servelab import stages
 from servelab.paths import resolve
+from servelab.plan import load_plan
 
-study = pipeline.load(params_path, reduced)
+plan = load_plan(params_path, config_id, reduced)  # engine, workload and host, resolved once
 rdir = resolve(run_dir)
-stages.level_plan(study, config_id)
+stages.level_plan(plan)
 
 # %% [markdown]
 # ## Run the load levels
 
 # %%
 if start:
-    result = stages.benchmark(study, config_id, rdir, progress=False, resume=resume)
+    result = stages.benchmark(plan, rdir, progress=False, resume=resume)
     print(f"status: {result.status}, records: {result.records}. {result.message}")
     display(stages.summary_table(result.summary))
 else:

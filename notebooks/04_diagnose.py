@@ -29,12 +29,12 @@ resume = False  # (benchmark only) continue an interrupted run
 start = False  # (launch, benchmark only)
 
 # %%
-from servelab import pipeline, stages
+from servelab import stages
 from servelab.paths import resolve
 from servelab.report import plots
+from servelab.runfolder import RunFolder
 
-study = pipeline.load(params_path, reduced)
-run = stages.load_run(resolve(run_dir))
+run = RunFolder(resolve(run_dir))  # everything the run folder holds, read from files only
 
 # %% [markdown]
 # ## TTFT vs prompt length

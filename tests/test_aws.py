@@ -32,7 +32,7 @@ from servelab.hosts.aws.errors import AccountMismatch, AwsHostError, CapacityUna
 from servelab.hosts.aws.instance import SingleInstanceHost
 from servelab.hosts.aws.tunnel import port_forward_command
 from servelab.hosts import for_study
-from servelab.schema import GPU_AMI_PARAMETER, AwsEcsHostParams, AwsInstanceHostParams, AwsParams
+from servelab.schema import GPU_AMI_PARAMETER, AwsEcsHostParams, AwsInstanceHostParams, AwsParams, resolve_profile
 
 ACCOUNT = "123456789012"  # moto's
 CLUSTER, SERVICE, POOL, CP = "llm", "llm-deepseek-v4-flash", "g7e-2gpu", "g7e-2gpu-cp"
@@ -557,7 +557,8 @@ def test_plan_lines_only_for_an_aws_host():
 
     from servelab.schema import load_study
 
-    assert for_study(load_study(Path(__file__).resolve().parents[1] / "params" / "local-cpu.yaml")).plan_lines() == []
+    study = load_study(Path(__file__).resolve().parents[1] / "params" / "local-cpu.yaml")
+    assert for_study(study).plan_lines({c.id: study.engine_for(c.id) for c in study.configurations}) == []
 
 
 # -- the deadline AWS enforces, through the pipeline's AwsHost -----------------------------------
@@ -602,7 +603,7 @@ def test_killed_run_leaves_the_deadline_action_in_place(aws, tmp_path, monkeypat
             f"{model.name} {params.get('desiredCount', params.get('MaxSize', ''))}".strip()))
     t0 = cloud.now
     rdir = tmp_path / "runs" / study.study / "eager"
-    rec = host.provision("eager", rdir)
+    rec = host.provision("eager", rdir, resolve_profile(study, "eager"))
     # MaxSize restored, then the deadline, then (only then) the service asks for the GPU
     assert calls[:3] == ["UpdateAutoScalingGroup 1", "PutScheduledUpdateGroupAction 0", "UpdateService 1"]
     want = datetime.fromtimestamp(t0 + 8 * 3600, timezone.utc).replace(microsecond=0)

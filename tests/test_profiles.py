@@ -262,7 +262,7 @@ def test_dry_run_lines_call_no_aws(monkeypatch):
     monkeypatch.setattr(boto3, "client", boom)
     for name in ("seed-001-vllm-g7e.yaml", "seed-000-sglang-g7e.yaml", "seed-000-sglang-g7e-8gpu.yaml"):
         s = load(name)
-        plan = for_study(s).plan_lines()
+        plan = for_study(s).plan_lines({c.id: resolve_profile(s, c.id) for c in s.configurations})
         assert any("ecs:UpdateService" in ln and "desiredCount=1" in ln for ln in plan)
         assert any("DesiredCapacity=0" in ln for ln in plan)
         assert any("sts:GetCallerIdentity" in ln for ln in plan)

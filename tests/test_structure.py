@@ -168,3 +168,23 @@ def test_the_cycle_finder_finds_a_lazy_circle():
     assert import_cycles(graph) == [["a", "b", "c", "a"]]
     tree = ast.parse("def f():\n    from . import x\nif TYPE_CHECKING:\n    import y\n")
     assert [type(n).__name__ for n in _runtime_imports(tree)] == ["ImportFrom"]
+
+
+def test_every_library_error_derives_from_servelab_error():
+    """One root (servelab.errors.ServelabError) for every exception class the library defines;
+    pipeline.Stopped is a signal (a KeyboardInterrupt), not an error."""
+    import importlib
+
+    from servelab.errors import ServelabError
+
+    found, outside = [], []
+    for p in _modules():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ClassDef):
+                cls = getattr(importlib.import_module(_module_name(p)), node.name, None)
+                if isinstance(cls, type) and issubclass(cls, BaseException):
+                    found.append(node.name)
+                    if not issubclass(cls, ServelabError):
+                        outside.append(f"{_module_name(p)}.{node.name}")
+    assert outside == ["servelab.pipeline.Stopped"]
+    assert len(found) >= 23

@@ -12,6 +12,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from .errors import ServelabError
 from .schema import ParamsError, load_study
 
 EXIT_USAGE = 2
@@ -216,15 +217,16 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .hosts import EngineError
-
     a = parser().parse_args(argv)
     try:
         return a.fn(a)
-    except ParamsError as e:
+    except ParamsError as e:  # a ServelabError: the params file is wrong (usage)
         print(str(e), file=sys.stderr)
         return EXIT_USAGE
-    except (EngineError, FileExistsError, FileNotFoundError, ValueError) as e:
+    except ServelabError as e:  # every error servelab raises on purpose
+        print(f"servelab {a.cmd}: {e}", file=sys.stderr)
+        return EXIT_FAIL
+    except (FileExistsError, FileNotFoundError, ValueError) as e:  # the same, raised as built-ins (pydantic, yaml, checks)
         print(f"servelab {a.cmd}: {e}", file=sys.stderr)
         return EXIT_FAIL
     except KeyboardInterrupt:

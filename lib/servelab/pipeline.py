@@ -26,24 +26,27 @@ from typing import Any
 import yaml
 
 from . import stages
+from .errors import ServelabError
 from .hosts import EngineError, for_study
 from .measure.runner import finalize
+from .plan import ConfigPlan, plan_study
 from .runfolder import (ENGINE_JSON, ENGINE_LOG, PARAMS_EFFECTIVE, PUBLISHED_FILES, RECORDS, STUDY_JSON, RunFolder,
                         project_root, read_json, reports_root, runs_root, write_json)
-from .schema import Study, load_study, resolve_profile
+from .schema import FORMAT_VERSION, Study
 from .secrets import scrub_file, scrub_tree
 
 STAGES = ["01_provision", "02_launch", "03_benchmark", "04_diagnose"]
 WRITEUP = "05_writeup"
 
 
-class PublishedReportExists(FileExistsError):
+class PublishedReportExists(ServelabError, FileExistsError):
     pass
 
 
 class Stopped(KeyboardInterrupt):
     """SIGTERM or SIGHUP arrived: end the run as Ctrl-C does (a KeyboardInterrupt, so every
-    `finally` runs), with the signal's name as the reason."""
+    `finally` runs), with the signal's name as the reason. A signal, not an error: the one
+    exception class outside `ServelabError` (an `except Exception` must not swallow it)."""
 
     def __init__(self, name: str) -> None:
         super().__init__(name)
@@ -134,14 +137,14 @@ def describe(study: Study) -> str:
     n = sum((wl.warmup_rounds + wl.rounds) * c * wl.requests_per_round for c in wl.concurrency) * len(wl.buckets)
     lines.append(f"workload: {len(wl.buckets)} buckets x concurrency {wl.concurrency}, "
                  f"{wl.warmup_rounds} warmup + {wl.rounds} rounds, {n} requests per configuration")
-    host = for_study(study)
-    for c in study.configurations:
-        eng = resolve_profile(study, c.id)  # derived values (e.g. capture sizes) filled in
+    plans = plan_study(study)  # derived values (e.g. capture sizes) filled in, one host
+    for cid, plan in plans.items():
+        eng = plan.engine
         if eng.model is not None:
-            lines += stages.launch_plan(study, c.id, python="python").splitlines()
+            lines += stages.launch_plan(plan, python="python").splitlines()
             if eng.env:
-                lines.append(f"[{c.id}] env " + " ".join(shlex.quote(f"{k}={v}") for k, v in eng.env.items()))
-    lines += host.plan_lines()
+                lines.append(f"[{cid}] env " + " ".join(shlex.quote(f"{k}={v}") for k, v in eng.env.items()))
+    lines += next(iter(plans.values())).host.plan_lines({cid: p.engine for cid, p in plans.items()})
     lines += cost_estimate_lines(study)
     return "\n".join(lines)
 
@@ -169,10 +172,12 @@ def _stop_children() -> None:
             p.kill()
 
 
-def run_config(study: Study, params_path: Path, config_id: str, rdir: Path, *, notebooks: bool,
+def run_config(plan: ConfigPlan, params_path: Path, rdir: Path, *, notebooks: bool,
                reduced: bool, resume: bool = False) -> None:
-    """One configuration: provision, launch, benchmark, diagnose. The engine always stops."""
-    host = for_study(study)
+    """One configuration: provision, launch, benchmark, diagnose. The engine always stops.
+    With notebooks, each stage kernel rebuilds the plan from `params_path` (the run folder's
+    study file); without, the stages get `plan` itself."""
+    host, config_id = plan.host, plan.config_id
     params = {"params_path": str(params_path.resolve()), "config_id": config_id, "run_dir": str(rdir.resolve()),
               "reduced": reduced, "resume": resume, "start": True}
     if (rdir / ENGINE_JSON).exists():  # an engine left by a killed run would hold the port
@@ -189,9 +194,9 @@ def run_config(study: Study, params_path: Path, config_id: str, rdir: Path, *, n
                     raise StageFailed(name, rdir, e) from None
                 _log(f"{config_id}: {name} done in {time.monotonic() - t0:.1f} s")
         else:
-            stages.provision(study, config_id, rdir)
-            stages.launch(study, config_id, rdir)
-            res = stages.benchmark(study, config_id, rdir, resume=resume, progress=False)
+            stages.provision(plan, rdir)
+            stages.launch(plan, rdir)
+            res = stages.benchmark(plan, rdir, resume=resume, progress=False)
             if res.message:
                 _log(res.message)
     except KeyboardInterrupt as e:
@@ -207,11 +212,11 @@ def run_config(study: Study, params_path: Path, config_id: str, rdir: Path, *, n
                             f"(continue with --resume)")
 
 
-class RunIncomplete(RuntimeError):
+class RunIncomplete(ServelabError, RuntimeError):
     pass
 
 
-class StageFailed(RuntimeError):
+class StageFailed(ServelabError, RuntimeError):
     def __init__(self, stage: str, rdir: Path, err: Exception) -> None:
         ename = getattr(err, "ename", type(err).__name__)
         evalue = getattr(err, "evalue", str(err))
@@ -237,8 +242,9 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
     pub = reports_root() / study.study
     if report and (pub / "index.html").exists() and not force:
         raise PublishedReportExists(f"{pub}/index.html is published: pass --force to replace it")
-    host = for_study(study)
+    host = for_study(study)  # once per run: every configuration and the guard share it
     host.check()
+    plans = plan_study(study, host)
     root = runs_root() / study.study
     todo = []
     for cid in configs:
@@ -253,14 +259,14 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
             shutil.rmtree(rdir)
         todo.append(cid)
     root.mkdir(parents=True, exist_ok=True)
-    write_json(root / STUDY_JSON, {"params_path": str(params_path), "reduced": reduced,
+    write_json(root / STUDY_JSON, {"format_version": FORMAT_VERSION, "params_path": str(params_path), "reduced": reduced,
                                    "study": json.loads(study.model_dump_json())})
     shutil.copy(params_path, root / "params.yaml")
     t0 = time.monotonic()
     failed: list[str] = []
     try:
         with stop_signals(), host.guard():
-            failed = _measure(study, root, todo, notebooks=notebooks, resume=resume)
+            failed = _measure(study, [plans[c] for c in todo], root, notebooks=notebooks, resume=resume)
     finally:
         out = host.teardown()  # every path, also Ctrl-C and SIGTERM
         if out:
@@ -284,9 +290,10 @@ def _concat(frames: list[Any]) -> Any:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def _measure(study: Study, root: Path, todo: list[str], *, notebooks: bool, resume: bool) -> list[str]:
+def _measure(study: Study, todo: list[ConfigPlan], root: Path, *, notebooks: bool, resume: bool) -> list[str]:
     failed: list[str] = []
-    for cid in todo:
+    for plan in todo:
+        cid = plan.config_id
         rdir = root / cid
         _log(f"configuration {cid}: {'resume' if resume and rdir.exists() else 'start'}")
         rdir.mkdir(parents=True, exist_ok=True)
@@ -294,7 +301,7 @@ def _measure(study: Study, root: Path, todo: list[str], *, notebooks: bool, resu
         effective = rdir / PARAMS_EFFECTIVE
         effective.write_text(yaml.safe_dump(json.loads(study.model_dump_json()), sort_keys=False))
         try:
-            run_config(study, effective, cid, rdir, notebooks=notebooks, reduced=False,
+            run_config(plan, effective, rdir, notebooks=notebooks, reduced=False,
                        resume=resume and (rdir / RECORDS).exists())
         except (StageFailed, EngineError, RuntimeError) as e:
             _log(str(e))
@@ -349,7 +356,8 @@ def render(study_id: str, keep_dir: Path | None = None) -> Path:
     if not (pub / "data").exists():
         raise FileNotFoundError(f"{pub / 'data'} does not exist: nothing to render")
     t0 = time.monotonic()
-    study = study_from_dict(upgrade(read_json(pub / "data" / STUDY_JSON)["study"]), str(pub / "data" / STUDY_JSON))
+    sj = read_json(pub / "data" / STUDY_JSON)
+    study = study_from_dict(upgrade(sj["study"], sj.get("format_version")), str(pub / "data" / STUDY_JSON))
     langs = [study.language, *[x for x in study.translations if x != study.language]]
     pages = {lang: "index.html" if i == 0 else f"index.{lang}.html" for i, lang in enumerate(langs)}
     with tempfile.TemporaryDirectory(prefix="servelab-render-") as tmp:
@@ -375,12 +383,3 @@ def render_reports(study_id: str | None) -> int:
     for s in ids:
         render(s)
     return 0
-
-
-def load(params_path: str | Path, reduced: bool = False) -> Study:
-    """The study of a params file (relative paths from the repository root, wherever the
-    kernel started), with its reduced workload when asked."""
-    from .runfolder import resolve
-
-    s = load_study(resolve(params_path))
-    return s.reduced_copy() if reduced else s

@@ -21,6 +21,8 @@ from typing import Any, Iterable
 
 import yaml
 
+from .errors import ServelabError
+
 TABLE_PATH = Path(__file__).with_name("data") / "prices.yaml"
 PRICING_ENDPOINT_REGION = "us-east-1"  # the Pricing API answers from us-east-1 (also eu-central-1, ap-south-1)
 CACHE_FILE = "ec2_prices.json"
@@ -38,7 +40,7 @@ REGION_NAMES = {
 }
 
 
-class PriceError(LookupError):
+class PriceError(ServelabError, LookupError):
     """No usable price: the message says what was tried."""
 
 

@@ -22,6 +22,7 @@ import pandas as pd
 from .paths import project_root, reports_root, resolve, runs_root  # noqa: F401  (the run folder's roots)
 from .secrets import scrub, secret_values
 from .engines.prom import SAMPLE_FIELDS
+from .schema import FORMAT_VERSION
 from .summary import summarize
 
 RECORDS = "records.jsonl"  # one line per request, appended as it ends
@@ -117,9 +118,6 @@ def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
-RecordWriter = JsonlWriter  # the records file's writer
-
-
 
 
 
@@ -158,7 +156,11 @@ def load_samples(path: str | os.PathLike[str]) -> pd.DataFrame:
 class RunFolder:
     """One configuration's run folder, read lazily and once: records, their summary, the
     server and GPU samples, run.json and the other files by name. Writers go through
-    `write_run` / `writer(name)` so every file is scrubbed and named in one place."""
+    `write_run` / `writer(name)` so every file is scrubbed and named in one place.
+
+    run.json and the study's study.json (one folder up) carry `format_version`
+    (`schema.FORMAT_VERSION`, now 2) as their first key; a file without it was written by
+    servelab 0.1 (format 1: what `schema.upgrade` converts) and is still read."""
 
     path: Path
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
@@ -206,7 +208,7 @@ class RunFolder:
         return read_json(self.path / name)
 
     def write_run(self, record: dict[str, Any]) -> None:
-        write_json(self.path / RUN_JSON, record)
+        write_json(self.path / RUN_JSON, {"format_version": FORMAT_VERSION, **record})
         self.__dict__.pop("run", None)
 
     def writer(self, name: str) -> JsonlWriter:

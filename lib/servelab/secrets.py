@@ -16,6 +16,8 @@ import os
 import re
 from pathlib import Path
 
+from .errors import ServelabError
+
 # Names that END in a secret word ("VLLM_API_KEY", "HF_TOKEN", "hf-token"); plurals such as
 # "max-num-batched-tokens" are counts, not secrets.
 SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|CREDENTIALS?|ACCESS_KEY|SESSION_KEY)$", re.I)
@@ -28,7 +30,7 @@ AWS_ENV_CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSIO
 _registered: set[str] = set()  # credentials read by aws_secret_values in this process
 
 
-class AwsCredentialsError(ValueError):
+class AwsCredentialsError(ServelabError, ValueError):
     """The AWS credentials of an AWS run cannot be read, so they could not be kept out of the
     artifacts either: the run stops before anything starts."""
 

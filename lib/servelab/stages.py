@@ -1,11 +1,13 @@
 """The pipeline stages of one configuration, as plain functions the stage notebooks call.
 
-provision -> launch -> benchmark each read and write files in the run folder
-`runs/<study>/<config>/`, so every stage can run in its own process (papermill executes one
-notebook per stage): `launch` leaves the engine running and writes `engine.json`; `benchmark`
-reads it; `stop` ends the engine from that handle. What differs between a local process, an
-attached server and an AWS host is the study's `Host` (`servelab.hosts`). Not for diagnosis or
-the write-up (`analysis`, `report`).
+provision -> launch -> benchmark each take the configuration's `plan.ConfigPlan` (its resolved
+engine, workload and the study's host, decided once) and read and write files in the run
+folder `runs/<study>/<config>/`, so every stage can run in its own process (papermill executes
+one notebook per stage, each rebuilding its plan from the run folder): `launch` leaves the
+engine running and writes `engine.json`; `benchmark` reads it; the pipeline stops the engine
+from that handle (`Host.stop`). What differs between a local process, an attached server and
+an AWS host is the plan's `Host` (`servelab.hosts`). Not for diagnosis or the write-up
+(`analysis`, `report`).
 """
 
 from __future__ import annotations
@@ -16,64 +18,57 @@ from typing import Any, Callable
 import pandas as pd
 
 from .engines.smoke import smoke_check
-from .hosts import Host, Server, for_study
 from .hosts.attach import serve, stop_served
 from .hosts.process import RssWatcher
 from .measure.runinfo import base_record, engine_gpu_devices, model_record
 from .measure.runner import RunResult, run_workload
 from .models import model_facts
+from .plan import ConfigPlan
 from .runfolder import ENGINE_JSON, HOST_JSON, RunFolder, read_json, runs_root, write_json
-from .schema import Study, resolve_profile
 
 
 def run_dir(study: str, config_id: str, root: Path | None = None) -> Path:
     return Path(root or runs_root()) / study / config_id
 
 
-def provision(study: Study, config_id: str, rdir: Path) -> dict[str, Any]:
+def provision(plan: ConfigPlan, rdir: Path) -> dict[str, Any]:
     """Prepare the host for one configuration (local: build the model directory offline)."""
-    return for_study(study).provision(config_id, Path(rdir))
+    return plan.host.provision(plan.config_id, Path(rdir), plan.engine)
 
 
-def launch(study: Study, config_id: str, rdir: Path) -> dict[str, Any]:
+def launch(plan: ConfigPlan, rdir: Path) -> dict[str, Any]:
     """Start the engine (local), reach it (attach, AWS); run the smoke check; writes engine.json."""
-    host = for_study(study)
-    handle = host.launch(config_id, Path(rdir))
-    handle["info"]["smoke_check"] = smoke(study, config_id, handle, host)
+    handle = plan.host.launch(plan.config_id, Path(rdir), plan.engine)
+    handle["info"]["smoke_check"] = smoke(plan, handle)
     write_json(Path(rdir) / ENGINE_JSON, handle)
     return handle
 
 
-def smoke(study: Study, config_id: str, handle: dict[str, Any], host: Host | None = None) -> dict[str, Any]:
+def smoke(plan: ConfigPlan, handle: dict[str, Any]) -> dict[str, Any]:
     """Seed 000's functional check: a chat reply and, with a tool-call parser, a tool call.
     With dummy weights the answers are recorded but the check does not apply."""
-    host = host or for_study(study)
-    eng = study.engine_for(config_id)
+    host, eng = plan.host, plan.study.engine_for(plan.config_id)
     try:
-        return smoke_check(handle["base_url"], handle["model"], host.client_headers(config_id, handle),
+        return smoke_check(handle["base_url"], handle["model"], host.client_headers(plan.config_id, handle),
                            tool_call=bool(eng.args.get("tool-call-parser")),
                            dummy_weights=host.weights_known(handle) and eng.load_format == "dummy", max_tokens=16)
     except Exception as e:  # the check is a record, never a reason to stop the measurement
         return {"applies": None, "ok": False, "reason": f"smoke check failed: {type(e).__name__}: {e}"}
 
 
-def server_from_handle(rdir: Path, study: Study, config_id: str) -> Server:
-    return for_study(study).server(config_id, read_json(Path(rdir) / ENGINE_JSON))
-
-
-def benchmark(study: Study, config_id: str, rdir: Path, *, progress: bool = True,
+def benchmark(plan: ConfigPlan, rdir: Path, *, progress: bool = True,
               log: Callable[[str], None] | None = None, resume: bool = False) -> RunResult:
-    """Run the study's workload against the configuration's server; returns RunResult."""
+    """Run the configuration's workload against its server; returns RunResult."""
     rdir = Path(rdir)
-    host = for_study(study)
+    host, study, config_id = plan.host, plan.study, plan.config_id
     h = read_json(rdir / ENGINE_JSON)
     server = host.server(config_id, h)
     rss = RssWatcher(h["pid"]) if h.get("pid") else None
     if rss:
         rss.start()
-    eng = resolve_profile(study, config_id)  # what launched: derived values (auto) filled in
+    eng = plan.engine  # what launched: derived values (auto) filled in
     rec = base_record(study.study, config_id)
-    rec["configuration"] = study.config(config_id).model_dump()
+    rec["configuration"] = plan.config.model_dump()
     rec["engine_params"] = eng.model_dump()
     rec["model"] = model_record(h.get("tokenizer_dir"), eng.load_format)
     gpus = engine_gpu_devices(eng.env)
@@ -91,30 +86,24 @@ def benchmark(study: Study, config_id: str, rdir: Path, *, progress: bool = True
             info = record.setdefault("server", {})
             info["peak_rss_bytes"] = max(rss.peak_bytes, info.get("peak_rss_bytes") or 0)
 
-    return run_workload(server, study.workload_for(config_id), rdir, study=study.study, config_id=config_id,
+    return run_workload(server, plan.workload, rdir, study=study.study, config_id=config_id,
                         record=rec, progress=progress, log=log, resume=resume,
                         gpu_devices=[g["index"] for g in gpus] if gpus else None, before_final=add_rss)
 
 
 # -- views the stage notebooks show ------------------------------------------------------------
 
-def launch_plan(study: Study, config_id: str, python: str | None = None) -> str:
+def launch_plan(plan: ConfigPlan, python: str | None = None) -> str:
     """What `launch` will start or reach for this configuration (the dry-run lines): the engine
     command with its derived values, shell-quoted, in the host's words."""
-    import shlex
-
-    from .engines import build_command
-
-    eng = resolve_profile(study, config_id)
-    model = (eng.model.path or f"<model:{eng.model.preset}>") if eng.model else "<model>"
-    return "\n".join(for_study(study).describe_config(config_id, shlex.join(build_command(eng, model, python))))
+    return "\n".join(plan.launch_lines(python))
 
 
-def level_plan(study: Study, config_id: str) -> pd.DataFrame:
+def level_plan(plan: ConfigPlan) -> pd.DataFrame:
     """The load levels `benchmark` will send: bucket, concurrency (or rate), rounds, requests."""
     from .measure.runner import levels, requests_per_round
 
-    wl = study.workload_for(config_id)
+    wl = plan.workload
     rows = [{"bucket": lv.bucket.label, "load": lv.label.split(" ", 1)[1], "warmup rounds": wl.warmup_rounds,
              "measured rounds": wl.rounds, "requests per round": requests_per_round(wl, lv)} for lv in levels(wl)]
     return pd.DataFrame(rows)
@@ -155,11 +144,6 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     return t.round(1)
 
 
-def load_run(rdir: Path) -> RunFolder:
-    """Everything one run folder holds, read from files only (lazily, once)."""
-    return RunFolder(Path(rdir))
-
-
 def server_metrics_table(run: RunFolder) -> pd.DataFrame:
     """Per level: peak KV usage, running, waiting and the preemptions counted during it."""
     s = run.samples
@@ -177,4 +161,5 @@ def server_metrics_table(run: RunFolder) -> pd.DataFrame:
     return out.round(1)
 
 
-__all__ = ["provision", "launch", "benchmark", "run_dir", "launch_plan", "level_plan", "serve", "stop_served", "load_run", "HOST_JSON"]
+__all__ = ["provision", "launch", "benchmark", "smoke", "run_dir", "launch_plan", "level_plan", "serve", "stop_served",
+           "RunFolder", "HOST_JSON"]

@@ -13,7 +13,7 @@ import httpx
 
 from ..engines import get as engine_profile
 from ..runfolder import read_json, runs_root, write_json
-from ..schema import AttachParams, Study, resolve_profile
+from ..schema import AttachParams, EngineParams, Study, resolve_profile
 from .base import Host, Server, is_engine
 from .local import model_dir_for
 from .process import Engine, EngineError, stop_process_group
@@ -100,14 +100,14 @@ class AttachHost(Host):
         assert self.study.host.attach is not None
         return self.study.host.attach
 
-    def _provision(self, config_id: str, rdir: Path) -> dict[str, Any]:
+    def _provision(self, config_id: str, rdir: Path, engine: EngineParams) -> dict[str, Any]:
         return {"url": self.params.url}
 
     def check(self) -> None:
         attach(self.params, self.study.engine.kind)  # an unreachable URL stops before any work
 
-    def launch(self, config_id: str, rdir: Path) -> dict[str, Any]:
-        srv = attach(self.params, self.study.engine_for(config_id).kind)
+    def launch(self, config_id: str, rdir: Path, engine: EngineParams) -> dict[str, Any]:
+        srv = attach(self.params, engine.kind)
         info = dict(srv.info)
         served = served_path(self.study.study, config_id)
         if served.exists():  # started by `servelab serve`: keep its command, env, start-up time

@@ -1,7 +1,8 @@
 """The host interface: where a configuration's engine runs, and everything the pipeline does
 differently for a local process, an attached server and an AWS GPU host.
 
-A `Host` is made for a study (`servelab.hosts.for_study`) and serves every configuration:
+A `Host` is made once per study run (`servelab.hosts.for_study`) and serves every
+configuration, each handed to it resolved (`plan.ConfigPlan.engine`):
 `provision` prepares what the engine needs (host.json), `launch` starts or reaches the engine
 and returns its handle (engine.json), `stop` ends one configuration's engine, `teardown`
 ends everything the study started (AWS: scale to zero), `guard` holds for the whole run
@@ -14,14 +15,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from ..runfolder import ENGINE_JSON, HOST_JSON, read_json, runs_root, write_json
-from ..schema import Study
+from ..schema import EngineParams, Study
 from .process import Server, auth_headers, stop_process_group  # noqa: F401  (Server: where a client sends)
 
 
@@ -40,18 +41,19 @@ class Host:
         self.study = study
 
     # -- per configuration ----------------------------------------------------------------
-    def provision(self, config_id: str, rdir: Path) -> dict[str, Any]:
-        """Prepare the host for one configuration; returns (and writes) host.json."""
+    def provision(self, config_id: str, rdir: Path, engine: EngineParams) -> dict[str, Any]:
+        """Prepare the host for one configuration whose resolved engine set-up (derived values
+        applied: plan.ConfigPlan.engine) is `engine`; returns (and writes) host.json."""
         rdir.mkdir(parents=True, exist_ok=True)
-        host = {"kind": self.kind, **self._provision(config_id, rdir)}
+        host = {"kind": self.kind, **self._provision(config_id, rdir, engine)}
         write_json(rdir / HOST_JSON, host)
         return host
 
-    def _provision(self, config_id: str, rdir: Path) -> dict[str, Any]:
+    def _provision(self, config_id: str, rdir: Path, engine: EngineParams) -> dict[str, Any]:
         return {}
 
-    def launch(self, config_id: str, rdir: Path) -> dict[str, Any]:
-        """Start or reach the engine; returns the handle written to engine.json."""
+    def launch(self, config_id: str, rdir: Path, engine: EngineParams) -> dict[str, Any]:
+        """Start or reach the engine `engine` (resolved); returns the handle written to engine.json."""
         raise NotImplementedError
 
     def stop(self, rdir: Path, grace_s: float = 20.0) -> str:
@@ -105,8 +107,9 @@ class Host:
         """The dry-run lines of one configuration (its shell-quoted engine command)."""
         return [f"[{config_id}] launch: {command}"]
 
-    def plan_lines(self) -> list[str]:
-        """What `--dry-run` prints about this host (no call to anything)."""
+    def plan_lines(self, engines: Mapping[str, EngineParams]) -> list[str]:
+        """What `--dry-run` prints about this host (no call to anything), given each
+        configuration's resolved engine set-up ({config id: EngineParams})."""
         return []
 
     def state_path(self) -> Path:

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..models import make_model
 from ..runfolder import HOST_JSON, read_json, resolve
-from ..schema import resolve_profile
+from ..schema import EngineParams
 from .base import Host
 from .process import Engine
 
@@ -30,12 +30,12 @@ class LocalHost(Host):
     kinds = ("local",)
     launches_engine = True
 
-    def _provision(self, config_id: str, rdir: Path) -> dict[str, Any]:
-        return {"model_dir": model_dir_for(self.study.engine_for(config_id))}
+    def _provision(self, config_id: str, rdir: Path, engine: EngineParams) -> dict[str, Any]:
+        return {"model_dir": model_dir_for(engine)}
 
-    def launch(self, config_id: str, rdir: Path) -> dict[str, Any]:
+    def launch(self, config_id: str, rdir: Path, engine: EngineParams) -> dict[str, Any]:
         host = read_json(rdir / HOST_JSON)
-        eng = Engine(resolve_profile(self.study, config_id), host["model_dir"], rdir)  # derived values filled in
+        eng = Engine(engine, host["model_dir"], rdir)  # derived values filled in
         eng.start()
         return {"mode": "launched", "base_url": eng.base_url, "model": eng.model_dir, "pid": eng.proc.pid,
                 "info": eng.record(), "tokenizer_dir": eng.model_dir}

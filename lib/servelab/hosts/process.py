@@ -23,6 +23,7 @@ import httpx
 from ..schema import EngineParams
 from ..secrets import SECRET_NAME, scrub
 from ..engines import get
+from ..errors import ServelabError
 
 LOG_TAIL_LINES = 30
 
@@ -53,7 +54,7 @@ def engine_env(p: EngineParams) -> dict[str, str]:
     return env
 
 
-class EngineError(RuntimeError):
+class EngineError(ServelabError, RuntimeError):
     """The engine could not be started or died; the message ends with the log tail."""
 
 

@@ -34,6 +34,7 @@ from .pools import make_pool, worker_count
 from .rounds import Job, PoolLost, run_round, run_sync
 from .workers import WorkerPool
 from .workload import Calibrated, calibrate, token_counter
+from ..errors import ServelabError
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -46,7 +47,7 @@ LAG_LIMIT_S = 0.005
 CPU_LIMIT_FRAC = 0.9
 
 
-class RunAborted(RuntimeError):
+class RunAborted(ServelabError, RuntimeError):
     """The run stopped before its grid was complete (server gone, interrupted)."""
 
 
@@ -333,16 +334,6 @@ class LevelRunner:
                 if have_handlers:
                     self._remove_signals()
                 await self._stop_samplers()
-
-
-async def run_levels(server: Server, wl: Workload, run_dir: Path, *, study: str, config_id: str,
-                     prompts: dict[str, Calibrated], progress: bool = True, metrics_interval_s: float | None = 0.5,
-                     resume: ResumeState | None = None, gpu_devices: list[int] | None = None,
-                     log: Callable[[str], None] | None = None) -> tuple[int, str, str]:
-    """Send the grid (`LevelRunner`); returns (records written, status, message)."""
-    return await LevelRunner(server, wl, RunFolder(run_dir), study=study, config_id=config_id, prompts=prompts,
-                             progress=progress, metrics_interval_s=metrics_interval_s, resume=resume, log=log,
-                             gpu_devices=gpu_devices).run()
 
 
 def run_workload(server: Server, wl: Workload, run_dir: Path, *, study: str, config_id: str,

@@ -88,7 +88,7 @@ def load_study_data(study_dir: str | Path) -> StudyData:
     root = resolve(study_dir)
     data = root / "data" if (root / "data").is_dir() else root
     sj = read_json(data / STUDY_JSON)
-    study = study_from_dict(upgrade(sj["study"]), str(data / STUDY_JSON))
+    study = study_from_dict(upgrade(sj["study"], sj.get("format_version")), str(data / STUDY_JSON))
     folders = {c.id: RunFolder(data / c.id) for c in study.configurations if (data / c.id / RECORDS).exists()}
     meta = {k: v for k, v in sj.items() if k != "study"}
     return StudyData(root=root, study=study, folders=folders, meta=meta)

@@ -17,6 +17,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
+from ..errors import ServelabError
+
 
 
 
@@ -151,7 +153,7 @@ def resolve_engine(base: EngineParams, conf: Configuration) -> EngineParams:
     """The study's engine with one configuration's overrides merged in (dicts merge, values replace)."""
     return EngineParams.model_validate(_merge(base.model_dump(exclude_none=False), conf.engine))
 
-class ParamsError(ValueError):
+class ParamsError(ServelabError, ValueError):
     """A params file that cannot be used; the message is one line per problem."""
 
 def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
@@ -225,10 +227,21 @@ def load_study(path: str | Path) -> Study:
     except ValidationError as e:
         raise ParamsError(format_errors(path, e)) from None
 
-def upgrade(data: dict[str, Any]) -> dict[str, Any]:
-    """A study as servelab 0.1 wrote it into study.json (published reports) in today's shape:
-    its host carried every kind's block (`attach: null`, `aws: null`) and `aws.mode` repeated
-    the host kind."""
+FORMAT_VERSION = 2
+"""The format of study.json and run.json this code writes (their `format_version`). 1, never
+written: servelab 0.1's files, which carry no version (published reports keep loading)."""
+
+
+def upgrade(data: dict[str, Any], format_version: int | None = None) -> dict[str, Any]:
+    """The study of a study.json written in `format_version` (its file's `format_version`; None
+    for a file without one) in today's shape. Version 1 (servelab 0.1, published reports): the
+    host carried every kind's block (`attach: null`, `aws: null`) and `aws.mode` repeated the
+    host kind. Raises ParamsError for a format newer than this code."""
+    version = 1 if format_version is None else int(format_version)
+    if version > FORMAT_VERSION:
+        raise ParamsError(f"study.json format_version {version} is newer than this servelab ({FORMAT_VERSION})")
+    if version == FORMAT_VERSION:
+        return data
     host = {k: v for k, v in (data.get("host") or {}).items() if v is not None}
     if isinstance(host.get("aws"), dict):
         host["aws"] = {k: v for k, v in host["aws"].items() if k != "mode"}
@@ -242,7 +255,7 @@ def study_from_dict(data: dict[str, Any], source: str = "<params>") -> Study:
         raise ParamsError(format_errors(source, e)) from None
 
 
-__all__ = ["Study", "ParamsError", "load_study", "study_from_dict", "upgrade", "format_errors", "validate_engines",
+__all__ = ["Study", "ParamsError", "FORMAT_VERSION", "load_study", "study_from_dict", "upgrade", "format_errors", "validate_engines",
            "resolve_profile", "resolve_engine", "GPU_AMI_PARAMETER", "HOST_KINDS", "HOURS_PER_MONTH", "AttachHostParams",
            "AttachParams", "AwsEcsHostParams", "AwsInstanceHostParams", "AwsParams", "Bucket", "Configuration",
            "CostParams", "DeviceParams", "PeerRun", "StudyTexts", "EngineParams", "HostParams", "LocalHostParams", "ModelRef", "Slo", "Strict", "Workload"]

@@ -21,7 +21,7 @@ from .deadline import clear_deadline, deadline_of, set_deadline, start
 from .ecs import EcsServiceHost
 from .errors import (AccountMismatch, AwsHostError, CapacityUnavailable, GuardTripped, HostTimeout, Leftovers,
                      NoCredentials, NotDeployed, RegionCapacity, SharedCapacity, StackError, StackFailed, StackNotFound)
-from .host import AWS_CLASSES, AwsHost, engine_commands, make_host
+from .host import AWS_CLASSES, AwsHost, engine_command, engine_commands, make_host
 from .instance import SingleInstanceHost
 from .session import SessionFactory, StackParams, default_session_factory
 
@@ -29,4 +29,4 @@ __all__ = ["AWS_CLASSES", "AccountMismatch", "AwsHost", "AwsHostError", "Billabl
            "CostItem", "EcsServiceHost", "GuardTripped", "HostInfo", "HostTimeout", "Leftovers", "NoCredentials",
            "NotDeployed", "RegionCapacity", "SessionFactory", "SharedCapacity", "SingleInstanceHost", "StackError",
            "StackFailed", "StackNotFound", "StackParams", "clear_deadline", "deadline_of", "default_session_factory",
-           "engine_commands", "make_host", "set_deadline", "start"]
+           "engine_command", "engine_commands", "make_host", "set_deadline", "start"]

@@ -14,13 +14,13 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from ...engines import get as engine_profile
 from ...runfolder import HOST_JSON, RUN_JSON, read_json, write_json
-from ...schema import AttachParams, AwsParams, Study, resolve_profile
+from ...schema import AttachParams, AwsParams, EngineParams, Study
 from ..attach import attach
 from ..base import Host
 from .base import BotoHost
@@ -42,14 +42,15 @@ def make_host(params: AwsParams, kind: str = "aws-ecs", session_factory: Session
     return AWS_CLASSES[kind](params, session_factory, **kw)
 
 
-def engine_commands(study: Study) -> dict[str, list[str]]:
-    """Each configuration's container command (derived values applied)."""
-    out = {}
-    for c in study.configurations:
-        eng = resolve_profile(study, c.id)
-        model = (eng.model.path or eng.model.preset) if eng.model else "<model>"
-        out[c.id] = engine_profile(eng.kind).command(eng, str(model), python="python3")
-    return out
+def engine_command(eng: EngineParams) -> list[str]:
+    """A configuration's container command from its resolved engine set-up (derived values applied)."""
+    model = (eng.model.path or eng.model.preset) if eng.model else "<model>"
+    return engine_profile(eng.kind).command(eng, str(model), python="python3")
+
+
+def engine_commands(engines: Mapping[str, EngineParams]) -> dict[str, list[str]]:
+    """Each configuration's container command ({config id: resolved EngineParams} in, same keys out)."""
+    return {cid: engine_command(eng) for cid, eng in engines.items()}
 
 
 class AwsHost(Host):
@@ -122,13 +123,13 @@ class AwsHost(Host):
         h.p = h.p.model_copy(update=resolved)
         return resolved
 
-    def _provision(self, config_id: str, rdir: Path) -> dict[str, Any]:
+    def _provision(self, config_id: str, rdir: Path, engine: EngineParams) -> dict[str, Any]:
         """Start the AWS host with this configuration's engine command (the stack first when the
         study names one, the AWS-enforced deadline before the engine starts), or switch the
         running one to it. The host stays up for the next configuration; `teardown` ends it."""
         self.credentials()
-        eng = resolve_profile(self.study, config_id)
-        cmd = engine_commands(self.study)[config_id]
+        eng = engine
+        cmd = engine_command(engine)
         h = self.boto_host()
         state = self.state_path()
         if state.exists():
@@ -144,7 +145,7 @@ class AwsHost(Host):
         return {"aws": info.record(), "url": info.url, "tunnel": info.tunnel, "command": cmd,
                 "deadline": info.deadline, "stack": self.params.stack.name if self.params.stack else None}
 
-    def launch(self, config_id: str, rdir: Path) -> dict[str, Any]:
+    def launch(self, config_id: str, rdir: Path, engine: EngineParams) -> dict[str, Any]:
         """Reach the engine the AWS host runs: through the SSM port forward when there is one."""
         host = read_json(rdir / HOST_JSON)
         url, tunnel_pid = host.get("url"), None
@@ -152,7 +153,7 @@ class AwsHost(Host):
             port = self.params.local_port
             tunnel_pid = open_tunnel(host["tunnel"], port).pid
             url = f"http://127.0.0.1:{port}"
-        srv = attach(AttachParams(url=url), self.study.engine_for(config_id).kind)
+        srv = attach(AttachParams(url=url), engine.kind)
         info = {**srv.info, "command": host.get("command"), "aws": host.get("aws")}
         return {"mode": "aws", "base_url": srv.base_url, "model": srv.model, "info": info, "tokenizer_dir": None,
                 "tunnel_pid": tunnel_pid}
@@ -233,8 +234,8 @@ class AwsHost(Host):
         except PriceError:
             return None
 
-    def plan_lines(self) -> list[str]:
+    def plan_lines(self, engines: Mapping[str, EngineParams]) -> list[str]:
         price = self._dry_price()
         h = make_host(self.params, self.kind, session_factory=lambda r: None)
-        return (stack_lines(self.params, price) + h.plan(engine_commands(self.study))
+        return (stack_lines(self.params, price) + h.plan(engine_commands(engines))
                 + [deadline_line(self.params, self.kind, price)])
