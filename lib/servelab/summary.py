@@ -15,7 +15,7 @@ import pandas as pd
 
 LEVEL_KEYS = ["config", "bucket", "target_input_tokens", "target_output_tokens", "concurrency", "rate_rps"]
 
-# Tag every exported metric with its definition (design.md); the report prints this table.
+# Tag every exported metric with its definition; the report prints this table.
 DEFINITIONS: dict[str, str] = {
     "ttft_s": "client start (just before the HTTP request is sent) -> first SSE chunk carrying generated text",
     "e2e_s": "client start -> last chunk ([DONE])",

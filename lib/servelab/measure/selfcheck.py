@@ -279,7 +279,7 @@ def calibrate(levels: Iterable[int] = DEFAULT_LEVELS, ttft_s: float = 0.1, itl_s
 
     Each level sends max(c * requests_per_stream, min_requests) requests of `tokens` tokens
     with c in flight (closed loop), after an unmeasured warmup round of c one-token requests
-    that opens the connections, on the event loop the runner uses (`runner.run_sync`: uvloop).
+    that opens the connections, on the event loop the runner uses (`rounds.run_sync`: uvloop).
     `workers > 1` sends through `workers.WorkerPool` processes; `backend="ray"` through that many
     Ray actors (any count; `ray_address` as in `workload.workers.address`, None = a local Ray
     unless one is already initialized); `uvloop_server` trades the reference server's
