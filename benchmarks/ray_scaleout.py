@@ -46,7 +46,8 @@ from servelab.measure.selfcheck import (
     level_errors,
     machine_facts,
 )
-from servelab.measure.workers import Job, WorkerPool, _run, run_round, run_sync
+from servelab.measure.rounds import Job, run_loop, run_round, run_sync
+from servelab.measure.workers import WorkerPool
 
 LEVELS = (64, 128, 256, 512, 768, 1024)
 TTFT_S, ITL_S, TOKENS = 0.1, 0.02, 64
@@ -108,7 +109,7 @@ def overhead(name: str, backend: str, n: int, url: str) -> dict[str, Any]:
                                          asyncio.Event())
                     return {**st, "driver_cpu_s": time.process_time() - cpu0, "round_wall_s": time.perf_counter() - t0,
                             "worker_cpu_s": 0.0}  # the driver is the client
-            st = _run(local())
+            st = run_loop(local())
         else:
             run_sync(pool.run_round(_specs(c), c, 60, lambda *a: None))
             cpu0, t0 = time.process_time(), time.perf_counter()

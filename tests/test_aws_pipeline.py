@@ -114,6 +114,26 @@ def test_start_then_deploy_then_stop(aws_study):
     assert not aws.AwsHost(study, "aws-ecs").state_path().exists()
 
 
+def test_one_host_and_one_boto_host_serve_the_whole_run(aws_study, monkeypatch):
+    """run_study builds the AwsHost once and every configuration's plan (and the stop after
+    each) shares it: one boto3 host for start, deploy and stop."""
+    study, p = aws_study
+    made: list = []
+    real = aws.AwsHost.__init__
+
+    def counting(self, *a, **kw):
+        made.append(self)
+        real(self, *a, **kw)
+
+    monkeypatch.setattr(aws.AwsHost, "__init__", counting)
+    boto: list = []
+    monkeypatch.setattr(aws, "make_host", lambda *a, **kw: boto.append(FakeHost(*a, **kw)) or boto[-1])
+    assert pipeline.run_study(study, p, notebooks=False, report=False) == 0
+    assert len(made) == 1 and len(boto) == 1
+    assert [c[0] for c in FakeHost.calls] == ["watchdog on", "start", "guard", "deploy", "watchdog off", "stop",
+                                              "clear deadline"]
+
+
 def test_stop_runs_when_a_configuration_fails(aws_study, monkeypatch):
     study, p = aws_study
 

@@ -447,3 +447,21 @@ def test_validate_study_names_the_configuration():
         "[1, 2, 4] stops below 8 (4 requests x (1 + 1) tokens): that batch would run without a CUDA graph; "
         "include 8 or use 'auto'",
     ]
+
+
+def test_a_plan_resolves_each_configuration_once_on_one_host():
+    """plan_study: every configuration's engine with its derived values, its workload, and one
+    host shared by all (the pipeline makes it once per run)."""
+    from servelab.plan import plan_study
+
+    s = load("seed-001-vllm-g7e.yaml")
+    plans = plan_study(s)
+    assert list(plans) == [c.id for c in s.configurations]
+    assert len({id(p.host) for p in plans.values()}) == 1
+    for cid, p in plans.items():
+        assert p.engine == resolve_profile(s, cid) and p.workload == s.workload_for(cid)
+        assert p.command() == build_command(p.engine, p.engine.model.path or f"<model:{p.engine.model.preset}>")
+    import dataclasses
+
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plans[s.configurations[0].id].engine = None

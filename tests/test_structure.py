@@ -31,7 +31,7 @@ def test_import_layers_hold():
     if exe is None:
         pytest.skip("import-linter is not installed (dev extra)")
     r = subprocess.run([exe, "--config", str(ROOT / "pyproject.toml")], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0 and "1 kept, 0 broken" in r.stdout, r.stdout[-2000:]
+    assert r.returncode == 0 and "2 kept, 0 broken" in r.stdout, r.stdout[-2000:]
 
 
 KIND_TEST = re.compile(r"""(kind|mode)\s*(==|!=|in)\s*\(?\s*["'](vllm|sglang|local|attach|aws-ecs|aws-instance)["']""")
@@ -188,3 +188,25 @@ def test_every_library_error_derives_from_servelab_error():
                         outside.append(f"{_module_name(p)}.{node.name}")
     assert outside == ["servelab.pipeline.Stopped"]
     assert len(found) >= 23
+
+
+def test_the_host_registry_is_keyed_by_the_schema_kinds():
+    """One list of kinds (schema.HOST_KINDS); each maps to its class, whose cost_basis is read
+    without building a host."""
+    from servelab import hosts
+    from servelab.schema import HOST_KINDS
+
+    assert tuple(hosts.HOSTS) == HOST_KINDS == hosts.KINDS
+    assert {k: hosts.get(k).cost_basis for k in HOST_KINDS} == {
+        "local": "local", "attach": "endpoint", "aws-ecs": "instance", "aws-instance": "instance"}
+    with pytest.raises(ValueError, match="unknown host kind 'gce'"):
+        hosts.get("gce")
+
+
+def test_the_pipeline_imports_no_boto3():
+    """The GPU device's image has no boto3: the hosts registry, the stages, the pipeline and the
+    CLI load without it (the AWS stack and deadline modules are imported where they are called)."""
+    code = ("import sys; import servelab.hosts, servelab.stages, servelab.pipeline, servelab.cli; "
+            "print(sorted(m for m in ('boto3', 'botocore') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert r.stdout.strip() == "[]"

@@ -11,13 +11,14 @@ per module; each imports only the ones listed before it:
 - `ecs` / `instance`: the two boto3 hosts;
 - `host`: `AwsHost`, the pipeline's `Host` for both kinds.
 
-`servelab aws ...` (cli_aws.py) is the command-line face of `stack` and `deadline`."""
+`servelab aws ...` (cli_aws.py) is the command-line face of `stack` and `deadline`. Importing the
+package needs no boto3 (the GPU device's image has none): `stack` and `deadline` (botocore at
+their top) are imported where they are called, and boto3 when a session is made."""
 
 from __future__ import annotations
 
 from .base import BotoHost, HostInfo
 from .billing import Billable, CostItem
-from .deadline import clear_deadline, deadline_of, set_deadline, start
 from .ecs import EcsServiceHost
 from .errors import (AccountMismatch, AwsHostError, CapacityUnavailable, GuardTripped, HostTimeout, Leftovers,
                      NoCredentials, NotDeployed, RegionCapacity, SharedCapacity, StackError, StackFailed, StackNotFound)
@@ -28,5 +29,5 @@ from .session import SessionFactory, StackParams, default_session_factory
 __all__ = ["AWS_CLASSES", "AccountMismatch", "AwsHost", "AwsHostError", "Billable", "BotoHost", "CapacityUnavailable",
            "CostItem", "EcsServiceHost", "GuardTripped", "HostInfo", "HostTimeout", "Leftovers", "NoCredentials",
            "NotDeployed", "RegionCapacity", "SessionFactory", "SharedCapacity", "SingleInstanceHost", "StackError",
-           "StackFailed", "StackNotFound", "StackParams", "clear_deadline", "deadline_of", "default_session_factory",
-           "engine_command", "engine_commands", "make_host", "set_deadline", "start"]
+           "StackFailed", "StackNotFound", "StackParams", "default_session_factory", "engine_command",
+           "engine_commands", "make_host"]

@@ -13,7 +13,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .base import CAPACITY_TEXT, BotoHost, HostInfo, container_argv, epoch, err_code
-from .deadline import arm_group, clear_group
 from .errors import AwsHostError, GuardTripped, HostTimeout, NotDeployed, RegionCapacity
 from .plan import ecs_plan
 from .tunnel import port_forward_command
@@ -287,9 +286,13 @@ class EcsServiceHost(BotoHost):
     def _arm_deadline(self, region: str, svc: dict[str, Any]) -> None:
         """servelab-deadline on the service's Auto Scaling group before it scales out."""
         if self.arm_deadline:
+            from .deadline import arm_group  # botocore, like every AWS call (not at import: see session)
+
             arm_group(self, region, self._asg(region, svc))
 
     def clear_deadline(self, deadline: dict[str, Any] | None) -> str | None:
+        from .deadline import clear_group
+
         return clear_group(self, deadline)
 
     def deploy(self, command: list[str], env: dict[str, str] | None = None) -> HostInfo:

@@ -29,8 +29,6 @@ from .errors import StackNotFound
 from .instance import SingleInstanceHost
 from .plan import deadline_line, stack_lines
 from .session import SessionFactory, StackParams
-from .stack import outputs as stack_outputs
-from .stack import up as stack_up
 from .tunnel import open_tunnel
 
 AWS_CLASSES = {"aws-ecs": EcsServiceHost, "aws-instance": SingleInstanceHost}
@@ -106,6 +104,9 @@ class AwsHost(Host):
         s = self.params.stack
         if s is None:
             return {}
+        from .stack import outputs as stack_outputs  # botocore: only a study with a stack needs it
+        from .stack import up as stack_up
+
         region = self.params.stack_region
         sp = StackParams(s.name, region, {"InstanceType": self.params.instance_type, **s.parameters},
                                    self.params.profile)

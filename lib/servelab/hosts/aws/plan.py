@@ -11,7 +11,6 @@ from ...schema import AwsParams
 from .base import container_argv, guard_line
 from .errors import StackError
 from .session import StackParams
-from .stack import plan as stack_plan
 
 
 def ecs_plan(p: AwsParams, commands: dict[str, list[str]] | None = None) -> list[str]:
@@ -87,6 +86,8 @@ def stack_lines(p: AwsParams, instance_hourly_usd: float | None) -> list[str]:
     """The stack to create: template resources and USD per hour idle and running (no AWS call)."""
     if p.stack is None:
         return []
+    from .stack import plan as stack_plan  # botocore (its module's other functions call AWS)
+
     s = p.stack
     region = p.stack_region or p.regions[0]
     params = {k: v for k, v in s.parameters.items()}

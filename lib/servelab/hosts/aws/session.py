@@ -1,16 +1,13 @@
 """Which stack and which boto3 session: `StackParams`, the injectable session factory
 (`region -> boto3.Session`; moto sessions in tests) and `open_session`, which turns missing
 credentials into `NoCredentials`. The bottom of the AWS package beside `errors`; it imports no
-other servelab module."""
+other servelab module, and boto3 only when a session is made."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-import boto3
-from botocore.exceptions import NoCredentialsError, NoRegionError, PartialCredentialsError, ProfileNotFound
 
 from .errors import NoCredentials
 
@@ -28,11 +25,15 @@ class StackParams:
 
 def default_session_factory(profile: str | None = None) -> SessionFactory:
     """`boto3.Session(profile_name=profile, region_name=region)` per call; raises ProfileNotFound."""
+    import boto3  # imported when a session is made: servelab.hosts loads without boto3 (the GPU device's image)
+
     return lambda region: boto3.Session(profile_name=profile, region_name=region)
 
 
 def open_session(params: StackParams, session_factory: SessionFactory | None) -> Any:
     """A session with credentials; raises NoCredentials (missing keys, unknown profile) instead."""
+    from botocore.exceptions import NoCredentialsError, NoRegionError, PartialCredentialsError, ProfileNotFound
+
     factory = session_factory or default_session_factory(params.profile)
     try:
         session = factory(params.region)
