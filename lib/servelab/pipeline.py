@@ -358,7 +358,7 @@ def render(study_id: str, keep_dir: Path | None = None) -> Path:
             name = WRITEUP if page == "index.html" else f"{WRITEUP}.{lang}"
             nb = execute_notebook(WRITEUP, work, {"study_dir": str(pub.resolve()), "language": lang}, out_name=name)
             other = next((x for x in langs if x != lang), None) if lang == langs[0] else langs[0]
-            alternate = {"href": pages[other], "label": words(lang)("other_language")} if other else None
+            alternate = {"href": pages[other], "label": words(lang)("page.other_language")} if other else None
             notebook_to_html(nb, pub / page, title=study.in_language(lang).title, language=lang, alternate=alternate)
     write_index(reports_root())
     _log(f"report {pub / 'index.html'} rendered in {time.monotonic() - t0:.1f} s"

@@ -37,7 +37,7 @@ def prefill_fits(sd: StudyData) -> dict[str, dict[str, Any]]:
 
 def prefill_table(sd: StudyData) -> Any:
     fits = prefill_fits(sd)
-    cols = sd.w("diagnosis_40")
+    cols = sd.w("prefill.columns")
     rows = []
     for cid in sd.config_ids:
         f = fits.get(cid)
@@ -48,9 +48,9 @@ def prefill_table(sd: StudyData) -> Any:
                      if math.isfinite(f["ttft_longest_over_shortest"]) else rh.MISSING])
     if not rows:
         return None
-    note = sd.w("diagnosis_54")
+    note = sd.w("prefill.not_identifiable")
     t = pd.DataFrame(rows, columns=cols)
-    return rh.table(t, sd.w("t_prefill"),
+    return rh.table(t, sd.w("prefill.caption"),
                     formats={cols[1]: "{:,.0f}", cols[2]: "{:,.0f}", cols[3]: "{:,.1f}", cols[4]: "{:,.1f}",
                              cols[5]: "{:.3f}"}, notes=dash_note(t, note))
 
@@ -67,7 +67,7 @@ def saturation_table(sd: StudyData) -> Any:
     k = knee(sd.summary)
     g = goodput_frame(sd)
     chk = slo_check(sd.summary, sd.study.slo)
-    cols = sd.w("diagnosis_74")
+    cols = sd.w("saturation.columns")
     rows = []
     for r in k.merge(g, on=["config", "bucket"], how="left").itertuples():
         fails = chk[(chk["config"] == r.config) & (chk["bucket"] == r.bucket) & ~chk["meets_slo"]]
@@ -77,8 +77,8 @@ def saturation_table(sd: StudyData) -> Any:
         rows.append([r.config, r.bucket, r.knee_concurrency if r.plateau else None, r.top_concurrency, gc,
                      r.aggregate_output_tps, why])
     t = pd.DataFrame(rows, columns=cols)
-    notes = dash_note(t, sd.w("diagnosis_87"))
-    return rh.table(t, sd.w("t_saturation"),
+    notes = dash_note(t, sd.w("saturation.none_note"))
+    return rh.table(t, sd.w("saturation.caption"),
                     formats={cols[2]: "{:,.0f}", cols[3]: "{:,.0f}", cols[4]: "{:,.0f}", cols[5]: "{:,.1f}"},
                     notes=notes)
 
@@ -97,12 +97,12 @@ def kv_section(sd: StudyData, cid: str) -> tuple[str, Any, pd.DataFrame | None]:
             "ja": ("**KV キャッシュ容量が並列数を制限しています。** " if v["limited"] else
                    "**KV キャッシュ容量は並列数を制限していません。** ")}[sd.language]
     res = kv_residency(s)
-    cols = sd.w("diagnosis_109")
+    cols = sd.w("kv.columns")
     t = pd.DataFrame({cols[0]: res["level"], cols[1]: res["kv_usage_max_frac"] * 100, cols[2]: res["running_max"],
                       cols[3]: res["waiting_max"], cols[4]: res["preemptions_delta"], cols[5]: res["crowded_samples"]})
-    table = rh.table(t, sd.w("t_kv", label=label), formats={cols[1]: "{:,.1f}", cols[2]: "{:,.0f}",
+    table = rh.table(t, sd.w("kv.caption", label=label), formats={cols[1]: "{:,.1f}", cols[2]: "{:,.0f}",
                                                             cols[3]: "{:,.0f}", cols[4]: "{:,.0f}"},
-                     notes=dash_note(t, sd.w("diagnosis_117")))
+                     notes=dash_note(t, sd.w("kv.counter_not_exposed")))
     return f"**{label}**: {head}{v['sentence']}", table, s
 
 
@@ -143,21 +143,21 @@ def roofline_tables(sd: StudyData) -> tuple[Any, Any]:
             used[hw["name"]] = hw
     if not used:
         return None, None
-    hcols = sd.w("diagnosis_159")
+    hcols = sd.w("roofline.hardware_columns")
     hrows = [[h["name"], h["memory_bandwidth_Bps"] / 1e12,
               (h.get("bf16_dense_flops") or h.get("peak_flops") or math.nan) / 1e12,
               f"{h.get('source', '')} ({h.get('as_of', '')})"] for h in used.values()]
-    hw_t = rh.table(pd.DataFrame(hrows, columns=hcols), sd.w("t_hardware"),
+    hw_t = rh.table(pd.DataFrame(hrows, columns=hcols), sd.w("roofline.hardware_caption"),
                     formats={hcols[1]: "{:,.2f}", hcols[2]: "{:,.2f}"})
     e = roofline(sd)
     if e.empty:
         return hw_t, None
     e = e[e["concurrency"] == e.groupby("config")["concurrency"].transform("min")]
-    ecols = sd.w("diagnosis_170")
+    ecols = sd.w("roofline.columns")
     t = pd.DataFrame({ecols[0]: e["config"], ecols[1]: e["bucket"], ecols[2]: e["tpot_p50_s"] * 1000,
                       ecols[3]: e["decode_bound_s_per_token"] * 1000, ecols[4]: e["decode_efficiency_pct"],
                       ecols[5]: e["implied_bandwidth_Bps"] / 1e12})
-    return hw_t, rh.table(t, sd.w("t_roofline"), formats={ecols[2]: "{:,.2f}", ecols[3]: "{:,.3f}",
+    return hw_t, rh.table(t, sd.w("roofline.caption"), formats={ecols[2]: "{:,.2f}", ecols[3]: "{:,.3f}",
                                                           ecols[4]: "{:,.1f} %", ecols[5]: "{:,.2f}"})
 
 
@@ -198,11 +198,11 @@ def symptom_frame(sd: StudyData, cid: str) -> pd.DataFrame:
 def symptom_text(sd: StudyData, cid: str) -> str:
     """Each symptom as a sentence: the verdict, its evidence, and the first check (seed 002)."""
     out = []
-    verdicts = {"yes": sd.w("yes"), "no": sd.w("no"), "n/a": sd.w("na")}
+    verdicts = {"yes": sd.w("symptom.present.yes"), "no": sd.w("symptom.present.no"), "n/a": sd.w("symptom.present.na")}
     for r in symptom_frame(sd, cid).itertuples():
         obs = r.observation if sd.language == "en" else SYMPTOM_WORDS[r.observation]
         check = r.first_check if sd.language == "en" else CHECK_WORDS[r.observation]
-        out.append("- " + sd.w("symptom_present", obs=obs, verdict=verdicts[r.present], evidence=r.evidence.rstrip(".")
+        out.append("- " + sd.w("symptom.line", obs=obs, verdict=verdicts[r.present], evidence=r.evidence.rstrip(".")
                                 + ".", check=check))
     return f"**{sd.labels().get(cid, cid)}**\n\n" + "\n".join(out)
 
@@ -239,7 +239,7 @@ def spec_section(sd: StudyData) -> tuple[str, Any]:
                       "Δ aggregate tok/s": [pct(x) for x in ab["aggregate_output_tps_change_pct"]],
                       "Δ decode tok/s": [pct(x) for x in ab["decode_tps_p50_change_pct"]],
                       "Δ TTFT p50": [pct(x) for x in ab["ttft_p50_s_change_pct"]]})
-    return "\n".join(lines), rh.table(t, sd.w("t_spec"))
+    return "\n".join(lines), rh.table(t, sd.w("speculative.caption"))
 
 
 def client_overhead_text(sd: StudyData) -> str:
@@ -249,9 +249,9 @@ def client_overhead_text(sd: StudyData) -> str:
         for lv in sd.runs[cid].get("client_limited_levels") or []:
             where.append(f"{cid} {lv['label']} round {lv['round'] + 1} ({'; '.join(lv['reasons'])})")
     if not where:
-        return sd.w("client_ok")
+        return sd.w("client.ok")
     shown = "; ".join(where[:6]) + (f"; … ({len(where) - 6} more)" if len(where) > 6 else "")
-    return sd.w("client_limited", n=len(where), where=shown)
+    return sd.w("client.limited", n=len(where), where=shown)
 
 
 __all__ = ["prefill_fits", "prefill_table", "saturation_table", "goodput_frame", "kv_section", "roofline",

@@ -199,7 +199,7 @@ def gpu_tables(sd: Any) -> tuple[str, list[Any]]:
     t1 = pd.DataFrame({c[0]: conf["config"], c[1]: conf["engine"], c[2]: conf["gpu_mem_used_gib_peak"],
                        c[3]: conf["gpu_mem_total_gib"], c[4]: conf["power_w_mean"], c[5]: conf["power_w_max"],
                        c[6]: conf["gpu_util_pct_mean"]})
-    tables = [rh.table(t1, sd.w("t_gpu"), formats={c[2]: "{:,.1f}", c[3]: "{:,.1f}", c[4]: "{:,.0f}",
+    tables = [rh.table(t1, sd.w("gpu.caption"), formats={c[2]: "{:,.1f}", c[3]: "{:,.1f}", c[4]: "{:,.0f}",
                                                     c[5]: "{:,.0f}", c[6]: "{:,.0f}"})]
     jcols = ["configuration", "bucket", "concurrency", "J per output token"] if en else \
         ["構成", "バケット", "並列数", "出力トークンあたり J"]
@@ -232,7 +232,7 @@ def comparison_table(sd: Any) -> Any:
                       c[2]: t["engine"], c[3]: t["aggregate_output_tps"], c[4]: t["ttft_p50_s"] * 1000,
                       c[5]: t["decode_tps_p50"], c[6]: t["j_per_output_token"],
                       c[7]: [f"{x:,.3f}×" for x in t["aggregate_vs_reference"]]})
-    return rh.table(v, sd.w("t_compare") + f" ({'reference' if en else '基準'}: {t['reference'].iloc[0]})",
+    return rh.table(v, sd.w("gpu.compare_caption") + f" ({'reference' if en else '基準'}: {t['reference'].iloc[0]})",
                     formats={c[3]: "{:,.1f}", c[4]: "{:,.1f}", c[5]: "{:,.1f}", c[6]: "{:,.3f}"},
                     notes={rh.MISSING: "no GPU telemetry" if en else "GPU テレメトリなし"}
                     if v.isna().to_numpy().any() else None)

@@ -37,7 +37,7 @@ def anchor(key: str, title: str, level: int = 2) -> str:
 
 
 def link(sd: StudyData, key: str) -> str:
-    return f"([{sd.w('see')}: {sd.w(key)}](#{key}))"
+    return f"([{sd.w('page.see')}: {sd.w('section.' + key)}](#{key}))"
 
 
 def slo_parts(sd: StudyData) -> str:
@@ -54,7 +54,7 @@ def slo_parts(sd: StudyData) -> str:
 def change_text(sd: StudyData, cid: str, base: str) -> str:
     diffs = config_diff(sd.engine_params(base), sd.engine_params(cid))
     if not diffs:
-        return sd.w("no_change")
+        return sd.w("configs.no_change")
     return "; ".join(f"{k}: {_short(a)} → {_short(b)}" for k, a, b in diffs)
 
 
@@ -86,15 +86,15 @@ def headline(sd: StudyData) -> str:
     lab = sd.labels()
     out = []
     best = s.loc[s["aggregate_output_tps"].idxmax()]
-    out.append(sd.w("h_best", label=lab.get(best["config"], best["config"]), peak=num(best["aggregate_output_tps"], 0),
+    out.append(sd.w("headline.fastest", label=lab.get(best["config"], best["config"]), peak=num(best["aggregate_output_tps"], 0),
                     bucket=best["bucket"], conc=int(best["concurrency"])) + " " + link(sd, "results"))
     eff = effects(sd)
     if len(eff):
         e = eff.loc[eff["agg_change_pct"].abs().idxmax()]
-        out.append(sd.w("h_change", config=lab.get(e["config"], e["config"]), baseline=e["baseline"],
+        out.append(sd.w("headline.biggest_change", config=lab.get(e["config"], e["config"]), baseline=e["baseline"],
                         what=change_text(sd, e["config"], e["baseline"]), delta=pct(e["agg_change_pct"]),
                         n=int(e["levels"]), lo=pct(e["agg_ci_low_pct"]), hi=pct(e["agg_ci_high_pct"]),
-                        noise=sd.w("beyond_noise") if e["beyond_noise"] else sd.w("within_noise"))
+                        noise=sd.w("progression.beyond_noise") if e["beyond_noise"] else sd.w("progression.within_noise"))
                    + " " + link(sd, "progression"))
     kn = knee(s)
     kn = kn[kn["top_concurrency"] == kn["top_concurrency"].max()]  # the widest sweep says most
@@ -104,25 +104,25 @@ def headline(sd: StudyData) -> str:
     if len(pick):
         r = pick.iloc[0]
         if r["plateau"]:
-            out.append(sd.w("h_saturation", label=lab.get(r["config"], r["config"]), bucket=r["bucket"],
+            out.append(sd.w("headline.saturates", label=lab.get(r["config"], r["config"]), bucket=r["bucket"],
                             conc=int(r["knee_concurrency"])) + " " + link(sd, "saturation"))
         else:
-            out.append(sd.w("h_no_saturation", label=lab.get(r["config"], r["config"]), bucket=r["bucket"],
+            out.append(sd.w("headline.not_saturated", label=lab.get(r["config"], r["config"]), bucket=r["bucket"],
                             conc=int(r["top_concurrency"])) + " " + link(sd, "saturation"))
     g = goodput(s, sd.study.slo).dropna(subset=["goodput_concurrency"])
     if len(g):
         r = g.loc[g["aggregate_output_tps"].idxmax()]
-        out.append(sd.w("h_goodput", slo=slo_parts(sd), tps=num(r["aggregate_output_tps"], 0),
+        out.append(sd.w("headline.goodput", slo=slo_parts(sd), tps=num(r["aggregate_output_tps"], 0),
                         conc=int(r["goodput_concurrency"]), label=lab.get(r["config"], r["config"]), bucket=r["bucket"])
                    + " " + link(sd, "saturation"))
     else:
-        out.append(sd.w("h_no_goodput", slo=slo_parts(sd)) + " " + link(sd, "saturation"))
+        out.append(sd.w("headline.no_goodput", slo=slo_parts(sd)) + " " + link(sd, "saturation"))
     from ..analysis import kv_verdict
 
     limited = [lab.get(c, c) for c in sd.config_ids
                if sd.samples(c) is not None and kv_verdict(sd.samples(c))["limited"]]
     if limited:
-        out.append(sd.w("h_kv", configs=", ".join(limited)) + " " + link(sd, "kv"))
+        out.append(sd.w("headline.kv_limited", configs=", ".join(limited)) + " " + link(sd, "kv"))
     from .gpu import engine_comparison_table
 
     cmp_ = engine_comparison_table(sd)
@@ -131,7 +131,7 @@ def headline(sd: StudyData) -> str:
         other = cmp_[cmp_["config"] != ref]
         best = other.groupby("config", sort=False)["aggregate_vs_reference"].median().idxmax()
         r = other[other["config"] == best]["aggregate_vs_reference"]
-        out.append(sd.w("h_engines", other=lab.get(best, best), ref=lab.get(ref, ref), n=len(r),
+        out.append(sd.w("headline.engines", other=lab.get(best, best), ref=lab.get(ref, ref), n=len(r),
                         lo=pct((r.min() - 1) * 100), hi=pct((r.max() - 1) * 100)) + " " + link(sd, "gpu"))
     from .money import cost_sentence
 
@@ -144,17 +144,17 @@ def headline(sd: StudyData) -> str:
 def config_table(sd: StudyData) -> Any:
     """One row per configuration: label, engine and version, baseline and what changed."""
     w, bases, rows = sd.w, baselines(sd), []
-    cols = sd.w("sections_147")
+    cols = sd.w("configs.columns")
     for c in sd.study.configurations:
         if c.id not in sd.folders:
-            rows.append([c.id, c.label or c.id, rh.MISSING, rh.MISSING, w("not_measured")])
+            rows.append([c.id, c.label or c.id, rh.MISSING, rh.MISSING, w("configs.not_measured")])
             continue
         run = sd.runs[c.id]
         eng = f"{(run.get('engine_params') or {}).get('kind', '?')} {run.get('server', {}).get('version') or ''}".strip()
         base = bases.get(c.id)
-        rows.append([c.id, c.label or c.id, eng, base or w("baseline"),
-                     change_text(sd, c.id, base) if base else w("baseline")])
-    return rh.table(pd.DataFrame(rows, columns=cols), w("t_configs"))
+        rows.append([c.id, c.label or c.id, eng, base or w("configs.baseline"),
+                     change_text(sd, c.id, base) if base else w("configs.baseline")])
+    return rh.table(pd.DataFrame(rows, columns=cols), w("configs.caption"))
 
 
 def fixed_settings(sd: StudyData) -> Any:
@@ -165,8 +165,8 @@ def fixed_settings(sd: StudyData) -> Any:
     skip = ("host", "port", "startup_timeout_s")
     keys = [k for k, v in settings[0].items() if v not in (None, {}, [], "")
             and all(s.get(k) == v for s in settings) and k.split(".")[0] not in skip]
-    cols = sd.w("sections_169")
-    return rh.table(pd.DataFrame([[k, str(settings[0][k])] for k in keys], columns=cols), sd.w("t_fixed"))
+    cols = sd.w("fixed.columns")
+    return rh.table(pd.DataFrame([[k, str(settings[0][k])] for k in keys], columns=cols), sd.w("fixed.caption"))
 
 
 def method_text(sd: StudyData) -> str:
@@ -176,20 +176,20 @@ def method_text(sd: StudyData) -> str:
     counter = next(iter(cal.values()), {}).get("counter", "the server's /tokenize")
     achieved = ", ".join(f"{v['target_tokens']:,} → {v['tokens']:,}" for v in cal.values()) or rh.MISSING
     api = "/v1/chat/completions" if wl.api == "chat" else "/v1/completions"
-    return sd.w("method_body", api=api, temperature=wl.temperature, seed=wl.seed, prompt_text=wl.prompt_text,
+    return sd.w("method.body", api=api, temperature=wl.temperature, seed=wl.seed, prompt_text=wl.prompt_text,
                 counter=counter, calibration=achieved, warmup=wl.warmup_rounds, rounds=wl.rounds,
-                k=wl.requests_per_round, salt=sd.w("salt_on") if wl.cache_salt else sd.w("salt_off"))
+                k=wl.requests_per_round, salt=sd.w("method.salt_on") if wl.cache_salt else sd.w("method.salt_off"))
 
 
 def definitions_table(sd: StudyData) -> Any:
-    cols = sd.w("sections_186")
-    return rh.table(pd.DataFrame(list(DEFINITIONS.items()), columns=cols), sd.w("t_definitions"))
+    cols = sd.w("definitions.columns")
+    return rh.table(pd.DataFrame(list(DEFINITIONS.items()), columns=cols), sd.w("definitions.caption"))
 
 
 def devices_text(sd: StudyData) -> str:
     lines = []
     for d in sd.meta.get("device") or []:
-        lines.append("- " + sd.w("devices", kind=d.get("kind"), machine=d.get("machine"), date=d.get("date"),
+        lines.append("- " + sd.w("setup.device", kind=d.get("kind"), machine=d.get("machine"), date=d.get("date"),
                                  minutes=f"{d.get('held_s', 0) / 60:.1f}", configs=d.get("configurations") or "–"))
     return "\n".join(lines)
 
@@ -204,12 +204,12 @@ def results_table(sd: StudyData, cid: str) -> Any:
     rows = [[r.prompt_tokens, int(r.concurrency), r.ttft_p50_s * 1000, r.ttft_p95_s * 1000, r.decode_tps_p50,
              r.e2e_output_tps_p50, r.aggregate_output_tps,
              span(r.aggregate_output_tps_min, r.aggregate_output_tps_max)] for r in s.itertuples()]
-    c = sd.w("results_columns")
+    c = sd.w("results.columns")
     t = pd.DataFrame(rows, columns=c)
-    return rh.table(t, sd.w("t_results", label=sd.labels().get(cid, cid)),
+    return rh.table(t, sd.w("results.caption", label=sd.labels().get(cid, cid)),
                     formats={c[0]: "{:,.0f}", c[2]: "{:,.1f}", c[3]: "{:,.1f}", c[4]: "{:,.1f}", c[5]: "{:,.1f}",
                              c[6]: "{:,.1f}"},
-                    notes=dash_note(t, sd.w("dash_not_measured")))
+                    notes=dash_note(t, sd.w("table.not_measured_at_level")))
 
 
 def progression_table(sd: StudyData) -> Any:
@@ -219,11 +219,11 @@ def progression_table(sd: StudyData) -> Any:
     if e.empty:
         return None
     lab = sd.labels()
-    cols = sd.w("sections_229")
+    cols = sd.w("progression.columns")
     rows, multi = [], False
     for r in e.itertuples():
         n_changed = len(config_diff(sd.engine_params(r.baseline), sd.engine_params(r.config)))
-        verdict = sd.w("beyond_noise") if r.beyond_noise else sd.w("within_noise")
+        verdict = sd.w("progression.beyond_noise") if r.beyond_noise else sd.w("progression.within_noise")
         if n_changed > 1:
             verdict += " †"
             multi = True
@@ -232,8 +232,8 @@ def progression_table(sd: StudyData) -> Any:
                      f"{pct(r.agg_ci_low_pct)} … {pct(r.agg_ci_high_pct)}".replace("…", "to" if sd.language == "en"
                                                                                      else "〜"),
                      pct(r.ttft_change_pct), verdict])
-    note = sd.w("sections_243")
-    return rh.table(pd.DataFrame(rows, columns=cols), sd.w("t_progression"), notes={"†": note} if multi else None)
+    note = sd.w("progression.multi_change_note")
+    return rh.table(pd.DataFrame(rows, columns=cols), sd.w("progression.caption"), notes={"†": note} if multi else None)
 
 
 # -- reproducibility ------------------------------------------------------------------------------
