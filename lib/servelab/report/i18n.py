@@ -12,6 +12,8 @@ from typing import Any
 
 import yaml
 
+from ..analysis.phrase import Clauses, Phrase, Sentences
+
 LANGUAGES = ("en", "ja")
 
 
@@ -43,6 +45,18 @@ class Words:
     def __call__(self, key: str, **values: Any) -> str:
         text = table()[key][self.lang]
         return text.format(**values) if values else text
+
+    def say(self, finding: Any) -> Any:
+        """An analysis finding in words: a `Phrase` is the sentence `finding.<key>` with its nested
+        phrases said first; `Clauses`/`Sentences` are joined the way this language joins them
+        (`finding.clause_sep`, `finding.sentence_sep`); anything else (numbers, names) is itself."""
+        if isinstance(finding, Phrase):
+            return self(f"finding.{finding.key}", **{k: self.say(v) for k, v in finding.values.items()})
+        if isinstance(finding, Clauses):
+            return self("finding.clause_sep").join(self.say(x) for x in finding)
+        if isinstance(finding, Sentences):
+            return self("finding.sentence_sep").join(self.say(x) for x in finding)
+        return finding
 
 
 def words(lang: str) -> Words:

@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from ..analysis import change_effects, config_diff, flatten, goodput, knee
-from ..summary import DEFINITIONS
+from ..summary import DEFINED_METRICS
 from . import html as rh
 from .load import StudyData, baselines, engine_gpus
 
@@ -183,7 +183,8 @@ def method_text(sd: StudyData) -> str:
 
 def definitions_table(sd: StudyData) -> Any:
     cols = sd.w("definitions.columns")
-    return rh.table(pd.DataFrame(list(DEFINITIONS.items()), columns=cols), sd.w("definitions.caption"))
+    rows = [(m, sd.w(f"definition.{m}")) for m in DEFINED_METRICS]
+    return rh.table(pd.DataFrame(rows, columns=cols), sd.w("definitions.caption"))
 
 
 def devices_text(sd: StudyData) -> str:
@@ -229,8 +230,7 @@ def progression_table(sd: StudyData) -> Any:
             multi = True
         rows.append([f"{lab.get(r.baseline, r.baseline)} → {lab.get(r.config, r.config)}",
                      change_text(sd, r.config, r.baseline), r.levels, pct(r.agg_change_pct),
-                     f"{pct(r.agg_ci_low_pct)} … {pct(r.agg_ci_high_pct)}".replace("…", "to" if sd.language == "en"
-                                                                                     else "〜"),
+                     sd.w("progression.interval", lo=pct(r.agg_ci_low_pct), hi=pct(r.agg_ci_high_pct)),
                      pct(r.ttft_change_pct), verdict])
     note = sd.w("progression.multi_change_note")
     return rh.table(pd.DataFrame(rows, columns=cols), sd.w("progression.caption"), notes={"†": note} if multi else None)
