@@ -114,7 +114,7 @@ def cmd_report(a: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
-    """Client self-check against the reference server (servelab.selfcheck)."""
+    """Client self-check against the reference server (servelab.measure.selfcheck)."""
     from .measure.selfcheck import calibrate
 
     out = Path(a.out or Path("runs") / "selfcheck" / f"{datetime.now():%Y%m%d-%H%M%S}.json")

@@ -3,7 +3,7 @@
 provision -> launch -> benchmark each read and write files in the run folder
 `runs/<study>/<config>/`, so every stage can run in its own process (papermill executes one
 notebook per stage): `launch` leaves the engine running and writes `engine.json`; `benchmark`
-reads it; `stop` ends the engine from that handle. What differs between a local process, an
+reads it; `stop_served` ends the engine from that handle. What differs between a local process, an
 attached server and an AWS host is the study's `Host` (`servelab.hosts`). Not for diagnosis or
 the write-up (`analysis`, `report`).
 """

@@ -4,7 +4,7 @@ An `EngineProfile` knows its flag table, the command line and environment that s
 the checks and derived values for a configuration's flags, what a report says about them,
 how to read its `/metrics` and where its server facts live. The registry
 (`servelab.engines.get`) hands out one profile per `engine.kind`; code outside `engines/`
-never branches on the kind. Not for running the process (`engines.process`).
+never branches on the kind. Not for running the process (`servelab.hosts.process`).
 """
 
 from __future__ import annotations
