@@ -111,3 +111,14 @@ def test_findings_are_said_in_the_page_language(lang, expect):
         Phrase("kv.crowded", {"waiting": 3, "threshold": 0.9, "peak": 0.97}), Phrase("kv.preempted", {"n": 2.0})])})]))
     assert expect in said
     assert "KV" in said and ("；" in said) == (lang == "ja")
+
+
+def test_the_published_japanese_page_is_japanese():
+    # visible text only: no scripts, styles, figures, launch commands (<pre>), code or the
+    # study's own prompt text (<em>); what is left must not hold an English phrase of 4+ words
+    page = (ROOT / "reports" / "local-cpu" / "index.ja.html").read_text(encoding="utf-8")
+    page = re.sub(r"<(script|style|pre|code|em)\b[^>]*>.*?</\1>", " ", page, flags=re.S)
+    text = re.sub(r"<[^>]+>", "\n", re.sub(r"<img[^>]*>", "", page))
+    english = [line.strip() for line in text.splitlines()
+               if re.search(r"([A-Za-z]{3,}[ ,;:()]+){3}[A-Za-z]{3,}", line)]  # the page before this change: 16
+    assert english == []

@@ -129,6 +129,16 @@ def _roofline(sd: StudyData) -> pd.DataFrame:
     return pd.concat(eff, ignore_index=True) if eff else pd.DataFrame()
 
 
+def _hardware_words(sd: StudyData, h: dict[str, Any]) -> tuple[str, str]:
+    """(name, source) of a hardware entry: a datasheet's as written, a CPU measured on the spot
+    (`local_cpu_entry`) in the page's language."""
+    m = h.get("measured")
+    if not m:
+        return h["name"], h.get("source", "")
+    return (sd.w("roofline.local_cpu_name", model=m.get("cpu_model") or "unknown", cores=m.get("cpu_count")),
+            sd.w("roofline.local_cpu_source", array_bytes=m.get("array_bytes"), matmul_n=m.get("matmul_n")))
+
+
 def roofline_tables(sd: StudyData) -> tuple[Any, Any]:
     """(hardware bounds used, decode at concurrency 1 against the bandwidth bound)."""
     used: dict[str, dict[str, Any]] = {}
@@ -139,9 +149,12 @@ def roofline_tables(sd: StudyData) -> tuple[Any, Any]:
     if not used:
         return None, None
     hcols = sd.w("roofline.hardware_columns")
-    hrows = [[h["name"], h["memory_bandwidth_Bps"] / 1e12,
-              (h.get("bf16_dense_flops") or h.get("peak_flops") or math.nan) / 1e12,
-              f"{h.get('source', '')} ({h.get('as_of', '')})"] for h in used.values()]
+    hrows = []
+    for h in used.values():
+        name, source = _hardware_words(sd, h)
+        hrows.append([name, h["memory_bandwidth_Bps"] / 1e12,
+                      (h.get("bf16_dense_flops") or h.get("peak_flops") or math.nan) / 1e12,
+                      f"{source} ({h.get('as_of', '')})"])
     hw_t = rh.table(pd.DataFrame(hrows, columns=hcols), sd.w("roofline.hardware_caption"),
                     formats={hcols[1]: "{:,.2f}", hcols[2]: "{:,.2f}"})
     e = roofline(sd)

@@ -238,23 +238,24 @@ def progression_table(sd: StudyData) -> Any:
 
 # -- reproducibility ------------------------------------------------------------------------------
 
-def _revision(run: dict[str, Any]) -> str:
+def _revision(sd: StudyData, run: dict[str, Any]) -> str:
     m = run.get("model") or {}
     if m.get("revision"):
         return m["revision"]
     if (run.get("engine_params") or {}).get("load_format") == "dummy":
-        return "dummy weights (content hash not recorded)"
-    return "not recorded"
+        return sd.w("repro.dummy_weights")
+    return sd.w("repro.not_recorded")
 
 
-def _servelab(run: dict[str, Any]) -> str:
+def _servelab(sd: StudyData, run: dict[str, Any]) -> str:
     s = run.get("servelab") or {}
     commit = s.get("commit")
-    out = f"{s.get('version')} @ {commit[:12]}" if commit else f"{s.get('version')}, commit not recorded"
+    out = (sd.w("repro.servelab_commit", version=s.get("version"), commit=commit[:12]) if commit
+           else sd.w("repro.servelab_no_commit", version=s.get("version")))
     if s.get("dirty"):
-        out += " (local changes)"
+        out += sd.w("repro.local_changes")
     if s.get("package_sha256"):
-        out += f", package sha256 {s['package_sha256']}"
+        out += sd.w("repro.package_sha256", sha=s["package_sha256"])
     return out
 
 
@@ -268,39 +269,53 @@ def _hardware(sd: StudyData, cid: str) -> str:
     gpus = host.get("gpus") or []
     if gpus:
         return f"{engine_gpus(sd, cid)} × {gpus[0]['name']}"
-    return f"CPU: {host.get('cpu_model')} × {host.get('cpu_count')}"
+    return sd.w("repro.cpu", model=host.get("cpu_model"), count=host.get("cpu_count"))
+
+
+def _card_rows(sd: StudyData, cid: str) -> dict[str, str]:
+    """The card's short fields, each named in the page's language."""
+    r = sd.runs[cid]
+    srv, eng, facts, hd = r.get("server", {}), r.get("engine_params", {}), sd.facts(cid), r.get("headline", {})
+    args = eng.get("args") or {}
+    w = sd.w
+    status = w("repro.status", status=r.get("status"), records=num(r.get("records"), 0))
+    if hd.get("success_rate") is not None:
+        status += w("repro.success", pct=hd["success_rate"] * 100)
+    return {
+        w("repro.field.model"): w("repro.model", architecture=facts.get("architecture", "?"),
+                                  params=num(facts.get("param_count", 0) / 1e6, 1), dtype=facts.get("dtype", "?"),
+                                  weights=eng.get("load_format") or w("repro.checkpoint")),
+        w("repro.field.revision"): _revision(sd, r),
+        w("repro.field.engine"): f"{eng.get('kind')} {srv.get('version') or w('repro.version_not_recorded')}",
+        w("repro.field.hardware"): _hardware(sd, cid),
+        w("repro.field.precision"): f"{args.get('dtype', 'auto')} / {args.get('kv-cache-dtype', 'auto')}",
+        w("repro.field.parallel"): f"TP={args.get('tensor-parallel-size', args.get('tp-size', 1))}",
+        w("repro.field.startup"): w("repro.startup", s=srv["startup_s"]) if srv.get("startup_s")
+        else w("repro.not_recorded"),
+        w("repro.field.run"): f"{r.get('started_at')} → {r.get('finished_at')}",
+        w("repro.field.status"): status,
+        w("repro.field.servelab"): _servelab(sd, r),
+    }
+
+
+def _long_values(sd: StudyData, cid: str) -> dict[str, str]:
+    """The card's long values (launch command, environment, packages, client host), for <details>."""
+    r, w = sd.runs[cid], sd.w
+    srv = r.get("server", {})
+    cmd, env, host = srv.get("command"), srv.get("env") or {}, r.get("client_host") or {}
+    return {w("repro.long.command"): shlex.join(cmd) if cmd else srv.get("base_url", w("repro.not_recorded")),
+            w("repro.long.environment"): " ".join(f"{k}={v}" for k, v in env.items()) or w("repro.none_recorded"),
+            w("repro.long.packages"): ", ".join(f"{k} {v}" for k, v in (r.get("packages") or {}).items())
+            or w("repro.not_recorded"),
+            w("repro.long.client_host"): w("repro.client_host", cpu=host.get("cpu_model"), count=host.get("cpu_count"),
+                                           python=host.get("python"))}
 
 
 def repro_cards(sd: StudyData) -> list[Any]:
     """A compact card per configuration (seed 002's list); long values in <details>."""
     out = []
     for cid in sd.config_ids:
-        r = sd.runs[cid]
-        srv, eng, facts, hd = r.get("server", {}), r.get("engine_params", {}), sd.facts(cid), r.get("headline", {})
-        args = eng.get("args") or {}
-        rows = {
-            "model": f"{facts.get('architecture', '?')}, {num(facts.get('param_count', 0) / 1e6, 1)} M params, "
-                     f"{facts.get('dtype', '?')}; weights: {eng.get('load_format') or 'checkpoint'}",
-            "model revision": _revision(r),
-            "engine": f"{eng.get('kind')} {srv.get('version') or 'version not recorded'}",
-            "hardware": _hardware(sd, cid),
-            "precision / KV dtype": f"{args.get('dtype', 'auto')} / {args.get('kv-cache-dtype', 'auto')}",
-            "parallel layout": f"TP={args.get('tensor-parallel-size', args.get('tp-size', 1))}",
-            "startup": f"{srv['startup_s']:,.1f} s" if srv.get("startup_s") else "not recorded",
-            "run": f"{r.get('started_at')} → {r.get('finished_at')}",
-            "status": f"{r.get('status')}, {num(r.get('records'), 0)} records"
-                      + (f", success {hd['success_rate'] * 100:.1f} %" if hd.get("success_rate") is not None else ""),
-            "servelab": _servelab(r),
-        }
-        out.append(rh.card(f"{sd.labels().get(cid, cid)} ({cid})", rows))
-        cmd = srv.get("command")
-        env = srv.get("env") or {}
-        long = {"launch command": shlex.join(cmd) if cmd else srv.get("base_url", "not recorded"),
-                "engine environment": " ".join(f"{k}={v}" for k, v in env.items()) or "none recorded",
-                "packages": ", ".join(f"{k} {v}" for k, v in (r.get("packages") or {}).items()) or "not recorded",
-                "client host": f"{(r.get('client_host') or {}).get('cpu_model')} × "
-                               f"{(r.get('client_host') or {}).get('cpu_count')}, Python "
-                               f"{(r.get('client_host') or {}).get('python')}"}
-        out.append(rh.details(f"{cid}: launch command, environment, packages",
-                              "\n\n".join(f"{k}:\n{v}" for k, v in long.items())))
+        out.append(rh.card(f"{sd.labels().get(cid, cid)} ({cid})", _card_rows(sd, cid)))
+        out.append(rh.details(sd.w("repro.details", config=cid),
+                              "\n\n".join(f"{k}:\n{v}" for k, v in _long_values(sd, cid).items())))
     return out
