@@ -34,10 +34,10 @@ labels, colors = sd.labels(), sd.colors
 Markdown(f"# {sd.study.title}\n\n{sd.study.description or ''}")
 
 # %%
-Markdown(f"{sec.anchor('headline', w('headline'))}\n\n{sec.headline(sd)}")
+Markdown(f"{sec.anchor('headline', w('section.headline'))}\n\n{sec.headline(sd)}")
 
 # %%
-Markdown(f"{sec.anchor('setup', w('setup'))}\n\n{sec.devices_text(sd)}")
+Markdown(f"{sec.anchor('setup', w('section.setup'))}\n\n{sec.devices_text(sd)}")
 
 # %%
 sec.config_table(sd)
@@ -46,57 +46,57 @@ sec.config_table(sd)
 sec.fixed_settings(sd)
 
 # %%
-Markdown(f"{sec.anchor('method', w('method'))}\n\n{sec.method_text(sd)}")
+Markdown(f"{sec.anchor('method', w('section.method'))}\n\n{sec.method_text(sd)}")
 
 # %%
 sec.definitions_table(sd)
 
 # %%
-Markdown(f"{sec.anchor('results', w('results'))}\n\n{w('results_text')}")
+Markdown(f"{sec.anchor('results', w('section.results'))}\n\n{w('results.intro')}")
 
 # %%
 for cid in sd.config_ids:
     display(sec.results_table(sd, cid))
 
 # %%
-Markdown(f"{sec.anchor('progression', w('progression'))}\n\n{w('progression_text')}")
+Markdown(f"{sec.anchor('progression', w('section.progression'))}\n\n{w('progression.intro')}")
 
 # %%
 sec.progression_table(sd)
 
 # %%
-Markdown(sec.anchor("figures", w("figures")))
+Markdown(sec.anchor("figures", w("section.figures")))
 
 # %%
 rh.figure(plots.ttft_vs_prompt_tokens(sd.summary, labels, dg.prefill_fits(sd), colors=colors, lang=sd.language),
-          w("fig_ttft"))
+          w("figure.ttft_vs_prompt_tokens"))
 
 # %%
 rh.figure(plots.throughput_vs_concurrency(sd.summary, labels, dg.goodput_frame(sd), colors=colors, lang=sd.language),
-          w("fig_sat"))
+          w("figure.throughput_vs_concurrency"))
 
 # %%
 rh.figure(plots.latency_vs_concurrency(sd.summary, labels, sd.study.slo.ttft_p95_s, colors=colors, lang=sd.language),
-          w("fig_lat"))
+          w("figure.latency_vs_concurrency"))
 
 # %%
 rh.figure(plots.per_user_vs_per_gpu(sd.summary, {c: sec.engine_gpus(sd, c) for c in sd.config_ids}, labels,
-                                    colors=colors, lang=sd.language), w("fig_pareto"))
+                                    colors=colors, lang=sd.language), w("figure.per_user_vs_per_gpu"))
 
 # %%
-Markdown(f"{sec.anchor('diagnosis', w('diagnosis'))}\n\n{sec.anchor('prefill', w('prefill'), 3)}")
+Markdown(f"{sec.anchor('diagnosis', w('section.diagnosis'))}\n\n{sec.anchor('prefill', w('section.prefill'), 3)}")
 
 # %%
 dg.prefill_table(sd)
 
 # %%
-Markdown(f"{sec.anchor('saturation', w('saturation'), 3)}\n\n{w('slo_text', parts=sec.slo_parts(sd))}")
+Markdown(f"{sec.anchor('saturation', w('section.saturation'), 3)}\n\n{w('saturation.intro', parts=sec.slo_parts(sd))}")
 
 # %%
 dg.saturation_table(sd)
 
 # %%
-Markdown(sec.anchor("kv", w("kv"), 3))
+Markdown(sec.anchor("kv", w("section.kv"), 3))
 
 # %%
 for cid in sd.config_ids:
@@ -105,11 +105,11 @@ for cid in sd.config_ids:
     display(table)
     if samples is not None:
         display(rh.figure(plots.kv_vs_time(samples, colors[cid], lang=sd.language),
-                          w("fig_kv", label=labels.get(cid, cid))))
+                          w("figure.kv_vs_time", label=labels.get(cid, cid))))
 
 # %%
 hw_table, roofline_table = dg.roofline_tables(sd)
-Markdown(sec.anchor("roofline", w("roofline"), 3))
+Markdown(sec.anchor("roofline", w("section.roofline"), 3))
 
 # %%
 hw_table
@@ -119,13 +119,13 @@ roofline_table
 
 # %%
 spec_text, spec_table = dg.spec_section(sd)
-Markdown(f"{sec.anchor('speculative', w('speculative'), 3)}\n\n{spec_text}")
+Markdown(f"{sec.anchor('speculative', w('section.speculative'), 3)}\n\n{spec_text}")
 
 # %%
 spec_table
 
 # %%
-Markdown(f"{sec.anchor('symptoms', w('symptoms'), 3)}\n\n{dg.client_overhead_text(sd)}")
+Markdown(f"{sec.anchor('symptoms', w('section.symptoms'), 3)}\n\n{dg.client_overhead_text(sd)}")
 
 # %%
 Markdown("\n\n".join(dg.symptom_text(sd, cid) for cid in sd.config_ids))
@@ -133,27 +133,27 @@ Markdown("\n\n".join(dg.symptom_text(sd, cid) for cid in sd.config_ids))
 # %%
 gpu_text, gpu_tables = gpu.gpu_tables(sd)
 if gpu_tables:
-    display(Markdown(f"{sec.anchor('gpu', w('gpu'))}\n\n{gpu_text}"))
+    display(Markdown(f"{sec.anchor('gpu', w('section.gpu'))}\n\n{gpu_text}"))
     for t in gpu_tables:
         display(t)
     display(gpu.comparison_table(sd))
 
 # %%
 cost_text, cost_table = money.cost_section(sd)
-Markdown(f"{sec.anchor('cost', w('cost'))}\n\n{cost_text}")
+Markdown(f"{sec.anchor('cost', w('section.cost'))}\n\n{cost_text}")
 
 # %%
 cost_table
 
 # %%
 peer_text, peer_table = money.peer_section(sd)
-Markdown(f"{sec.anchor('peer', w('peer'))}\n\n{peer_text}")
+Markdown(f"{sec.anchor('peer', w('section.peer'))}\n\n{peer_text}")
 
 # %%
 peer_table
 
 # %%
-Markdown(sec.anchor("repro", w("repro")))
+Markdown(sec.anchor("repro", w("section.repro")))
 
 # %%
 for item in sec.repro_cards(sd):

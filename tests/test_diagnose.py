@@ -13,6 +13,9 @@ from servelab import analysis as d
 from servelab.engines.vllm import derive_capture_sizes
 from servelab.models import kv_bytes_per_token
 from servelab.models import PRESETS, facts_from_config
+from servelab.report.i18n import words
+
+EN, JA = words("en"), words("ja")
 
 # --------------------------------------------------------------------------- helpers
 
@@ -234,9 +237,9 @@ def test_sizes_and_capacity():
     assert d.kv_capacity(100_000, 1000, block_size=16) == 96
     chk = d.kv_capacity_check(facts_from_config(PRESETS["cpu-tiny"]), "256M", 65536, block_size=32)
     assert chk["predicted_capacity_tokens"] == 65536 and chk["diff_pct"] == 0.0
-    assert "agrees" in chk["sentence"]
+    assert "agrees" in EN.say(chk["phrase"])
     off = d.kv_capacity_check(facts_from_config(PRESETS["cpu-tiny"]), "256M", 60000)
-    assert off["diff_pct"] == pytest.approx((60000 - 65536) / 65536 * 100) and "differs" in off["sentence"]
+    assert off["diff_pct"] == pytest.approx((60000 - 65536) / 65536 * 100) and "differs" in EN.say(off["phrase"])
 
 
 def test_kv_verdict_limited_when_queue_waits_on_full_cache():
@@ -244,7 +247,7 @@ def test_kv_verdict_limited_when_queue_waits_on_full_cache():
     v = d.kv_verdict(s)
     assert v["assessed"] and v["limited"] is True
     assert v["waiting_max"] == 5 and v["kv_usage_max_frac"] == pytest.approx(0.99)
-    assert "up to 5 request(s) waited" in v["sentence"] and "99.0%" in v["sentence"]
+    assert "up to 5 request(s) waited" in EN.say(v["evidence"]) and "99.0%" in EN.say(v["evidence"])
     assert v["levels_limited"] == ["in512-out128 c=1"]
 
 
@@ -252,15 +255,15 @@ def test_kv_verdict_not_limited_when_roomy_and_says_why_queue():
     s = samples_frame(kv=[0.1, 0.3, 0.35, 0.2], waiting=[0, 2, 2, 0])
     v = d.kv_verdict(s)
     assert v["assessed"] and v["limited"] is False
-    assert "did not limit" in v["sentence"] and "35.0%" in v["sentence"]
-    assert "scheduler limit" in v["sentence"]
+    assert "did not limit" in EN.say(v["evidence"]) and "35.0%" in EN.say(v["evidence"])
+    assert "scheduler limit" in EN.say(v["evidence"])
 
 
 def test_kv_verdict_preemptions_alone_mean_limited():
     s = samples_frame(kv=[0.5, 0.8, 0.85], waiting=[0, 0, 0], preempt=[2.0, 2.0, 5.0])
     v = d.kv_verdict(s)
     assert v["limited"] is True and v["preemptions_delta"] == 3
-    assert "preempted 3 time(s)" in v["sentence"]
+    assert "preempted 3 time(s)" in EN.say(v["evidence"])
 
 
 def test_kv_verdict_without_metrics_and_capacity_compare():
@@ -269,13 +272,13 @@ def test_kv_verdict_without_metrics_and_capacity_compare():
     empty.attrs["reason"] = "GET /metrics -> HTTP 404"
     v = d.kv_verdict(empty)
     assert v["limited"] is False and v["assessed"] is False
-    assert "/metrics was unavailable" in v["sentence"] and "404" in v["sentence"]
+    assert "/metrics was unavailable" in EN.say(v["evidence"]) and "404" in EN.say(v["evidence"])
     roomy = samples_frame(kv=[0.01, 0.02], waiting=[0, 0])
     run_json_engine = {"args": {"kv-cache-memory-bytes": "256M", "block-size": 32}}
     v2 = d.kv_verdict(roomy, facts=facts_from_config(PRESETS["cpu-tiny"]), engine_args=run_json_engine)
     assert v2["capacity"]["predicted_capacity_tokens"] == 65536
     assert v2["capacity"]["server_capacity_tokens"] == 65536
-    assert "agrees" in v2["sentence"]
+    assert "agrees" in EN.say(v2["evidence"])
 
 
 def test_kv_residency_charges_preemptions_to_the_level():
@@ -413,8 +416,8 @@ def test_compare_configs_percentages_and_attribution_warning():
 # --------------------------------------------------------------------------- 7. symptom table
 
 
-def _present(table, obs):
-    return table.set_index("observation").loc[obs, "present"]
+def _present(table, rule):
+    return table.set_index("rule").loc[rule, "present"]
 
 
 def test_symptoms_present_on_a_troubled_run():
@@ -427,16 +430,27 @@ def test_symptoms_present_on_a_troubled_run():
     summ = pd.DataFrame(rows)
     samples = samples_frame(kv=[0.5, 0.95, 0.99], waiting=[0, 2, 4], preempt=[0, 1, 3])
     table = d.symptoms(summ, samples, d.fit_prefill(summ), SLO, decode_bound_s_per_token=1 / 100.0)
-    assert list(table.columns) == ["observation", "present", "evidence", "first_check"]
-    assert list(table["observation"]) == list(d.SYMPTOM_FIRST_CHECKS)
+    assert list(table.columns) == ["rule", "present", "evidence"]
+    assert list(table["rule"]) == list(d.RULES)
     assert set(table["present"]) == {"yes"}
-    ev = table.set_index("observation")["evidence"]
-    assert "(18.0x)" in ev["TTFT grows with prompt length"]
-    assert "20.0 tok/s vs bound 100.0 tok/s (20%)" in ev["Decode slow even at concurrency 1"]
-    assert "knee at c=4 of 8" in ev["Aggregate tok/s plateaus as concurrency rises"]
-    assert "c=2->4" in ev["Aggregate improves while p95 latency spikes"]
-    assert "breaks the SLO" in ev["Aggregate improves while p95 latency spikes"]
-    assert "preempted 3 time(s)" in ev["Long prompts evict useful active requests"]
+    found = table.set_index("rule")["evidence"]
+    # the numbers travel as numbers ...
+    ratio = found["ttft_grows_with_prompt"][0]
+    assert ratio.key == "ttft_prompt.ratio" and ratio.values["ratio"] == pytest.approx(18.0)
+    decode = found["slow_decode_at_c1"].values["levels"]
+    assert [(x.values["bucket"], x.values["frac"]) for x in decode] == [("in128", pytest.approx(0.2)),
+                                                                        ("in8192", pytest.approx(0.2))]
+    # ... and the report words them, in English as before and in Japanese
+    ev = {rule: EN.say(x) for rule, x in found.items()}
+    assert "(18.0x)" in ev["ttft_grows_with_prompt"]
+    assert "20.0 tok/s vs bound 100.0 tok/s (20%)" in ev["slow_decode_at_c1"]
+    assert "knee at c=4 of 8" in ev["throughput_plateau"]
+    assert "c=2->4" in ev["latency_spike"]
+    assert "breaks the SLO" in ev["latency_spike"]
+    assert "preempted 3 time(s)" in ev["kv_eviction"]
+    ja = JA.say(found["ttft_grows_with_prompt"])
+    assert "（18.0 倍）" in ja and "x)" not in ja
+    assert "サーバーは 3 回プリエンプションしました" in JA.say(found["kv_eviction"])
 
 
 def test_symptoms_absent_on_a_healthy_run():
@@ -453,10 +467,10 @@ def test_symptoms_absent_on_a_healthy_run():
     no_metrics = pd.DataFrame()
     no_metrics.attrs["available"] = False
     t2 = d.symptoms(summ[summ["bucket"] == "in1024"], no_metrics, None, None)
-    assert _present(t2, "Decode slow even at concurrency 1") == "n/a"
-    assert _present(t2, "Long prompts evict useful active requests") == "n/a"
-    assert _present(t2, "TTFT grows with prompt length") == "n/a"
-    assert _present(t2, "Aggregate tok/s plateaus as concurrency rises") == "no"
+    assert _present(t2, "slow_decode_at_c1") == "n/a"
+    assert _present(t2, "kv_eviction") == "n/a"
+    assert _present(t2, "ttft_grows_with_prompt") == "n/a"
+    assert _present(t2, "throughput_plateau") == "no"
 
 
 def test_symptoms_needs_a_config_choice_for_several():
@@ -464,4 +478,4 @@ def test_symptoms_needs_a_config_choice_for_several():
     with pytest.raises(ValueError):
         d.symptoms(both, None)
     t = d.symptoms(both, None, config="b")
-    assert _present(t, "Aggregate tok/s plateaus as concurrency rises") == "yes"
+    assert _present(t, "throughput_plateau") == "yes"

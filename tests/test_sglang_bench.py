@@ -14,7 +14,6 @@ few keys. Its summary numbers were computed from the details as `calculate_metri
 
 from __future__ import annotations
 
-import ast
 import json
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from servelab.analysis.sglang_bench import (RECORD_COLUMNS, import_sglang_bench,
                                             sglang_bench_reported, sglang_bench_rows)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "sglang_bench_serving.jsonl"
-LIB = Path(__file__).resolve().parents[1] / "lib" / "servelab"
 
 
 def _summarize():
@@ -112,8 +110,10 @@ def test_command_argv():
 
 
 def test_record_columns_match_the_other_importers():
-    src = next(p for p in (LIB / "analysis" / "peers.py", LIB / "importers.py") if p.exists())
-    tree = ast.parse(src.read_text())
-    cols = next(ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
-                and any(getattr(t, "id", None) == "RECORD_COLUMNS" for t in n.targets))
-    assert cols == RECORD_COLUMNS
+    # one record shape for every peer tool: the SGLang import and the vLLM import line up column by column
+    from servelab.analysis.peers import import_vllm_bench
+
+    vllm = import_vllm_bench(Path(__file__).parent / "fixtures" / "vllm_bench_refserver.json", config="v")
+    sglang = import_sglang_bench(FIXTURE, config="s")
+    assert list(sglang.columns) == list(vllm.columns) == RECORD_COLUMNS
+    assert sglang["tool"].iloc[0] != vllm["tool"].iloc[0]  # each says which tool measured it

@@ -348,9 +348,11 @@ def render(study_id: str, keep_dir: Path | None = None) -> Path:
     """
     import tempfile
 
-    from .report.index import notebook_to_html, write_index
     from .report.i18n import words
+    from .report.index import write_index
+    from .report.render import notebook_to_html
     from .schema import study_from_dict, upgrade
+    from .secrets import scrub
 
     pub = reports_root() / study_id
     if not (pub / "data").exists():
@@ -366,8 +368,9 @@ def render(study_id: str, keep_dir: Path | None = None) -> Path:
             name = WRITEUP if page == "index.html" else f"{WRITEUP}.{lang}"
             nb = execute_notebook(WRITEUP, work, {"study_dir": str(pub.resolve()), "language": lang}, out_name=name)
             other = next((x for x in langs if x != lang), None) if lang == langs[0] else langs[0]
-            alternate = {"href": pages[other], "label": words(lang)("other_language")} if other else None
-            notebook_to_html(nb, pub / page, title=study.in_language(lang).title, language=lang, alternate=alternate)
+            alternate = {"href": pages[other], "label": words(lang)("page.other_language")} if other else None
+            notebook_to_html(nb, pub / page, title=study.in_language(lang).title, language=lang, alternate=alternate,
+                             scrub=scrub)
     write_index(reports_root())
     _log(f"report {pub / 'index.html'} rendered in {time.monotonic() - t0:.1f} s"
          + (f" (+ {', '.join(list(pages.values())[1:])})" if len(pages) > 1 else ""))

@@ -15,19 +15,9 @@ import pandas as pd
 
 LEVEL_KEYS = ["config", "bucket", "target_input_tokens", "target_output_tokens", "concurrency", "rate_rps"]
 
-# Tag every exported metric with its definition; the report prints this table.
-DEFINITIONS: dict[str, str] = {
-    "ttft_s": "client start (just before the HTTP request is sent) -> first SSE chunk carrying generated text",
-    "e2e_s": "client start -> last chunk ([DONE])",
-    "output_tokens": "server usage.completion_tokens (stream_options.include_usage), never the requested max",
-    "e2e_output_tps": "output_tokens / e2e_s (seed 001 'E2E output tok/sec')",
-    "decode_tps": "(output_tokens - 1) / (e2e_s - ttft_s) (seed 001 'Decode output tok/sec')",
-    "tpot_s": "1 / decode_tps",
-    "itl_s": "every gap between text-carrying chunks, pooled over requests",
-    "aggregate_output_tps": "sum(output_tokens of successful requests in a round) / round wall time "
-                            "(first send -> last end); median and range across measured rounds",
-    "success_rate": "succeeded / sent, measured rounds only",
-}
+#: every exported metric the report defines (its words: report/i18n/setup.yaml `definition.<metric>`)
+DEFINED_METRICS = ("ttft_s", "e2e_s", "output_tokens", "e2e_output_tps", "decode_tps", "tpot_s", "itl_s",
+                   "aggregate_output_tps", "success_rate")
 
 
 def _pct(s: pd.Series, q: float) -> float:

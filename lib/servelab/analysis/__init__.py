@@ -4,7 +4,8 @@
 residency and capacity), `roofline` (hardware bounds), `speculative` (acceptance, A/B,
 capture sizes), `compare` (one change at a time), `symptoms` (seed 002's table), `cost`
 (self-host vs managed), `peers` (other tools' results). Each finding says what the numbers
-show and which check seed 002 says to make first; none of it talks to a server.
+show (as numbers and `phrase.Phrase`s the report words) and which rule of seed 002 applies;
+none of it talks to a server.
 """
 
 from .compare import change_effects, compare_configs, config_diff, flatten
@@ -13,9 +14,9 @@ from .prefill import fit_prefill
 from .saturation import KNEE_GAIN_PER_DOUBLING, goodput, knee, saturation, slo_check
 from .speculative import capture_size_warnings, spec_ab, spec_stats
 from .stats import fit_ttft
-from .symptoms import SYMPTOM_FIRST_CHECKS, symptoms
+from .symptoms import RULES, Finding, symptoms
 
 __all__ = ["change_effects", "compare_configs", "config_diff", "flatten", "kv_capacity", "kv_capacity_check", "kv_residency",
            "kv_timeseries", "kv_verdict", "parse_size_bytes", "fit_prefill", "KNEE_GAIN_PER_DOUBLING", "goodput",
            "knee", "saturation", "slo_check", "capture_size_warnings", "spec_ab", "spec_stats", "fit_ttft",
-           "SYMPTOM_FIRST_CHECKS", "symptoms"]
+           "RULES", "Finding", "symptoms"]

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from ..engines.flags import json_value
-from .stats import _pct_change
+from .stats import pct_change
 
 DEFAULT_DIFF_IGNORE = ("host", "port", "startup_timeout_s")
 
@@ -97,9 +97,9 @@ def compare_configs(study_configs: Sequence[tuple[str, Mapping[str, Any]]], summ
             continue
         for _, r in merged.sort_values(["bucket", "concurrency"], kind="stable").iterrows():
             rows.append({**base, "bucket": r["bucket"], "concurrency": int(r["concurrency"]),
-                         "ttft_p50_change_pct": _pct_change(r["ttft_p50_s_b"], r["ttft_p50_s_a"]),
-                         "aggregate_change_pct": _pct_change(r["aggregate_output_tps_b"], r["aggregate_output_tps_a"]),
-                         "decode_change_pct": _pct_change(r["decode_tps_p50_b"], r["decode_tps_p50_a"])})
+                         "ttft_p50_change_pct": pct_change(r["ttft_p50_s_b"], r["ttft_p50_s_a"]),
+                         "aggregate_change_pct": pct_change(r["aggregate_output_tps_b"], r["aggregate_output_tps_a"]),
+                         "decode_change_pct": pct_change(r["decode_tps_p50_b"], r["decode_tps_p50_a"])})
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -124,8 +124,8 @@ def change_effects(summary: pd.DataFrame, rounds: pd.DataFrame, baselines: Mappi
         shared = [k for k in b.index if k in a.index]
         if not shared:
             continue
-        agg = [_pct_change(b.loc[k, "aggregate_output_tps"], a.loc[k, "aggregate_output_tps"]) for k in shared]
-        ttft = [_pct_change(b.loc[k, "ttft_p50_s"], a.loc[k, "ttft_p50_s"]) for k in shared]
+        agg = [pct_change(b.loc[k, "aggregate_output_tps"], a.loc[k, "aggregate_output_tps"]) for k in shared]
+        ttft = [pct_change(b.loc[k, "ttft_p50_s"], a.loc[k, "ttft_p50_s"]) for k in shared]
         boots = []
         for k in shared:
             ra = _level_rounds(rounds, base, k)

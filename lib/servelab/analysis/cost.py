@@ -19,12 +19,19 @@ The write-up's cost section is computed here from measured summaries, never type
 
 from __future__ import annotations
 
+import copy
 import math
+from functools import cache
+from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
+import yaml
+
 from ..prices import ManagedPrice, PriceError, managed_prices, resolve_managed
 from ..schema import HOURS_PER_MONTH, CostParams
+
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"  # seed001.yaml, aws-fixed-prices.yaml beside prices.yaml
 
 
 
@@ -151,30 +158,18 @@ def replay_cost_table(summary: pd.DataFrame, price: ManagedPrice, cached_input_f
     return pd.DataFrame(rows)
 
 
+@cache
+def _seed001() -> dict[str, Any]:
+    return yaml.safe_load((DATA_DIR / "seed001.yaml").read_text(encoding="utf-8"))
+
+
 def seed001_published() -> dict[str, Any]:
-    """Seed 001's published numbers (g7e.12xlarge, vLLM, DeepSeek V4 Flash NVFP4), in one place:
-    what the checks, the dry run and the write-up put beside servelab's own figures."""
-    return {
-        "source": "seed 001 (DevelopersIO: DeepSeek V4 Flash on AWS EC2 g7e.12xlarge vs Fireworks AI), cost section",
-        "instance_type": "g7e.12xlarge",
-        "monthly_usd": 8887.0,  # "約8,887USD ... EC2 On-Demand 730h + ネットワーク・EBS等を含む"
-        "monthly_quote": "G7e（g7e.12xlarge）月額: 約8,887USD（約133万円）（EC2 On-Demand 730h ＋ ネットワーク・EBS等を含む）",
-        "monthly_includes": "EC2 On-Demand 730 h + network, EBS etc. (not itemised, region not stated)",
-        "hours": 730.0,
-        "fireworks": {"input_usd_per_m": 0.22, "output_usd_per_m": 0.66},
-        "short_prompt_tokens": 254,  # the 256-token bucket's actual length
-        "output_tokens": 256,
-        # aggregate output tok/s: (label, concurrency, tok/s)
-        "levels": [
-            {"config": "cuda-graph", "bucket": "short-ja", "concurrency": 1, "aggregate_output_tps": 104.0},
-            {"config": "cuda-graph", "bucket": "in256-out256", "concurrency": 1, "aggregate_output_tps": 102.67},
-            {"config": "cuda-graph", "bucket": "in256-out256", "concurrency": 4, "aggregate_output_tps": 297.09},
-            {"config": "mtp1", "bucket": "in256-out256", "concurrency": 1, "aggregate_output_tps": 135.55},
-            {"config": "mtp1", "bucket": "in256-out256", "concurrency": 4, "aggregate_output_tps": 358.4},
-        ],
-        "ratio_range": (2.2, 10.7),  # AWS monthly / Fireworks monthly over the 4-way levels
-        "ratio_quote": "AWSの月額費用はFireworks AIの約2.2倍から10.7倍",
-    }
+    """Seed 001's published numbers (g7e.12xlarge, vLLM, DeepSeek V4 Flash NVFP4), from
+    data/seed001.yaml with its source and date: what the checks, the dry run and the write-up put
+    beside servelab's own figures. `ratio_range` is a (low, high) tuple; `fixed` the costs it counts."""
+    d = copy.deepcopy(_seed001())
+    d["ratio_range"] = tuple(d["ratio_range"])
+    return d
 
 
 def vs_published(measured: float, published: float | tuple[float, float], *, source: str = "seed 001",
@@ -187,25 +182,12 @@ def vs_published(measured: float, published: float | tuple[float, float], *, sou
     return f"{measured:.{digits}f}{unit} ({source} published: {pub})"
 
 
-#: fixed costs the seed counts ("ネットワーク・EBS等"): aws-fixed-prices.yaml key -> (label, quantity, unit)
-SEED001_FIXED = [
-    ("nat_gateway_hour", "NAT gateway x 1 (the seed's VPC: Public Subnet x 1, NAT Gateway x 1)", 1.0, "h"),
-    ("public_ipv4_hour", "public IPv4 of the NAT's Elastic IP", 1.0, "h"),
-    ("alb_hour", "internal ALB", 1.0, "h"),
-    ("alb_lcu_hour", "ALB LCU (1 LCU assumed)", 1.0, "h"),
-    ("ebs_gp3_gb_month", "gp3 root EBS 300 GiB (template default; the seed's size is not stated)", 300.0, "month"),
-    ("nat_gateway_gb", "NAT data processed: 0 GB (the seed states no volume; the model is re-downloaded per start)",
-     0.0, "gb"),
-]
-
-
 def seed001_monthly(region: str = "us-east-1", instance_hourly_usd: float | None = None) -> dict[str, Any]:
     """Seed 001's 8,887 USD/month rebuilt from list prices: the instance for 730 h plus the fixed
-    costs it counts (SEED001_FIXED), each with its dated source, and the gap the seed does not
+    costs it counts (data/seed001.yaml `fixed`), each with its dated source, and the gap the seed does not
     itemise. Returns {"items": [(label, usd, basis, source)], "itemised_usd", "published_usd",
     "not_itemised_usd"}. Raises KeyError for a region without fixed prices, PriceError without
     an instance price."""
-    from ..hosts.aws.billing import PRICES_PATH, read_yaml
     from ..prices import ec2_hourly_usd
 
     pub = seed001_published()
@@ -216,9 +198,10 @@ def seed001_monthly(region: str = "us-east-1", instance_hourly_usd: float | None
     else:
         inst = (instance_hourly_usd, "as given")
     items = [(f"{pub['instance_type']} On-Demand", inst[0] * hours, f"{inst[0]:g} USD/h x {hours:g} h", inst[1])]
-    fixed = read_yaml(PRICES_PATH)["regions"][region]
-    for key, label, qty, unit in SEED001_FIXED:
-        e = fixed[key]
+    fixed = yaml.safe_load((DATA_DIR / "aws-fixed-prices.yaml").read_text(encoding="utf-8"))["regions"][region]
+    for item in pub["fixed"]:
+        label, qty, unit = item["label"], float(item["quantity"]), item["unit"]
+        e = fixed[item["key"]]
         usd = float(e["usd"]) * qty * (hours if unit == "h" else 1.0)
         basis = (f"{e['usd']} USD/h x {hours:g} h" if unit == "h" else
                  f"{e['usd']} USD/GB-month x {qty:g} GB" if unit == "month" else f"{e['usd']} USD/GB x {qty:g} GB")
@@ -242,7 +225,7 @@ def seed001_cost_lines(region: str = "us-east-1", instance_hourly_usd: float | N
     fw = ManagedPrice(key="seed001/fireworks", provider="Fireworks AI", model="DeepSeek V4 Flash",
                       input_usd_per_m=pub["fireworks"]["input_usd_per_m"],
                       output_usd_per_m=pub["fireworks"]["output_usd_per_m"], cache_read_usd_per_m=None,
-                      status="published", source=pub["source"], as_of="2026")
+                      status="published", source=pub["source"], as_of=pub["as_of"])
     t = cost_table(seed001_summary(), pub["monthly_usd"] / pub["hours"], {"fireworks": fw})
     ours = cost_table(seed001_summary(), m["itemised_usd"] / pub["hours"], {"fireworks": fw})
     for (_, r), (_, o) in zip(t.iterrows(), ours.iterrows()):

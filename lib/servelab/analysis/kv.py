@@ -15,7 +15,8 @@ import pandas as pd
 
 from ..engines.flags import engine_args as args_of, get_flag
 from ..models.facts import kv_bytes_per_token
-from .stats import _num, _pct_change
+from .phrase import Clauses, Phrase, sentences
+from .stats import pct_change, to_float
 
 
 def kv_capacity(free_bytes: float, bytes_per_token: float, block_size: int | None = None) -> int:
@@ -77,38 +78,40 @@ def kv_capacity_check(facts: Mapping[str, Any], kv_memory_bytes: Any, server_cap
     ``--kv-cache-memory-bytes``, parsed by :func:`parse_size_bytes`), compared with
     ``server_capacity_tokens`` (vLLM ``num_gpu_blocks x block_size``; SGLang
     ``max_total_num_tokens``). Returns both, ``diff_pct`` (server vs prediction) and a
-    sentence.
+    `Phrase` saying so.
     """
     mem = parse_size_bytes(kv_memory_bytes)
     bpt = kv_bytes_per_token(facts, kv_dtype, tensor_parallel_size)
     pred = kv_capacity(mem, bpt, block_size)
-    server = _num(server_capacity_tokens)
-    diff = _pct_change(server, pred)
-    blocks = f" in blocks of {block_size}" if block_size else ""
+    server = to_float(server_capacity_tokens)
+    diff = pct_change(server, pred)
+    budget = {"predicted": pred, "memory_bytes": mem, "bytes_per_token": bpt,
+              "blocks": Phrase("capacity.in_blocks", {"block_size": block_size}) if block_size else ""}
     if math.isfinite(server):
-        verdict = "agrees" if abs(diff) < 1.0 else "differs"
-        sentence = (f"Model facts predict {pred:,} KV tokens ({mem:,} bytes / {bpt:,} bytes per token{blocks}); "
-                    f"the server reports {int(server):,}: {verdict} ({diff:+.1f} %).")
+        phrase = Phrase("capacity.compared", {**budget, "server": int(server), "diff_pct": diff,
+                                              "verdict": Phrase("capacity.agrees" if abs(diff) < 1.0 else
+                                                                "capacity.differs")})
     else:
-        sentence = (f"Model facts predict {pred:,} KV tokens ({mem:,} bytes / {bpt:,} bytes per token{blocks}); "
-                    "the server did not report its capacity.")
+        phrase = Phrase("capacity.not_reported", budget)
     return {"kv_memory_bytes": mem, "kv_bytes_per_token": bpt, "predicted_capacity_tokens": pred,
-            "server_capacity_tokens": server, "diff_pct": diff, "sentence": sentence}
+            "server_capacity_tokens": server, "diff_pct": diff, "phrase": phrase}
 
 
-def _metrics_available(samples: pd.DataFrame | None) -> tuple[bool, str]:
+def _metrics_available(samples: pd.DataFrame | None) -> tuple[bool, Phrase | None]:
+    """(usable, why not): the samples carry a KV-usage gauge, else the `Phrase` saying why not."""
     if samples is None:
-        return False, "no server_metrics.jsonl"
+        return False, Phrase("metrics.no_file")
     if samples.attrs.get("available") is False:
-        return False, str(samples.attrs.get("reason") or "the server has no /metrics endpoint")
+        reason = samples.attrs.get("reason")
+        return False, Phrase("note", {"note": str(reason)}) if reason else Phrase("metrics.no_endpoint")
     if samples.empty:
-        return False, "no samples"
+        return False, Phrase("metrics.no_samples")
     if "kv_usage_frac" not in samples.columns or samples["kv_usage_frac"].notna().sum() == 0:
-        return False, "the samples carry no KV-usage gauge"
-    return True, ""
+        return False, Phrase("metrics.no_kv_gauge")
+    return True, None
 
 
-def _counter_increase(values: Sequence[float]) -> float:
+def counter_increase(values: Sequence[float]) -> float:
     """Sum of increases of a cumulative counter (a drop is a restart: count the new value,
     Prometheus ``increase()`` convention). NaN if fewer than one finite value."""
     v = [float(x) for x in values if x is not None and math.isfinite(float(x))]
@@ -141,7 +144,7 @@ def _blocks(samples: pd.DataFrame) -> list[tuple[str, int, int]]:
 
 
 def kv_residency(samples: pd.DataFrame, kv_threshold_frac: float = 0.9) -> pd.DataFrame:
-    """KV-cache pressure per load level from :func:`servelab.metrics.load_samples`.
+    """KV-cache pressure per load level from :func:`servelab.runfolder.load_samples`.
 
     One row per level label, in run order: samples, t_start_s, t_end_s,
     kv_usage_max_frac, kv_usage_mean_frac, running_max, waiting_max, preemptions_delta
@@ -166,7 +169,7 @@ def kv_residency(samples: pd.DataFrame, kv_threshold_frac: float = 0.9) -> pd.Da
         kv = g["kv_usage_frac"].astype(float)
         wait = g["waiting"].astype(float)
         crowded = int(((wait > 0) & (kv >= kv_threshold_frac)).sum())
-        inc = _counter_increase(pre.iloc[max(0, a - 1):b + 1].tolist())
+        inc = counter_increase(pre.iloc[max(0, a - 1):b + 1].tolist())
         r = acc.setdefault(lab, {"level": lab, "samples": 0, "t_start_s": float(g["t_s"].iloc[0]),
                                  "t_end_s": math.nan, "kv_usage_max_frac": math.nan, "_kv_sum": 0.0, "_kv_n": 0,
                                  "running_max": math.nan, "waiting_max": math.nan, "preemptions_delta": math.nan,
@@ -191,6 +194,62 @@ def kv_residency(samples: pd.DataFrame, kv_threshold_frac: float = 0.9) -> pd.Da
     return pd.DataFrame(rows, columns=cols)
 
 
+def _capacity(samples: pd.DataFrame, ok: bool, facts: Mapping[str, Any], mem: Any, args: Mapping[str, Any],
+              kv_dtype: str | None, tensor_parallel_size: int | None) -> dict[str, Any]:
+    """:func:`kv_capacity_check` with the server's capacity and block size from the samples (else
+    the args); a forced block count (``num-gpu-blocks-override``) replaces the budget's prediction."""
+    server_cap = math.nan
+    if ok and "kv_capacity_tokens" in samples.columns and samples["kv_capacity_tokens"].notna().any():
+        server_cap = float(samples["kv_capacity_tokens"].dropna().iloc[-1])
+    block = None
+    if ok and "block_size" in samples.columns and samples["block_size"].notna().any():
+        block = int(samples["block_size"].dropna().iloc[-1])
+    elif get_flag(args, "block-size"):
+        block = int(get_flag(args, "block-size"))
+    cap = kv_capacity_check(
+        facts, mem, server_cap, block_size=block,
+        kv_dtype=kv_dtype or get_flag(args, "kv-cache-dtype") or "auto",
+        tensor_parallel_size=tensor_parallel_size or int(get_flag(args, "tensor-parallel-size") or 1))
+    override = get_flag(args, "num-gpu-blocks-override")
+    if override and block:  # the block count was forced: that, not the memory budget, sets capacity
+        forced = int(override) * block
+        cap["predicted_capacity_tokens"] = forced
+        cap["diff_pct"] = pct_change(server_cap, forced)
+        if math.isfinite(server_cap):
+            cap["phrase"] = Phrase("capacity.forced", {
+                "blocks": int(override), "block_size": block, "forced": forced, "budget_bytes": cap["kv_memory_bytes"],
+                "budget_tokens": kv_capacity(cap["kv_memory_bytes"], cap["kv_bytes_per_token"], block),
+                "server": int(server_cap),
+                "verdict": Phrase("capacity.agrees" if abs(cap["diff_pct"]) < 1.0 else "capacity.differs")})
+        else:
+            cap["phrase"] = Phrase("capacity.forced_not_reported", {"forced": forced})
+    return cap
+
+
+def _limited_phrase(wait: pd.Series, crowded: pd.Series, pre: float, retr_max: float, kv_max: float,
+                    threshold: float, levels: list[str]) -> Phrase:
+    parts = Clauses(x for x in (
+        Phrase("kv.crowded", {"waiting": int(wait[crowded].max()), "threshold": threshold, "peak": kv_max})
+        if crowded.any() else None,
+        Phrase("kv.preempted", {"n": pre}) if math.isfinite(pre) and pre > 0 else None,
+        Phrase("kv.retracted", {"n": retr_max}) if math.isfinite(retr_max) and retr_max > 0 else None) if x)
+    if levels:
+        return Phrase("kv.limited_at", {"levels": ", ".join(levels), "parts": parts})
+    return Phrase("kv.limited", {"parts": parts})
+
+
+def _not_limited_phrases(wait: pd.Series, pre: float, kv_max: float, threshold: float,
+                         peak_level: str | None) -> list[Phrase]:
+    out = [Phrase("kv.not_limited", {
+        "peak": kv_max, "threshold": threshold,
+        "at": Phrase("kv.peak_at", {"level": peak_level}) if peak_level else "",
+        "preemptions": Phrase("kv.preemptions", {"n": pre}) if math.isfinite(pre) else
+        Phrase("kv.preemptions_not_exposed")})]
+    if wait.max() > 0:
+        out.append(Phrase("kv.scheduler_queue", {"waiting": int(wait.max()), "threshold": threshold}))
+    return out
+
+
 def kv_verdict(samples: pd.DataFrame, kv_threshold_frac: float = 0.9, facts: Mapping[str, Any] | None = None,
                kv_memory_bytes: Any = None, engine_args: Mapping[str, Any] | None = None,
                kv_dtype: str | None = None, tensor_parallel_size: int | None = None) -> dict[str, Any]:
@@ -200,7 +259,7 @@ def kv_verdict(samples: pd.DataFrame, kv_threshold_frac: float = 0.9, facts: Map
     while KV usage is >= ``kv_threshold_frac`` (90 %), or the preemption counter (vLLM
     ``num_preemptions``, SGLang ``num_retracted_requests``) increased, or SGLang's
     retraction gauge was ever > 0. Otherwise "not limited" -- including when /metrics was
-    unavailable, which the sentence says (``assessed`` False).
+    unavailable, which the evidence says (``assessed`` False).
 
     With ``facts`` and a KV budget (``kv_memory_bytes``, or ``kv-cache-memory-bytes`` in
     ``engine_args`` = run.json ``engine_params`` or its ``args``), the prediction from
@@ -208,53 +267,29 @@ def kv_verdict(samples: pd.DataFrame, kv_threshold_frac: float = 0.9, facts: Map
     (:func:`kv_capacity_check`; ``kv-cache-dtype``, ``tensor-parallel-size`` and
     ``block-size`` are read from the args unless given).
 
-    Keys: limited, assessed, sentence, kv_usage_max_frac, waiting_max, running_max,
-    preemptions_delta, levels_limited, residency (the :func:`kv_residency` frame) and,
-    when compared, capacity (the :func:`kv_capacity_check` dict).
+    Keys: limited, assessed, evidence (`Sentences` of `Phrase`s for the report to word),
+    kv_usage_max_frac, waiting_max, running_max, preemptions_delta, levels_limited, residency
+    (the :func:`kv_residency` frame) and, when compared, capacity (the :func:`kv_capacity_check` dict).
     """
     args = args_of(engine_args)
-    out: dict[str, Any] = {"limited": False, "assessed": False, "sentence": "", "kv_usage_max_frac": math.nan,
-                           "waiting_max": math.nan, "running_max": math.nan, "preemptions_delta": math.nan,
-                           "levels_limited": [], "residency": pd.DataFrame()}
+    out: dict[str, Any] = {"limited": False, "assessed": False, "evidence": sentences(),
+                           "kv_usage_max_frac": math.nan, "waiting_max": math.nan, "running_max": math.nan,
+                           "preemptions_delta": math.nan, "levels_limited": [], "residency": pd.DataFrame()}
     ok, why = _metrics_available(samples)
-    cap_sentence = ""
     mem = kv_memory_bytes if kv_memory_bytes is not None else get_flag(args, "kv-cache-memory-bytes")
+    cap_phrase = None
     if facts is not None and mem is not None:
-        server_cap = math.nan
-        if ok and "kv_capacity_tokens" in samples.columns and samples["kv_capacity_tokens"].notna().any():
-            server_cap = float(samples["kv_capacity_tokens"].dropna().iloc[-1])
-        block = None
-        if ok and "block_size" in samples.columns and samples["block_size"].notna().any():
-            block = int(samples["block_size"].dropna().iloc[-1])
-        elif get_flag(args, "block-size"):
-            block = int(get_flag(args, "block-size"))
-        cap = kv_capacity_check(
-            facts, mem, server_cap, block_size=block,
-            kv_dtype=kv_dtype or get_flag(args, "kv-cache-dtype") or "auto",
-            tensor_parallel_size=tensor_parallel_size or int(get_flag(args, "tensor-parallel-size") or 1))
-        override = get_flag(args, "num-gpu-blocks-override")
-        if override and block:  # the block count was forced: that, not the memory budget, sets capacity
-            forced = int(override) * block
-            cap["predicted_capacity_tokens"] = forced
-            cap["diff_pct"] = _pct_change(server_cap, forced)
-            agree = "agrees" if abs(cap["diff_pct"]) < 1.0 else "differs"
-            cap["sentence"] = (f"num-gpu-blocks-override {int(override)} x block size {block} fixes the cache at "
-                               f"{forced:,} tokens (the {cap['kv_memory_bytes']:,}-byte budget alone would hold "
-                               f"{kv_capacity(cap['kv_memory_bytes'], cap['kv_bytes_per_token'], block):,}); the "
-                               f"server reports {int(server_cap):,}: {agree}." if math.isfinite(server_cap) else
-                               f"num-gpu-blocks-override fixes the cache at {forced:,} tokens.")
-        out["capacity"] = cap
-        cap_sentence = " " + cap["sentence"]
+        out["capacity"] = _capacity(samples, ok, facts, mem, args, kv_dtype, tensor_parallel_size)
+        cap_phrase = out["capacity"]["phrase"]
     if not ok:
-        out["sentence"] = (f"Not limited as far as this run can show: /metrics was unavailable ({why}), so KV "
-                           f"usage, queueing and preemptions were not observed.{cap_sentence}")
+        out["evidence"] = sentences(Phrase("kv.unavailable", {"why": why}), cap_phrase)
         return out
     res = kv_residency(samples, kv_threshold_frac)
     s = samples.sort_values("t_s", kind="stable")
     kv = s["kv_usage_frac"].astype(float)
     wait = s["waiting"].astype(float)
     crowded = (wait > 0) & (kv >= kv_threshold_frac)
-    pre = _counter_increase(s["preemptions_total"].tolist()) if "preemptions_total" in s.columns else math.nan
+    pre = counter_increase(s["preemptions_total"].tolist()) if "preemptions_total" in s.columns else math.nan
     retr_max = float(s["retracted_reqs"].astype(float).max()) if "retracted_reqs" in s.columns else math.nan
     kv_max = float(kv.max())
     out.update(assessed=True, kv_usage_max_frac=kv_max, waiting_max=float(wait.max()),
@@ -267,27 +302,11 @@ def kv_verdict(samples: pd.DataFrame, kv_threshold_frac: float = 0.9, facts: Map
     limited = bool(crowded.any() or (math.isfinite(pre) and pre > 0) or (math.isfinite(retr_max) and retr_max > 0))
     out["limited"] = limited
     out["levels_limited"] = limited_levels
-    pre_txt = f"{pre:.0f} preemption(s)" if math.isfinite(pre) else "preemptions not exposed"
     if limited:
-        parts = []
-        if crowded.any():
-            parts.append(f"up to {int(wait[crowded].max())} request(s) waited while KV usage was >= "
-                         f"{kv_threshold_frac:.0%} (peak {kv_max:.1%})")
-        if math.isfinite(pre) and pre > 0:
-            parts.append(f"the server preempted {pre:.0f} time(s)")
-        if math.isfinite(retr_max) and retr_max > 0:
-            parts.append(f"SGLang retracted up to {retr_max:.0f} request(s) per log interval")
-        where = f" at {', '.join(limited_levels)}" if limited_levels else ""
-        out["sentence"] = f"KV cache limits concurrency{where}: " + "; ".join(parts) + "." + cap_sentence
+        said = [_limited_phrase(wait, crowded, pre, retr_max, kv_max, kv_threshold_frac, limited_levels)]
     else:
-        extra = ""
-        if wait.max() > 0:
-            extra = (f" Up to {int(wait.max())} request(s) waited with KV usage below {kv_threshold_frac:.0%}: "
-                     "the queue comes from a scheduler limit (e.g. max-num-seqs or the batch-token budget), "
-                     "not from the KV cache.")
-        at = f" (at {peak_level})" if peak_level else ""
-        out["sentence"] = (f"KV cache did not limit concurrency: peak KV usage {kv_max:.1%}{at}, no request "
-                           f"waited while KV usage was >= {kv_threshold_frac:.0%}, {pre_txt}.{extra}{cap_sentence}")
+        said = _not_limited_phrases(wait, pre, kv_max, kv_threshold_frac, peak_level)
+    out["evidence"] = sentences(*said, cap_phrase)
     return out
 
 
@@ -300,7 +319,8 @@ def kv_timeseries(samples: pd.DataFrame, title: str = "KV cache and scheduler ov
     if not ok:
         for ax in axes:
             ax.set_axis_off()
-        axes[1].text(0.5, 0.5, f"no /metrics samples: {why}", ha="center", va="center", transform=axes[1].transAxes)
+        axes[1].text(0.5, 0.5, f"no /metrics samples ({why.key})", ha="center", va="center",
+                     transform=axes[1].transAxes)
         fig.suptitle(title)
         return fig
     s = samples.sort_values("t_s", kind="stable").reset_index(drop=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from .stats import _ordered, fit_ttft
+from .stats import ordered_unique, fit_ttft
 
 
 def fit_prefill(data: pd.DataFrame, concurrency: int = 1) -> dict[str, dict[str, Any]]:
@@ -27,7 +27,7 @@ def fit_prefill(data: pd.DataFrame, concurrency: int = 1) -> dict[str, dict[str,
         return {}
     is_records = "ttft_s" in data.columns
     out: dict[str, dict[str, Any]] = {}
-    for cfg in _ordered(data["config"]):
+    for cfg in ordered_unique(data["config"]):
         d = data[(data["config"] == cfg) & (data["concurrency"] == concurrency)]
         if is_records:
             d = d[d["ok"].astype(bool) & ~d["warmup"].astype(bool)]

@@ -9,9 +9,11 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 
 from ..measure.probe import measure_cpu_bandwidth
 
@@ -21,65 +23,23 @@ GB = 10**9
 
 TFLOPS = 10**12
 
-# Vendor peaks, dense (without 2:4 structured sparsity; NVIDIA datasheets print the
-# sparse figure with an asterisk, which is twice the dense one). `as_of` is the date the
-# number was checked against the source.
-HARDWARE: list[dict[str, Any]] = [
-    {
-        "name": "H200 SXM",
-        "aliases": ["h200", "nvidia h200", "h200-sxm", "nvidia h200 sxm", "h200 sxm5"],
-        "memory_type": "HBM3e",
-        "memory_bytes": 141 * GB,
-        "memory_bandwidth_Bps": 4.8 * TB,
-        "bf16_dense_flops": 989 * TFLOPS,
-        "fp8_dense_flops": 1979 * TFLOPS,
-        "source": "NVIDIA H200 Tensor Core GPU datasheet / product page "
-                  "(https://www.nvidia.com/en-us/data-center/h200/): 141 GB HBM3e, 4.8 TB/s, "
-                  "BF16 1,979 TFLOPS and FP8 3,958 TFLOPS with sparsity (dense = half)",
-        "as_of": "2026-11-30",
-    },
-    {
-        "name": "H100 SXM",
-        "aliases": ["h100", "nvidia h100", "h100-sxm", "nvidia h100 80gb hbm3", "h100 sxm5"],
-        "memory_type": "HBM3",
-        "memory_bytes": 80 * GB,
-        "memory_bandwidth_Bps": 3.35 * TB,
-        "bf16_dense_flops": 989 * TFLOPS,
-        "fp8_dense_flops": 1979 * TFLOPS,
-        "source": "NVIDIA H100 Tensor Core GPU datasheet (https://www.nvidia.com/en-us/data-center/h100/), "
-                  "SXM column: 80 GB HBM3, 3.35 TB/s, BF16 1,979 / FP8 3,958 TFLOPS with sparsity "
-                  "(dense = half)",
-        "as_of": "2026-11-30",
-    },
-    {
-        "name": "RTX PRO 6000 Blackwell Server Edition",
-        "aliases": ["rtx pro 6000", "rtx pro 6000 blackwell", "rtx pro 6000 server",
-                    "nvidia rtx pro 6000 blackwell server edition", "rtxpro6000", "g7e"],
-        "memory_type": "GDDR7 (ECC)",
-        "memory_bytes": 96 * GB,
-        "memory_bandwidth_Bps": 1.597 * TB,
-        "bf16_dense_flops": 500 * TFLOPS,
-        "fp8_dense_flops": 1000 * TFLOPS,
-        "source": "NVIDIA RTX PRO 6000 Blackwell Server Edition product page "
-                  "(https://www.nvidia.com/en-us/data-center/rtx-pro-6000-blackwell-server-edition/): "
-                  "96 GB GDDR7, 1,597 GB/s (the Workstation Edition is 1,792 GB/s); tensor BF16 ~500 / "
-                  "FP8 ~1,000 TFLOPS dense are approximate (from a public spec compilation of that page, "
-                  "not read from the PDF here). The GPU of AWS EC2 G7e instances.",
-        "as_of": "2026-11-30",
-    },
-    {
-        "name": "L40S",
-        "aliases": ["l40s", "nvidia l40s"],
-        "memory_type": "GDDR6 (ECC)",
-        "memory_bytes": 48 * GB,
-        "memory_bandwidth_Bps": 864 * GB,
-        "bf16_dense_flops": 362.05 * TFLOPS,
-        "fp8_dense_flops": 733 * TFLOPS,
-        "source": "NVIDIA L40S datasheet (https://www.nvidia.com/en-us/data-center/l40s/): 48 GB GDDR6, "
-                  "864 GB/s, BF16 362.05 (733 sparse), FP8 733 (1,466 sparse) TFLOPS",
-        "as_of": "2026-11-30",
-    },
-]
+HARDWARE_PATH = Path(__file__).resolve().parents[1] / "data" / "hardware.yaml"
+
+
+def _load_hardware() -> list[dict[str, Any]]:
+    """data/hardware.yaml (datasheet units) in this module's units: bytes, bytes/s, FLOP/s."""
+    out = []
+    for h in yaml.safe_load(HARDWARE_PATH.read_text(encoding="utf-8")):
+        out.append({"name": h["name"], "aliases": h["aliases"], "memory_type": h["memory_type"],
+                    "memory_bytes": h["memory_GB"] * GB, "memory_bandwidth_Bps": h["memory_bandwidth_TBps"] * TB,
+                    "bf16_dense_flops": h["bf16_dense_TFLOPS"] * TFLOPS,
+                    "fp8_dense_flops": h["fp8_dense_TFLOPS"] * TFLOPS,
+                    "source": h["source"], "as_of": h["as_of"]})
+    return out
+
+
+#: vendor peaks, dense, each with its source and the date it was checked (data/hardware.yaml)
+HARDWARE: list[dict[str, Any]] = _load_hardware()
 
 
 def _norm(name: str) -> str:
@@ -165,7 +125,7 @@ def _dtype_bytes(facts: Mapping[str, Any]) -> float:
 
 
 def decode_weight_bytes(facts: Mapping[str, Any], batch: int = 1) -> float:
-    """Weight bytes one decode step reads, from :func:`servelab.modelmake.model_facts`.
+    """Weight bytes one decode step reads, from :func:`servelab.models.facts.model_facts`.
 
     Dense: every weight except the input embedding table (a lookup of ``batch`` rows;
     with tied embeddings the table is read in full as the lm_head). MoE (facts with

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ..schema import Slo
-from .stats import _num, _ordered
+from .stats import to_float, ordered_unique
 
 KNEE_GAIN_PER_DOUBLING = 0.10
 
@@ -29,19 +29,19 @@ def slo_check(summary: pd.DataFrame, slo: Any) -> pd.DataFrame:
     for _, r in s.iterrows():
         why = []
         if ttft_lim is not None:
-            v = _num(r.get("ttft_p95_s"))
+            v = to_float(r.get("ttft_p95_s"))
             if not math.isfinite(v):
                 why.append("TTFT p95 unknown (no successful request)")
             elif v > ttft_lim:
                 why.append(f"TTFT p95 {v:.3f} s > {ttft_lim:.3f} s")
         if tpot_lim is not None:
-            v = _num(r.get("tpot_p95_s"))
+            v = to_float(r.get("tpot_p95_s"))
             if not math.isfinite(v):
                 why.append("TPOT p95 unknown (no successful request)")
             elif v > tpot_lim:
                 why.append(f"TPOT p95 {v * 1000:.1f} ms > {tpot_lim * 1000:.1f} ms")
         if err_lim is not None:
-            sr = _num(r.get("success_rate"))
+            sr = to_float(r.get("success_rate"))
             err = 1.0 - sr if math.isfinite(sr) else 1.0
             if err > err_lim + 1e-12:
                 why.append(f"error rate {err:.1%} > {err_lim:.1%}")
@@ -70,8 +70,8 @@ def saturation(summary: pd.DataFrame, slo: Any = None) -> pd.DataFrame:
     s = slo_check(summary, slo) if slo is not None else summary
     keep = cols + (["meets_slo", "slo_fail_reason"] if slo is not None else [])
     parts = []
-    for cfg in _ordered(s["config"]):
-        for b in _ordered(s.loc[s["config"] == cfg, "bucket"]):
+    for cfg in ordered_unique(s["config"]):
+        for b in ordered_unique(s.loc[s["config"] == cfg, "bucket"]):
             g = s[(s["config"] == cfg) & (s["bucket"] == b)].sort_values("concurrency")
             g = g[[c for c in keep if c in g.columns]].copy()
             c = g["concurrency"].to_numpy(dtype=float)
@@ -117,8 +117,8 @@ def knee(summary_or_saturation: pd.DataFrame, threshold: float = KNEE_GAIN_PER_D
     if "gain_per_doubling" not in sat.columns:
         sat = saturation(sat)
     rows = []
-    for cfg in _ordered(sat["config"]):
-        for b in _ordered(sat.loc[sat["config"] == cfg, "bucket"]):
+    for cfg in ordered_unique(sat["config"]):
+        for b in ordered_unique(sat.loc[sat["config"] == cfg, "bucket"]):
             g = sat[(sat["config"] == cfg) & (sat["bucket"] == b)].sort_values("concurrency")
             conc = g["concurrency"].to_numpy(dtype=float)
             gain = g["gain_per_doubling"].to_numpy(dtype=float)
@@ -146,7 +146,7 @@ def knee(summary_or_saturation: pd.DataFrame, threshold: float = KNEE_GAIN_PER_D
 
 
 def goodput(summary: pd.DataFrame, slo: Any) -> pd.DataFrame:
-    """SLO-bound throughput (design.md "goodput"): per configuration x bucket, the highest
+    """SLO-bound throughput ("goodput"): per configuration x bucket, the highest
     concurrency whose p95 TTFT, p95 TPOT and error rate all meet ``slo`` (see
     :func:`slo_check`), its aggregate and per-request decode tok/s, and for every level
     that fails, why (``failing``: "c=32: TTFT p95 1.204 s > 1.000 s; ..."). ``note`` flags
@@ -154,8 +154,8 @@ def goodput(summary: pd.DataFrame, slo: Any) -> pd.DataFrame:
     """
     chk = slo_check(summary, slo)
     rows = []
-    for cfg in _ordered(chk["config"]):
-        for b in _ordered(chk.loc[chk["config"] == cfg, "bucket"]):
+    for cfg in ordered_unique(chk["config"]):
+        for b in ordered_unique(chk.loc[chk["config"] == cfg, "bucket"]):
             g = chk[(chk["config"] == cfg) & (chk["bucket"] == b)].sort_values("concurrency")
             ok = g[g["meets_slo"]]
             bad = g[~g["meets_slo"]]

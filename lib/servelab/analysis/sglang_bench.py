@@ -44,14 +44,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-SGLANG_BENCH = "sglang.bench_serving"
-# servelab's record columns, as in analysis/peers.py (the vLLM and GuideLLM importers);
-# tests/test_sglang_bench.py checks the two lists are equal.
-RECORD_COLUMNS = ["config", "bucket", "target_input_tokens", "target_output_tokens", "concurrency", "rate_rps",
-                  "round", "warmup", "seq", "ok", "error_kind", "error_detail", "ttft_s", "e2e_s", "prompt_tokens",
-                  "output_tokens", "decode_tps", "e2e_output_tps", "tpot_s", "chunk_times_s", "start_s", "end_s",
-                  "tool", "times_reconstructed"]
+from .peers import RECORD_COLUMNS  # the one list of servelab's record columns every importer fills
 
+SGLANG_BENCH = "sglang.bench_serving"
 
 def sglang_bench_command(base_url: str, model_dir: str | Path, input_len: int, output_len: int, concurrency: int,
                          num_prompts: int, out_file: str | Path, seed: int = 42, *, python: str = "python3",

@@ -12,8 +12,8 @@ import pandas as pd
 
 from ..engines.flags import engine_args as args_of, get_flag, json_value
 from ..engines.vllm import derive_capture_sizes
-from .kv import _counter_increase
-from .stats import _num, _ordered, _pct_change
+from .kv import counter_increase
+from .stats import to_float, ordered_unique, pct_change
 
 
 def spec_stats(samples_or_delta: pd.DataFrame | Mapping[str, Any],
@@ -30,7 +30,7 @@ def spec_stats(samples_or_delta: pd.DataFrame | Mapping[str, Any],
     (length - 1) / num_speculative_tokens`` when the latter is given.
 
     Input: a samples frame (counters differenced from its first to its last row; pass a
-    slice for one level) or a :func:`servelab.metrics.delta` dict of increments.
+    slice for one level) or a :func:`servelab.measure.metrics.delta` dict of increments.
     """
     out: dict[str, Any] = {"engine": None, "drafts": math.nan, "draft_tokens": math.nan, "accepted_tokens": math.nan,
                            "acceptance_rate": math.nan, "mean_acceptance_length": math.nan, "source": "", "note": ""}
@@ -40,7 +40,7 @@ def spec_stats(samples_or_delta: pd.DataFrame | Mapping[str, Any],
             s = s.sort_values("t_s", kind="stable")
 
         def inc(col: str) -> float:
-            return _counter_increase(s[col].tolist()) if col in s.columns else math.nan
+            return counter_increase(s[col].tolist()) if col in s.columns else math.nan
 
         drafts, dtok, acc = inc("spec_drafts_total"), inc("spec_draft_tokens_total"), inc("spec_accepted_tokens_total")
         gauge = math.nan
@@ -55,9 +55,9 @@ def spec_stats(samples_or_delta: pd.DataFrame | Mapping[str, Any],
             out["engine"] = str(s["engine"].dropna().iloc[-1])
     else:
         d = samples_or_delta
-        drafts, dtok, acc = (_num(d.get("spec_drafts_total")), _num(d.get("spec_draft_tokens_total")),
-                             _num(d.get("spec_accepted_tokens_total")))
-        gauge = _num(d.get("spec_accept_length"))
+        drafts, dtok, acc = (to_float(d.get("spec_drafts_total")), to_float(d.get("spec_draft_tokens_total")),
+                             to_float(d.get("spec_accepted_tokens_total")))
+        gauge = to_float(d.get("spec_accept_length"))
         out["engine"] = d.get("engine")
     k = num_speculative_tokens
     if not math.isfinite(drafts) and math.isfinite(dtok) and k:
@@ -79,7 +79,7 @@ def spec_stats(samples_or_delta: pd.DataFrame | Mapping[str, Any],
 
 
 def _single_config(summary: pd.DataFrame, what: str) -> pd.DataFrame:
-    cfgs = _ordered(summary["config"])
+    cfgs = ordered_unique(summary["config"])
     if len(cfgs) != 1:
         raise ValueError(f"{what} must hold exactly one configuration, got {cfgs}; filter it first")
     return summary
@@ -97,7 +97,7 @@ def spec_ab(summary_base: pd.DataFrame, summary_spec: pd.DataFrame) -> pd.DataFr
     metrics = ["aggregate_output_tps", "decode_tps_p50", "ttft_p50_s"]
     m = summary_base[keys + metrics].merge(summary_spec[keys + metrics], on=keys, suffixes=("_base", "_spec"))
     for col in metrics:
-        m[f"{col}_change_pct"] = [_pct_change(s, b) for s, b in zip(m[f"{col}_spec"], m[f"{col}_base"])]
+        m[f"{col}_change_pct"] = [pct_change(s, b) for s, b in zip(m[f"{col}_spec"], m[f"{col}_base"])]
     m.insert(0, "config_spec", summary_spec["config"].iloc[0])
     m.insert(0, "config_base", summary_base["config"].iloc[0])
     return m.sort_values(["bucket", "concurrency"], kind="stable").reset_index(drop=True)

@@ -20,7 +20,8 @@ def _get(obj: Any, key: str, default: Any = None) -> Any:
     return getattr(obj, key, default)
 
 
-def _num(v: Any) -> float:
+def to_float(v: Any) -> float:
+    """``float(v)``, NaN when ``v`` is not a number (None, text)."""
     try:
         f = float(v)
     except (TypeError, ValueError):
@@ -28,15 +29,37 @@ def _num(v: Any) -> float:
     return f
 
 
-def _pct_change(new: float, old: float) -> float:
-    new, old = _num(new), _num(old)
+def pct_change(new: float, old: float) -> float:
+    """Change from ``old`` to ``new`` in percent; NaN when either is not finite or ``old`` is 0."""
+    new, old = to_float(new), to_float(old)
     if not (math.isfinite(new) and math.isfinite(old)) or old == 0:
         return math.nan
     return (new - old) / old * 100.0
 
 
-def _ordered(values: Iterable[Any]) -> list[Any]:
+def ordered_unique(values: Iterable[Any]) -> list[Any]:
+    """The distinct values in first-seen order."""
     return list(dict.fromkeys(values))
+
+
+def _ols(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float, float, float]:
+    """(intercept, slope, their standard errors, the two-sided 95 % Student t quantile, r²) of
+    the least-squares line through at least 2 distinct x; the errors and t are NaN for 2 points."""
+    n = len(x)
+    xm, ym = float(x.mean()), float(y.mean())
+    sxx = float(((x - xm) ** 2).sum())
+    b = float(((x - xm) * (y - ym)).sum() / sxx)
+    a = ym - b * xm
+    rss = float(((y - (a + b * x)) ** 2).sum())
+    tss = float(((y - ym) ** 2).sum())
+    dof = n - 2
+    if dof > 0:
+        s2 = rss / dof
+        se_b, se_a = math.sqrt(s2 / sxx), math.sqrt(s2 * (1.0 / n + xm**2 / sxx))
+        t = float(_st.t.ppf(0.975, dof))
+    else:
+        se_b = se_a = t = math.nan
+    return a, b, se_a, se_b, t, (1.0 - rss / tss) if tss > 0 else math.nan
 
 
 def fit_ttft(prompt_tokens: Sequence[float] | np.ndarray, ttft_s: Sequence[float] | np.ndarray) -> dict[str, Any]:
@@ -69,27 +92,11 @@ def fit_ttft(prompt_tokens: Sequence[float] | np.ndarray, ttft_s: Sequence[float
         out["note"] = (f"fewer than 2 distinct prompt lengths ({distinct}): the prefill rate is not "
                        "identifiable; measure buckets with different input_tokens at concurrency 1")
         return out
-    xm, ym = float(x.mean()), float(y.mean())
-    sxx = float(((x - xm) ** 2).sum())
-    b = float(((x - xm) * (y - ym)).sum() / sxx)
-    a = ym - b * xm
-    resid = y - (a + b * x)
-    rss = float((resid**2).sum())
-    tss = float(((y - ym) ** 2).sum())
-    dof = n - 2
-    notes = []
-    if dof > 0:
-        s2 = rss / dof
-        se_b = math.sqrt(s2 / sxx)
-        se_a = math.sqrt(s2 * (1.0 / n + xm**2 / sxx))
-        t = float(_st.t.ppf(0.975, dof))  # two-sided 95 % Student t quantile
-    else:
-        se_b = se_a = t = math.nan
-        notes.append("only 2 points: exact fit, no standard errors")
+    a, b, se_a, se_b, t, r2 = _ols(x, y)
+    notes = [] if n > 2 else ["only 2 points: exact fit, no standard errors"]
     out.update(
         slope_s_per_token=b, slope_se=se_b, overhead_s=a, overhead_s_se=se_a,
-        overhead_s_ci95=(a - t * se_a, a + t * se_a),
-        r2=(1.0 - rss / tss) if tss > 0 else math.nan,
+        overhead_s_ci95=(a - t * se_a, a + t * se_a), r2=r2,
     )
     if math.isfinite(se_b):
         out["slope_significant"] = bool(b - t * se_b > 0)

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 # -- smoke check -----------------------------------------------------------------------------
-SMOKE_PROMPT = "日本の首都を日本語で答えてください。"  # seed 000's check
+SMOKE_PROMPT = yaml.safe_load((Path(__file__).parent / "data" / "smoke.yaml").read_text(encoding="utf-8"))["chat_prompt"]
 
 TOOL_PROMPT = "Call get_weather for Tokyo."
 

@@ -5,10 +5,10 @@ Times come from `time.perf_counter_ns` on the client; token counts come from the
 as a record, never raised, so a run accounts for every request it sent. This module knows
 nothing about load levels or files; see `runner` for those.
 
-Metric definitions (design.md): ttft_s = start -> first chunk carrying generated text;
-e2e_s = start -> last chunk; decode_tps = (output_tokens - 1) / (e2e_s - ttft_s);
-e2e_output_tps = output_tokens / e2e_s; tpot_s = 1 / decode_tps; itl_s = gaps between
-text-carrying chunks.
+Metric definitions (the report prints them: report/i18n/setup.yaml `definition.*`): ttft_s =
+start -> first chunk carrying generated text; e2e_s = start -> last chunk; decode_tps =
+(output_tokens - 1) / (e2e_s - ttft_s); e2e_output_tps = output_tokens / e2e_s; tpot_s =
+1 / decode_tps; itl_s = gaps between text-carrying chunks.
 """
 
 from __future__ import annotations
@@ -273,7 +273,7 @@ async def _stream(client: "StreamClient", spec: RequestSpec, r: Result, t0: int,
         return
     if r.ttft_s is None:
         # Tokens were generated but none decoded to text (random weights can emit partial
-        # UTF-8): fall back to the first chunk after the role chunk so TTFT stays defined.
+        # UTF-8): no TTFT can be measured, so the request fails rather than borrow a chunk's time.
         _fail(r, NO_TOKENS, f"{r.output_tokens} tokens generated but no chunk carried text")
         return
     r.e2e_s = r.end_s

@@ -26,7 +26,7 @@ from typing import Any
 from ..paths import cache_root
 from .presets import (BOS_TOKEN, CHAT_TEMPLATE, CORPUS_BUDGET_BYTES, EOS_TEXT_TOKEN, EOT_TOKEN, PAD_TOKEN,
                       PRESET_TOKENIZER_VOCAB_SIZE, PRESETS, RECIPE_VERSION, list_presets, SPECIAL_TOKENS, VOCAB_MULTIPLE,
-                      _LLAMA3_SPLIT_PATTERN)
+                      LLAMA3_SPLIT_PATTERN)
 
 _MANIFEST_NAME = "servelab_model.json"  # written last; marks a finished build
 
@@ -105,7 +105,7 @@ def train_tokenizer(vocab_size: int, corpus: Corpus | None = None):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(_LLAMA3_SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.Split(Regex(LLAMA3_SPLIT_PATTERN), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )

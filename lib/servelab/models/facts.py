@@ -37,7 +37,7 @@ def kv_bytes_per_token(facts_or_config: Mapping[str, Any], kv_dtype: str = "auto
       dtype_bytes`` -- no factor 2, and replicated on every TP rank (as vLLM and SGLang
       store it).
 
-    ``facts_or_config`` is :func:`servelab.modelmake.model_facts` output (``num_layers``,
+    ``facts_or_config`` is :func:`servelab.models.facts.model_facts` output (``num_layers``,
     ``num_kv_heads``, ``head_dim``, ``dtype``) or an HF ``config.json`` dict
     (``num_hidden_layers``, ``num_key_value_heads``, ``head_dim`` or hidden/heads,
     ``torch_dtype``). ``kv_dtype`` "auto" means the model dtype (vLLM's default), "fp8*"
@@ -60,6 +60,89 @@ def kv_bytes_per_token(facts_or_config: Mapping[str, Any], kv_dtype: str = "auto
     tp = max(1, int(tensor_parallel_size))
     per_rank_heads = max(1, kv_heads // tp)
     return layers * 2 * per_rank_heads * head_dim * nbytes
+
+
+def _dense_mlp(cfg: dict[str, Any], hidden: int, inter: int) -> int:
+    """Gate, up and down projections of one dense MLP (with biases when the config says so)."""
+    return 3 * hidden * inter + (2 * inter + hidden if cfg.get("mlp_bias") else 0)
+
+
+def _mla_attention(cfg: dict[str, Any], hidden: int, n_heads: int) -> tuple[int, dict[str, Any]]:
+    """(parameters of one multi-head latent attention block, its head facts) -- DeepSeek's MLA."""
+    q_lora = cfg.get("q_lora_rank")
+    nope, rope = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"])
+    v_dim, kv_lora = int(cfg["v_head_dim"]), int(cfg["kv_lora_rank"])
+    qk_dim = nope + rope
+    if q_lora:
+        q_params = hidden * q_lora + q_lora + q_lora * n_heads * qk_dim
+    else:
+        q_params = hidden * n_heads * qk_dim
+    attn_params = (
+        q_params
+        + hidden * (kv_lora + rope)  # kv_a_proj_with_mqa
+        + kv_lora  # kv_a_layernorm
+        + kv_lora * n_heads * (nope + v_dim)  # kv_b_proj
+        + n_heads * v_dim * hidden  # o_proj
+    )
+    return attn_params, {"head_dim": qk_dim, "qk_nope_head_dim": nope, "qk_rope_head_dim": rope, "v_head_dim": v_dim,
+                         "kv_lora_rank": kv_lora, "q_lora_rank": q_lora}
+
+
+def _gqa_attention(cfg: dict[str, Any], hidden: int, n_heads: int, n_kv_heads: int) -> tuple[int, dict[str, Any]]:
+    """(parameters of one grouped-query attention block, its head facts)."""
+    model_type = cfg.get("model_type", "")
+    head_dim = int(cfg.get("head_dim") or hidden // n_heads)
+    q_out, kv_out = n_heads * head_dim, n_kv_heads * head_dim
+    attn_params = hidden * q_out + 2 * hidden * kv_out + q_out * hidden
+    if cfg.get("attention_bias"):
+        attn_params += q_out + 2 * kv_out + (hidden if model_type == "llama" else 0)
+    if model_type in ("qwen3", "qwen3_moe"):
+        attn_params += 2 * head_dim  # q_norm, k_norm
+    return attn_params, {"head_dim": head_dim}
+
+
+def _qwen3_moe_mlp(cfg: dict[str, Any], hidden: int, n_layers: int) -> tuple[int, int, int, int, int]:
+    """(total, active MLP parameters, experts, active experts, shared experts) of Qwen3-MoE."""
+    n_experts = int(cfg["num_experts"])
+    n_active = int(cfg["num_experts_per_tok"])
+    expert = 3 * hidden * int(cfg["moe_intermediate_size"])
+    sparse_step = int(cfg.get("decoder_sparse_step", 1))
+    mlp_only = set(cfg.get("mlp_only_layers") or [])
+    total = active = 0
+    for i in range(n_layers):
+        if i not in mlp_only and n_experts > 0 and (i + 1) % sparse_step == 0:
+            router = hidden * n_experts
+            total += n_experts * expert + router
+            active += n_active * expert + router
+        else:
+            total += _dense_mlp(cfg, hidden, int(cfg["intermediate_size"]))
+            active += _dense_mlp(cfg, hidden, int(cfg["intermediate_size"]))
+    return total, active, n_experts, n_active, 0
+
+
+def _deepseek_moe_mlp(cfg: dict[str, Any], hidden: int, n_layers: int) -> tuple[int, int, int, int, int]:
+    """(total, active MLP parameters, experts, active experts, shared experts) of DeepSeek's MoE:
+    dense for the first `first_k_dense_replace` layers, then routed + shared experts."""
+    n_experts = int(cfg["n_routed_experts"])
+    n_active = int(cfg["num_experts_per_tok"])
+    n_shared = int(cfg.get("n_shared_experts") or 0)
+    moe_inter = int(cfg["moe_intermediate_size"])
+    expert = 3 * hidden * moe_inter
+    shared = _dense_mlp(cfg, hidden, moe_inter * n_shared) if n_shared else 0
+    first_dense = int(cfg.get("first_k_dense_replace", 0))
+    freq = int(cfg.get("moe_layer_freq", 1))
+    total = active = 0
+    for i in range(n_layers):
+        if i >= first_dense and i % freq == 0:
+            router = n_experts * hidden
+            if cfg.get("topk_method") == "noaux_tc":
+                router += n_experts  # e_score_correction_bias
+            total += n_experts * expert + shared + router
+            active += n_active * expert + shared + router
+        else:
+            total += _dense_mlp(cfg, hidden, int(cfg["intermediate_size"]))
+            active += _dense_mlp(cfg, hidden, int(cfg["intermediate_size"]))
+    return total, active, n_experts, n_active, n_shared
 
 
 def facts_from_config(cfg: dict[str, Any], *, vocab_size: int | None = None) -> dict[str, Any]:
@@ -87,9 +170,6 @@ def facts_from_config(cfg: dict[str, Any], *, vocab_size: int | None = None) -> 
     final_norm_params = hidden
     layer_norm_params = 2 * hidden  # input + post-attention RMSNorm
 
-    def dense_mlp(inter: int) -> int:
-        return 3 * hidden * inter + (2 * inter + hidden if cfg.get("mlp_bias") else 0)
-
     facts: dict[str, Any] = {
         "architecture": arch,
         "model_type": model_type,
@@ -102,80 +182,16 @@ def facts_from_config(cfg: dict[str, Any], *, vocab_size: int | None = None) -> 
         "tie_word_embeddings": tied,
         "max_position_embeddings": cfg.get("max_position_embeddings"),
     }
-
-    # --- attention per layer, and KV cache per token
-    if is_mla:
-        q_lora = cfg.get("q_lora_rank")
-        nope, rope = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"])
-        v_dim, kv_lora = int(cfg["v_head_dim"]), int(cfg["kv_lora_rank"])
-        qk_dim = nope + rope
-        if q_lora:
-            q_params = hidden * q_lora + q_lora + q_lora * n_heads * qk_dim
-        else:
-            q_params = hidden * n_heads * qk_dim
-        attn_params = (
-            q_params
-            + hidden * (kv_lora + rope)  # kv_a_proj_with_mqa
-            + kv_lora  # kv_a_layernorm
-            + kv_lora * n_heads * (nope + v_dim)  # kv_b_proj
-            + n_heads * v_dim * hidden  # o_proj
-        )
-        facts.update(
-            head_dim=qk_dim,
-            qk_nope_head_dim=nope,
-            qk_rope_head_dim=rope,
-            v_head_dim=v_dim,
-            kv_lora_rank=kv_lora,
-            q_lora_rank=q_lora,
-        )
-    else:
-        head_dim = int(cfg.get("head_dim") or hidden // n_heads)
-        q_out, kv_out = n_heads * head_dim, n_kv_heads * head_dim
-        attn_params = hidden * q_out + 2 * hidden * kv_out + q_out * hidden
-        if cfg.get("attention_bias"):
-            attn_params += q_out + 2 * kv_out + (hidden if model_type == "llama" else 0)
-        if model_type in ("qwen3", "qwen3_moe"):
-            attn_params += 2 * head_dim  # q_norm, k_norm
-        facts["head_dim"] = head_dim
-
-    # --- MLP / experts per layer
-    total_mlp = active_mlp = 0
-    n_experts = n_active_experts = n_shared_experts = 0
+    attn_params, heads = (_mla_attention(cfg, hidden, n_heads) if is_mla
+                          else _gqa_attention(cfg, hidden, n_heads, n_kv_heads))
+    facts.update(heads)
     if model_type == "qwen3_moe":
-        n_experts = int(cfg["num_experts"])
-        n_active_experts = int(cfg["num_experts_per_tok"])
-        expert = 3 * hidden * int(cfg["moe_intermediate_size"])
-        sparse_step = int(cfg.get("decoder_sparse_step", 1))
-        mlp_only = set(cfg.get("mlp_only_layers") or [])
-        for i in range(n_layers):
-            if i not in mlp_only and n_experts > 0 and (i + 1) % sparse_step == 0:
-                router = hidden * n_experts
-                total_mlp += n_experts * expert + router
-                active_mlp += n_active_experts * expert + router
-            else:
-                total_mlp += dense_mlp(int(cfg["intermediate_size"]))
-                active_mlp += dense_mlp(int(cfg["intermediate_size"]))
+        total_mlp, active_mlp, n_experts, n_active_experts, n_shared_experts = _qwen3_moe_mlp(cfg, hidden, n_layers)
     elif is_mla and cfg.get("n_routed_experts"):
-        n_experts = int(cfg["n_routed_experts"])
-        n_active_experts = int(cfg["num_experts_per_tok"])
-        n_shared_experts = int(cfg.get("n_shared_experts") or 0)
-        moe_inter = int(cfg["moe_intermediate_size"])
-        expert = 3 * hidden * moe_inter
-        shared = dense_mlp(moe_inter * n_shared_experts) if n_shared_experts else 0
-        first_dense = int(cfg.get("first_k_dense_replace", 0))
-        freq = int(cfg.get("moe_layer_freq", 1))
-        for i in range(n_layers):
-            if i >= first_dense and i % freq == 0:
-                router = n_experts * hidden
-                if cfg.get("topk_method") == "noaux_tc":
-                    router += n_experts  # e_score_correction_bias
-                total_mlp += n_experts * expert + shared + router
-                active_mlp += n_active_experts * expert + shared + router
-            else:
-                total_mlp += dense_mlp(int(cfg["intermediate_size"]))
-                active_mlp += dense_mlp(int(cfg["intermediate_size"]))
+        total_mlp, active_mlp, n_experts, n_active_experts, n_shared_experts = _deepseek_moe_mlp(cfg, hidden, n_layers)
     else:
-        total_mlp = active_mlp = n_layers * dense_mlp(int(cfg["intermediate_size"]))
+        total_mlp = active_mlp = n_layers * _dense_mlp(cfg, hidden, int(cfg["intermediate_size"]))
+        n_experts = n_active_experts = n_shared_experts = 0
 
     per_layer_fixed = n_layers * (attn_params + layer_norm_params)
     outside_layers = embedding_params + lm_head_params + final_norm_params

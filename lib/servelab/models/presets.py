@@ -40,7 +40,7 @@ SPECIAL_TOKENS: tuple[str, ...] = (
 
 # Llama-3 pre-tokenization regex (splits words, numbers of <= 3 digits,
 # punctuation runs, newlines, whitespace) applied before byte-level mapping.
-_LLAMA3_SPLIT_PATTERN = (
+LLAMA3_SPLIT_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )

@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..analysis import (capture_size_warnings, fit_prefill, goodput, knee, kv_residency, kv_verdict, slo_check,
                         spec_ab, spec_stats, symptoms)
-from ..analysis.roofline import HARDWARE, get_hardware, local_cpu_entry, roofline_efficiency
+from ..analysis.roofline import get_hardware, local_cpu_entry, roofline_efficiency
 from ..engines import get as engine_profile
 from . import html as rh
 from .load import StudyData, baselines, engine_gpus
@@ -37,7 +37,7 @@ def prefill_fits(sd: StudyData) -> dict[str, dict[str, Any]]:
 
 def prefill_table(sd: StudyData) -> Any:
     fits = prefill_fits(sd)
-    cols = sd.w("diagnosis_40")
+    cols = sd.w("prefill.columns")
     rows = []
     for cid in sd.config_ids:
         f = fits.get(cid)
@@ -48,9 +48,9 @@ def prefill_table(sd: StudyData) -> Any:
                      if math.isfinite(f["ttft_longest_over_shortest"]) else rh.MISSING])
     if not rows:
         return None
-    note = sd.w("diagnosis_54")
+    note = sd.w("prefill.not_identifiable")
     t = pd.DataFrame(rows, columns=cols)
-    return rh.table(t, sd.w("t_prefill"),
+    return rh.table(t, sd.w("prefill.caption"),
                     formats={cols[1]: "{:,.0f}", cols[2]: "{:,.0f}", cols[3]: "{:,.1f}", cols[4]: "{:,.1f}",
                              cols[5]: "{:.3f}"}, notes=dash_note(t, note))
 
@@ -67,7 +67,7 @@ def saturation_table(sd: StudyData) -> Any:
     k = knee(sd.summary)
     g = goodput_frame(sd)
     chk = slo_check(sd.summary, sd.study.slo)
-    cols = sd.w("diagnosis_74")
+    cols = sd.w("saturation.columns")
     rows = []
     for r in k.merge(g, on=["config", "bucket"], how="left").itertuples():
         fails = chk[(chk["config"] == r.config) & (chk["bucket"] == r.bucket) & ~chk["meets_slo"]]
@@ -77,8 +77,8 @@ def saturation_table(sd: StudyData) -> Any:
         rows.append([r.config, r.bucket, r.knee_concurrency if r.plateau else None, r.top_concurrency, gc,
                      r.aggregate_output_tps, why])
     t = pd.DataFrame(rows, columns=cols)
-    notes = dash_note(t, sd.w("diagnosis_87"))
-    return rh.table(t, sd.w("t_saturation"),
+    notes = dash_note(t, sd.w("saturation.none_note"))
+    return rh.table(t, sd.w("saturation.caption"),
                     formats={cols[2]: "{:,.0f}", cols[3]: "{:,.0f}", cols[4]: "{:,.0f}", cols[5]: "{:,.1f}"},
                     notes=notes)
 
@@ -88,22 +88,17 @@ def kv_section(sd: StudyData, cid: str) -> tuple[str, Any, pd.DataFrame | None]:
     s = sd.samples(cid)
     label = sd.labels().get(cid, cid)
     if s is None or s.empty:
-        msg = {"en": f"**{label}**: the server exposed no `/metrics`; KV residency cannot be assessed.",
-               "ja": f"**{label}**：サーバーが `/metrics` を公開していないため、KV キャッシュは評価できません。"}
-        return msg[sd.language], None, None
+        return sd.w("kv.no_metrics", label=label), None, None
     v = kv_verdict(s, facts=sd.facts(cid) or None, engine_args=sd.engine_params(cid))
-    head = {"en": ("**KV capacity limits concurrency.** " if v["limited"] else "**KV capacity does not limit "
-                   "concurrency.** "),
-            "ja": ("**KV キャッシュ容量が並列数を制限しています。** " if v["limited"] else
-                   "**KV キャッシュ容量は並列数を制限していません。** ")}[sd.language]
+    head = sd.w("kv.head_limited" if v["limited"] else "kv.head_not_limited")
     res = kv_residency(s)
-    cols = sd.w("diagnosis_109")
+    cols = sd.w("kv.columns")
     t = pd.DataFrame({cols[0]: res["level"], cols[1]: res["kv_usage_max_frac"] * 100, cols[2]: res["running_max"],
                       cols[3]: res["waiting_max"], cols[4]: res["preemptions_delta"], cols[5]: res["crowded_samples"]})
-    table = rh.table(t, sd.w("t_kv", label=label), formats={cols[1]: "{:,.1f}", cols[2]: "{:,.0f}",
+    table = rh.table(t, sd.w("kv.caption", label=label), formats={cols[1]: "{:,.1f}", cols[2]: "{:,.0f}",
                                                             cols[3]: "{:,.0f}", cols[4]: "{:,.0f}"},
-                     notes=dash_note(t, sd.w("diagnosis_117")))
-    return f"**{label}**: {head}{v['sentence']}", table, s
+                     notes=dash_note(t, sd.w("kv.counter_not_exposed")))
+    return sd.w("kv.verdict", label=label, head=head, evidence=sd.w.say(v["evidence"])), table, s
 
 
 def _hardware_for(sd: StudyData, cid: str) -> tuple[dict[str, Any] | None, int]:
@@ -134,6 +129,16 @@ def _roofline(sd: StudyData) -> pd.DataFrame:
     return pd.concat(eff, ignore_index=True) if eff else pd.DataFrame()
 
 
+def _hardware_words(sd: StudyData, h: dict[str, Any]) -> tuple[str, str]:
+    """(name, source) of a hardware entry: a datasheet's as written, a CPU measured on the spot
+    (`local_cpu_entry`) in the page's language."""
+    m = h.get("measured")
+    if not m:
+        return h["name"], h.get("source", "")
+    return (sd.w("roofline.local_cpu_name", model=m.get("cpu_model") or "unknown", cores=m.get("cpu_count")),
+            sd.w("roofline.local_cpu_source", array_bytes=m.get("array_bytes"), matmul_n=m.get("matmul_n")))
+
+
 def roofline_tables(sd: StudyData) -> tuple[Any, Any]:
     """(hardware bounds used, decode at concurrency 1 against the bandwidth bound)."""
     used: dict[str, dict[str, Any]] = {}
@@ -143,21 +148,24 @@ def roofline_tables(sd: StudyData) -> tuple[Any, Any]:
             used[hw["name"]] = hw
     if not used:
         return None, None
-    hcols = sd.w("diagnosis_159")
-    hrows = [[h["name"], h["memory_bandwidth_Bps"] / 1e12,
-              (h.get("bf16_dense_flops") or h.get("peak_flops") or math.nan) / 1e12,
-              f"{h.get('source', '')} ({h.get('as_of', '')})"] for h in used.values()]
-    hw_t = rh.table(pd.DataFrame(hrows, columns=hcols), sd.w("t_hardware"),
+    hcols = sd.w("roofline.hardware_columns")
+    hrows = []
+    for h in used.values():
+        name, source = _hardware_words(sd, h)
+        hrows.append([name, h["memory_bandwidth_Bps"] / 1e12,
+                      (h.get("bf16_dense_flops") or h.get("peak_flops") or math.nan) / 1e12,
+                      f"{source} ({h.get('as_of', '')})"])
+    hw_t = rh.table(pd.DataFrame(hrows, columns=hcols), sd.w("roofline.hardware_caption"),
                     formats={hcols[1]: "{:,.2f}", hcols[2]: "{:,.2f}"})
     e = roofline(sd)
     if e.empty:
         return hw_t, None
     e = e[e["concurrency"] == e.groupby("config")["concurrency"].transform("min")]
-    ecols = sd.w("diagnosis_170")
+    ecols = sd.w("roofline.columns")
     t = pd.DataFrame({ecols[0]: e["config"], ecols[1]: e["bucket"], ecols[2]: e["tpot_p50_s"] * 1000,
                       ecols[3]: e["decode_bound_s_per_token"] * 1000, ecols[4]: e["decode_efficiency_pct"],
                       ecols[5]: e["implied_bandwidth_Bps"] / 1e12})
-    return hw_t, rh.table(t, sd.w("t_roofline"), formats={ecols[2]: "{:,.2f}", ecols[3]: "{:,.3f}",
+    return hw_t, rh.table(t, sd.w("roofline.caption"), formats={ecols[2]: "{:,.2f}", ecols[3]: "{:,.3f}",
                                                           ecols[4]: "{:,.1f} %", ecols[5]: "{:,.2f}"})
 
 
@@ -173,22 +181,6 @@ def decode_bounds(sd: StudyData, cid: str) -> dict[str, float] | None:
     return dict(zip(e["bucket"], e["decode_bound_s_per_token"]))
 
 
-SYMPTOM_WORDS = {
-    "TTFT grows with prompt length": "TTFT がプロンプト長とともに増加する",
-    "Decode slow even at concurrency 1": "同時実行数 1 でもデコード速度が低い",
-    "Aggregate tok/s plateaus as concurrency rises": "同時実行数が増えると総トークン/秒が頭打ちになる",
-    "Aggregate improves while p95 latency spikes": "総出力が改善する一方で p95 遅延が急上昇する",
-    "Long prompts evict useful active requests": "長いプロンプトが有用なアクティブリクエストを追い出す",
-}
-CHECK_WORDS = {
-    "TTFT grows with prompt length": "プリフィル率、キュー時間、プレフィックスキャッシュヒット率、グラフまたはコンパイルのウォームアップ",
-    "Decode slow even at concurrency 1": "ランタイムのモデルパス、カーネルサポート、精度、GPU 使用率、通信オーバーヘッド",
-    "Aggregate tok/s plateaus as concurrency rises": "KV キャッシュ容量、スケジューラのバッチ処理、メモリ帯域幅、並列トポロジ",
-    "Aggregate improves while p95 latency spikes": "バッチサイズ、キューイングポリシー、リクエスト長の混合、サービス目標",
-    "Long prompts evict useful active requests": "KV キャッシュ常駐、キャッシュ割り当て、コンテキスト分布、ホストメモリトラフィック",
-}
-
-
 def symptom_frame(sd: StudyData, cid: str) -> pd.DataFrame:
     """Seed 002's table for one configuration, from the records-based fit and the roofline bound."""
     return symptoms(sd.summary, sd.samples(cid), fit=prefill_fits(sd).get(cid), slo=sd.study.slo,
@@ -197,14 +189,13 @@ def symptom_frame(sd: StudyData, cid: str) -> pd.DataFrame:
 
 def symptom_text(sd: StudyData, cid: str) -> str:
     """Each symptom as a sentence: the verdict, its evidence, and the first check (seed 002)."""
-    out = []
-    verdicts = {"yes": sd.w("yes"), "no": sd.w("no"), "n/a": sd.w("na")}
-    for r in symptom_frame(sd, cid).itertuples():
-        obs = r.observation if sd.language == "en" else SYMPTOM_WORDS[r.observation]
-        check = r.first_check if sd.language == "en" else CHECK_WORDS[r.observation]
-        out.append("- " + sd.w("symptom_present", obs=obs, verdict=verdicts[r.present], evidence=r.evidence.rstrip(".")
-                                + ".", check=check))
-    return f"**{sd.labels().get(cid, cid)}**\n\n" + "\n".join(out)
+    verdicts = {"yes": sd.w("symptom.present.yes"), "no": sd.w("symptom.present.no"),
+                "n/a": sd.w("symptom.present.na")}
+    out = [sd.w("symptom.line", obs=sd.w(f"symptom.{r.rule}.observation"), verdict=verdicts[r.present],
+                evidence=sd.w.say(r.evidence).rstrip(sd.w("finding.full_stop")),
+                check=sd.w(f"symptom.{r.rule}.first_check"))
+           for r in symptom_frame(sd, cid).itertuples()]
+    return f"**{sd.labels().get(cid, cid)}**\n\n" + "\n".join(f"- {x}" for x in out)
 
 
 def spec_section(sd: StudyData) -> tuple[str, Any]:
@@ -222,24 +213,23 @@ def spec_section(sd: StudyData) -> tuple[str, Any]:
         s = sd.samples(cid)
         st = spec_stats(s) if s is not None else {}
         rate, length = st.get("acceptance_rate", math.nan), st.get("mean_acceptance_length", math.nan)
-        lines.append(f"- **{cid}**: acceptance rate {num(rate * 100, 1)} %, mean acceptance length {num(length, 2)} "
-                     f"({st.get('source') or st.get('note')})")
+        lines.append("- " + sd.w("speculative.acceptance", config=cid, rate=num(rate * 100, 1), length=num(length, 2),
+                                 source=st.get("source") or st.get("note")))
         if cid in bases:
             base = bases[cid]
             ab = spec_ab(sd.summary[sd.summary["config"] == base], sd.summary[sd.summary["config"] == cid])
             tables.append(ab.assign(config=cid))
     if not lines:
-        lines.append("No configuration of this study uses speculative decoding, and no CUDA-graph capture-size "
-                     "problem was found." if sd.language == "en" else
-                     "この検証には投機的デコーディングを使う構成はなく、CUDA Graph の capture size の問題も見つかりませんでした。")
+        lines.append(sd.w("speculative.none"))
     if not tables:
         return "\n".join(lines), None
     ab = pd.concat(tables, ignore_index=True)
-    t = pd.DataFrame({"configuration": ab["config"], "bucket": ab["bucket"], "concurrency": ab["concurrency"],
-                      "Δ aggregate tok/s": [pct(x) for x in ab["aggregate_output_tps_change_pct"]],
-                      "Δ decode tok/s": [pct(x) for x in ab["decode_tps_p50_change_pct"]],
-                      "Δ TTFT p50": [pct(x) for x in ab["ttft_p50_s_change_pct"]]})
-    return "\n".join(lines), rh.table(t, sd.w("t_spec"))
+    c = sd.w("speculative.columns")
+    t = pd.DataFrame({c[0]: ab["config"], c[1]: ab["bucket"], c[2]: ab["concurrency"],
+                      c[3]: [pct(x) for x in ab["aggregate_output_tps_change_pct"]],
+                      c[4]: [pct(x) for x in ab["decode_tps_p50_change_pct"]],
+                      c[5]: [pct(x) for x in ab["ttft_p50_s_change_pct"]]})
+    return "\n".join(lines), rh.table(t, sd.w("speculative.caption"))
 
 
 def client_overhead_text(sd: StudyData) -> str:
@@ -247,13 +237,13 @@ def client_overhead_text(sd: StudyData) -> str:
     where = []
     for cid in sd.config_ids:
         for lv in sd.runs[cid].get("client_limited_levels") or []:
-            where.append(f"{cid} {lv['label']} round {lv['round'] + 1} ({'; '.join(lv['reasons'])})")
+            where.append(sd.w("client.level", config=cid, level=lv["label"], round=lv["round"] + 1,
+                              reasons="; ".join(lv["reasons"])))
     if not where:
-        return sd.w("client_ok")
-    shown = "; ".join(where[:6]) + (f"; … ({len(where) - 6} more)" if len(where) > 6 else "")
-    return sd.w("client_limited", n=len(where), where=shown)
+        return sd.w("client.ok")
+    shown = sd.w("finding.clause_sep").join(where[:6]) + (sd.w("client.more", n=len(where) - 6) if len(where) > 6 else "")
+    return sd.w("client.limited", n=len(where), where=shown)
 
 
 __all__ = ["prefill_fits", "prefill_table", "saturation_table", "goodput_frame", "kv_section", "roofline",
-           "roofline_tables", "decode_bounds", "symptom_frame", "symptom_text", "spec_section", "client_overhead_text",
-           "HARDWARE"]
+           "roofline_tables", "decode_bounds", "symptom_frame", "symptom_text", "spec_section", "client_overhead_text"]

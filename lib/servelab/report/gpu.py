@@ -186,32 +186,21 @@ def gpu_tables(sd: Any) -> tuple[str, list[Any]]:
     conf = gpu_configs(sd, levels)
     if conf.empty:
         return "", []
-    en = sd.language == "en"
-    text = ("NVML sampled the engine's GPUs during every level: peak memory in use, board power and the share of "
-            "time a kernel ran (NVML utilization, not SM occupancy); energy per output token is the level's "
-            "whole-board energy over its output tokens, warmup included." if en else
-            "各レベルの計測中、エンジンの GPU を NVML でサンプリングしました：使用メモリのピーク、ボード電力、カーネル実行中の"
-            "時間割合（NVML の utilization で SM 占有率ではありません）。出力トークンあたりの消費エネルギーは、各レベルの"
-            "ボード全体のエネルギーを出力トークン数で割った値です（warm-up 込み）。")
-    c = (["configuration", "engine", "GPU memory peak (GiB)", "of (GiB)", "mean power (W)", "peak power (W)",
-          "GPU busy (%)"] if en else
-         ["構成", "エンジン", "GPU メモリのピーク (GiB)", "総量 (GiB)", "平均電力 (W)", "最大電力 (W)", "GPU 稼働 (%)"])
+    text = sd.w("gpu.intro")
+    c = sd.w("gpu.columns")
     t1 = pd.DataFrame({c[0]: conf["config"], c[1]: conf["engine"], c[2]: conf["gpu_mem_used_gib_peak"],
                        c[3]: conf["gpu_mem_total_gib"], c[4]: conf["power_w_mean"], c[5]: conf["power_w_max"],
                        c[6]: conf["gpu_util_pct_mean"]})
-    tables = [rh.table(t1, sd.w("t_gpu"), formats={c[2]: "{:,.1f}", c[3]: "{:,.1f}", c[4]: "{:,.0f}",
+    tables = [rh.table(t1, sd.w("gpu.caption"), formats={c[2]: "{:,.1f}", c[3]: "{:,.1f}", c[4]: "{:,.0f}",
                                                     c[5]: "{:,.0f}", c[6]: "{:,.0f}"})]
-    jcols = ["configuration", "bucket", "concurrency", "J per output token"] if en else \
-        ["構成", "バケット", "並列数", "出力トークンあたり J"]
+    jcols = sd.w("gpu.energy_columns")
     lv = levels.dropna(subset=["j_per_output_token"])
     if len(lv):
         piv = lv.pivot_table(index=["bucket", "concurrency"], columns="config", values="j_per_output_token",
                              aggfunc="first", sort=False).reset_index()
         piv.columns = [jcols[1], jcols[2], *piv.columns[2:]]
-        tables.append(rh.table(piv, ("Energy per output token (J) at each level" if en else
-                                     "各レベルの出力トークンあたりの消費エネルギー (J)"),
-                               formats={k: "{:,.3f}" for k in piv.columns[2:]},
-                               notes={rh.MISSING: "not measured at this level" if en else "このレベルは未測定"}
+        tables.append(rh.table(piv, sd.w("gpu.energy_caption"), formats={k: "{:,.3f}" for k in piv.columns[2:]},
+                               notes={rh.MISSING: sd.w("table.not_measured_at_level")}
                                if piv.isna().to_numpy().any() else None))
     return text, tables
 
@@ -223,16 +212,11 @@ def comparison_table(sd: Any) -> Any:
     t = engine_comparison_table(sd)
     if t.empty:
         return None
-    en = sd.language == "en"
-    c = (["level", "configuration", "engine", "aggregate tok/s", "TTFT p50 (ms)", "decode tok/s (p50)",
-          "J per output token", "vs reference"] if en else
-         ["レベル", "構成", "エンジン", "合計 tok/s", "TTFT 中央値 (ms)", "Decode tok/s (中央値)",
-          "出力トークンあたり J", "基準比"])
+    c = sd.w("gpu.compare_columns")
     v = pd.DataFrame({c[0]: [f"{b} c={int(k)}" for b, k in zip(t["bucket"], t["concurrency"])], c[1]: t["config"],
                       c[2]: t["engine"], c[3]: t["aggregate_output_tps"], c[4]: t["ttft_p50_s"] * 1000,
                       c[5]: t["decode_tps_p50"], c[6]: t["j_per_output_token"],
                       c[7]: [f"{x:,.3f}×" for x in t["aggregate_vs_reference"]]})
-    return rh.table(v, sd.w("t_compare") + f" ({'reference' if en else '基準'}: {t['reference'].iloc[0]})",
+    return rh.table(v, sd.w("gpu.compare_caption", reference=t["reference"].iloc[0]),
                     formats={c[3]: "{:,.1f}", c[4]: "{:,.1f}", c[5]: "{:,.1f}", c[6]: "{:,.3f}"},
-                    notes={rh.MISSING: "no GPU telemetry" if en else "GPU テレメトリなし"}
-                    if v.isna().to_numpy().any() else None)
+                    notes={rh.MISSING: sd.w("gpu.no_telemetry")} if v.isna().to_numpy().any() else None)

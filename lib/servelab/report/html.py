@@ -145,6 +145,114 @@ def _label(v: Any) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
 
 
+def _attr(cls: str) -> str:
+    return f' class="{cls}"' if cls else ""
+
+
+def _notes(notes: Mapping[str, str] | Iterable[str] | str | None,
+           cols: list[Any]) -> tuple[list[tuple[str, str]], str, dict[int, str], list[str]]:
+    """(marked notes as (marker html, text), the missing-value marker, header markers by column, plain notes)."""
+    note_items: list[tuple[str, str]] = []
+    missing_mark = ""
+    col_marks: dict[int, str] = {}
+    if isinstance(notes, str):
+        return note_items, missing_mark, col_marks, [notes]
+    if notes is not None and not isinstance(notes, Mapping):
+        return note_items, missing_mark, col_marks, [str(n) for n in notes]
+    i = 0
+    for key, text in (notes or {}).items():
+        if key == MISSING:
+            missing_mark = _MARKS[i % 26]
+            note_items.append((f"<sup class=\"fn\">{missing_mark}</sup>", f"{MISSING} {text}"))
+            i += 1
+        elif any(key == c or key == _col_key(c) for c in cols):
+            mark = _MARKS[i % 26]
+            for j, c in enumerate(cols):
+                if key == c or key == _col_key(c):
+                    col_marks[j] = mark
+            note_items.append((f"<sup class=\"fn\">{mark}</sup>", str(text)))
+            i += 1
+        else:
+            note_items.append((_esc(key), str(text)))
+    return note_items, missing_mark, col_marks, []
+
+
+def _column_info(df: Any, cols: list[Any], formats: Mapping[Any, Format] | None,
+                 align: Mapping[Any, str] | None) -> list[dict[str, Any]]:
+    """Per column: its format, whether it holds whole numbers, and the cell and header classes
+    (numbers right, text left, long text wrapped)."""
+    import pandas as pd
+
+    col_info = []
+    for j, c in enumerate(cols):
+        s = df.iloc[:, j]
+        vals = [v for v in s.tolist() if not is_missing(v)]
+        numeric = bool(vals) and all(_is_number(v) for v in vals)
+        integral = numeric and all(float(v).is_integer() for v in vals) and not _lookup(formats, c)
+        a = _lookup(align, c) or ("right" if numeric or (not vals and pd.api.types.is_numeric_dtype(s)) else "left")
+        cls = {"right": "num", "center": "center", "left": ""}.get(a, "")
+        if not numeric and any(isinstance(v, str) and len(v) > 40 for v in vals):
+            cls = (cls + " text").strip()
+        col_info.append({"fmt": _lookup(formats, c), "integral": integral, "cls": cls,
+                         "hcls": {"right": "num", "center": "center"}.get(a, "")})
+    return col_info
+
+
+def _header_rows(cols: list[Any], nlev: int, colnames: list[Any], col_info: list[dict[str, Any]],
+                 col_marks: dict[int, str]) -> list[str]:
+    """One header row per column level; groups get colspan, columns whose lower levels are
+    empty (index columns after reset_index) get rowspan."""
+    head_rows = []
+    labels = [tuple(_label(x) for x in (c if isinstance(c, tuple) else (c,))) for c in cols]
+    covered: set[int] = set()
+    for lev in range(nlev):
+        cells, j = [], 0
+        last = lev == nlev - 1
+        while j < len(cols):
+            if j in covered:
+                j += 1
+                continue
+            lab = labels[j]
+            mark = f'<sup class="fn">{col_marks[j]}</sup>' if j in col_marks else ""
+            if not last and all(x == "" for x in lab[lev + 1:]):
+                covered.add(j)
+                text = lab[lev] or next((x for x in lab if x), "")
+                cells.append(f'<th rowspan="{nlev - lev}" scope="col"{_attr(col_info[j]["hcls"])}>'
+                             f"{_esc(text)}{mark}</th>")
+                j += 1
+                continue
+            if last:
+                cells.append(f'<th scope="col"{_attr(col_info[j]["hcls"])}>{_esc(lab[lev])}{mark}</th>')
+                j += 1
+                continue
+            k = j + 1
+            while k < len(cols) and k not in covered and labels[k][: lev + 1] == lab[: lev + 1] \
+                    and not all(x == "" for x in labels[k][lev + 1:]):
+                k += 1
+            name = colnames[lev] if lev < len(colnames) else None
+            text = f"{name} {lab[lev]}" if name and lab[lev] else lab[lev]
+            span = f' colspan="{k - j}"' if k - j > 1 else ""
+            cells.append(f'<th{span} scope="colgroup">{_esc(text)}</th>')
+            j = k
+        head_rows.append(("<tr>" if last else '<tr class="sl-group">') + "".join(cells) + "</tr>")
+    return head_rows
+
+
+def _body_rows(df: Any, col_info: list[dict[str, Any]], missing_mark: str) -> list[str]:
+    body_rows = []
+    for row in df.itertuples(index=False, name=None):
+        tds = []
+        for j, v in enumerate(row):
+            info = col_info[j]
+            if is_missing(v):
+                mark = f'<sup class="fn">{missing_mark}</sup>' if missing_mark else ""
+                tds.append(f'<td{_attr((info["cls"] + " missing").strip())}>{MISSING}{mark}</td>')
+            else:
+                tds.append(f'<td{_attr(info["cls"])}>{format_value(v, info["fmt"], integral=info["integral"])}</td>')
+        body_rows.append("<tr>" + "".join(tds) + "</tr>")
+    return body_rows
+
+
 def table(df: Any, caption: str, *, formats: Mapping[Any, Format] | None = None,
           notes: Mapping[str, str] | Iterable[str] | str | None = None,
           align: Mapping[Any, str] | None = None, index: bool | str = "auto") -> Any:
@@ -172,104 +280,12 @@ def table(df: Any, caption: str, *, formats: Mapping[Any, Format] | None = None,
     cols = list(df.columns)
     nlev = df.columns.nlevels
     colnames = list(df.columns.names) if nlev > 1 else [None]
-
-    # -- notes and markers
-    note_items: list[tuple[str, str]] = []  # (marker html, text)
-    missing_mark = ""
-    col_marks: dict[int, str] = {}
-    plain: list[str] = []
-    if isinstance(notes, str):
-        plain = [notes]
-    elif notes is not None and not isinstance(notes, Mapping):
-        plain = [str(n) for n in notes]
-    elif notes:
-        i = 0
-        for key, text in notes.items():
-            if key == MISSING:
-                missing_mark = _MARKS[i % 26]
-                note_items.append((f"<sup class=\"fn\">{missing_mark}</sup>", f"{MISSING} {text}"))
-                i += 1
-            elif any(key == c or key == _col_key(c) for c in cols):
-                mark = _MARKS[i % 26]
-                for j, c in enumerate(cols):
-                    if key == c or key == _col_key(c):
-                        col_marks[j] = mark
-                note_items.append((f"<sup class=\"fn\">{mark}</sup>", str(text)))
-                i += 1
-            else:
-                note_items.append((_esc(key), str(text)))
-
-    # -- per column: format, alignment, classes
-    col_info = []
-    for j, c in enumerate(cols):
-        s = df.iloc[:, j]
-        vals = [v for v in s.tolist() if not is_missing(v)]
-        numeric = bool(vals) and all(_is_number(v) for v in vals)
-        integral = numeric and all(float(v).is_integer() for v in vals) and not _lookup(formats, c)
-        a = _lookup(align, c) or ("right" if numeric or (not vals and pd.api.types.is_numeric_dtype(s)) else "left")
-        cls = {"right": "num", "center": "center", "left": ""}.get(a, "")
-        if not numeric and any(isinstance(v, str) and len(v) > 40 for v in vals):
-            cls = (cls + " text").strip()
-        col_info.append({"fmt": _lookup(formats, c), "integral": integral, "cls": cls,
-                         "hcls": {"right": "num", "center": "center"}.get(a, "")})
-
-    def attr(cls: str) -> str:
-        return f' class="{cls}"' if cls else ""
-
-    # -- header: one row per column level; groups get colspan, columns whose lower levels are
-    #    empty (index columns after reset_index) get rowspan
-    head_rows = []
-    labels = [tuple(_label(x) for x in (c if isinstance(c, tuple) else (c,))) for c in cols]
-    covered: set[int] = set()
-    for lev in range(nlev):
-        cells, j = [], 0
-        last = lev == nlev - 1
-        while j < len(cols):
-            if j in covered:
-                j += 1
-                continue
-            lab = labels[j]
-            if not last and all(x == "" for x in lab[lev + 1:]):
-                covered.add(j)
-                mark = f'<sup class="fn">{col_marks[j]}</sup>' if j in col_marks else ""
-                text = lab[lev] or next((x for x in lab if x), "")
-                cells.append(f'<th rowspan="{nlev - lev}" scope="col"{attr(col_info[j]["hcls"])}>'
-                             f"{_esc(text)}{mark}</th>")
-                j += 1
-                continue
-            if last:
-                mark = f'<sup class="fn">{col_marks[j]}</sup>' if j in col_marks else ""
-                cells.append(f'<th scope="col"{attr(col_info[j]["hcls"])}>{_esc(lab[lev])}{mark}</th>')
-                j += 1
-                continue
-            k = j + 1
-            while k < len(cols) and k not in covered and labels[k][: lev + 1] == lab[: lev + 1] \
-                    and not all(x == "" for x in labels[k][lev + 1:]):
-                k += 1
-            name = colnames[lev] if lev < len(colnames) else None
-            text = f"{name} {lab[lev]}" if name and lab[lev] else lab[lev]
-            span = f' colspan="{k - j}"' if k - j > 1 else ""
-            cells.append(f'<th{span} scope="colgroup">{_esc(text)}</th>')
-            j = k
-        head_rows.append(("<tr>" if last else '<tr class="sl-group">') + "".join(cells) + "</tr>")
-
-    # -- body
-    body_rows = []
-    for row in df.itertuples(index=False, name=None):
-        tds = []
-        for j, v in enumerate(row):
-            info = col_info[j]
-            if is_missing(v):
-                mark = f'<sup class="fn">{missing_mark}</sup>' if missing_mark else ""
-                tds.append(f'<td{attr((info["cls"] + " missing").strip())}>{MISSING}{mark}</td>')
-            else:
-                tds.append(f'<td{attr(info["cls"])}>{format_value(v, info["fmt"], integral=info["integral"])}</td>')
-        body_rows.append("<tr>" + "".join(tds) + "</tr>")
-
+    note_items, missing_mark, col_marks, plain = _notes(notes, cols)
+    col_info = _column_info(df, cols, formats, align)
     out = ['<div class="sl-table"><div class="sl-table-scroll"><table>',
            f"<caption>{_esc(caption)}</caption>",
-           "<thead>" + "".join(head_rows) + "</thead>",
-           "<tbody>" + "\n".join(body_rows) + "</tbody>",
+           "<thead>" + "".join(_header_rows(cols, nlev, colnames, col_info, col_marks)) + "</thead>",
+           "<tbody>" + "\n".join(_body_rows(df, col_info, missing_mark)) + "</tbody>",
            "</table></div>"]
     if note_items or plain:
         lines = [f'<span class="fn-note"><span class="fn-mark">{m}</span> {_esc(t)}</span>' for m, t in note_items]

@@ -1,5 +1,5 @@
-"""reports/index.html listing every published study, and the executed write-up turned into
-a standalone page."""
+"""reports/index.html listing every published study. Not for rendering a study's own page
+(`render.notebook_to_html`)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,6 @@ import json
 from pathlib import Path
 
 from ..runfolder import RUN_JSON, read_json
-
-
-def notebook_to_html(nb_path: Path, out: Path, title: str = "servelab report", language: str | None = None,
-                     alternate: dict[str, str] | None = None) -> Path:
-    """Executed write-up -> a standalone page (servelab template, inputs hidden, figures embedded,
-    no external resource, byte-identical for the same notebook), scrubbed of secrets."""
-    from ..secrets import scrub
-    from .render import notebook_to_html as render
-
-    return render(nb_path, out, title=title, language=language, alternate=alternate, scrub=scrub)
 
 
 def write_index(reports_root: Path) -> Path:

@@ -63,12 +63,12 @@ def cost_sentence(sd: StudyData) -> str:
     managed API, with the seed's published ratio beside it where the study reproduces a seed."""
     t, kind = cost_rows(sd)
     if kind != "instance" or t.empty or "managed_usd_per_m_output" not in t:
-        return sd.w("h_cost_local")
+        return sd.w("headline.cost_local")
     r = t.loc[t["aggregate_output_tps"].idxmax()]
     price = study_price(sd.study, use_api=False)
     ratio = r["usd_per_m_output"] / r["managed_usd_per_m_output"] if r["managed_usd_per_m_output"] else math.nan
-    return sd.w("h_cost", label=sd.labels().get(r["config"], r["config"]), usd=f"{r['usd_per_m_output']:,.2f}",
-                instance=f"{price.instance_type} ({r['gpu_share'] or 'whole instance'})", managed=r["managed"],
+    return sd.w("headline.cost", label=sd.labels().get(r["config"], r["config"]), usd=f"{r['usd_per_m_output']:,.2f}",
+                instance=f"{price.instance_type} ({r['gpu_share'] or sd.w('cost.whole_instance')})", managed=r["managed"],
                 m_usd=f"{r['managed_usd_per_m_output']:,.2f}", ratio=f"{ratio:,.1f}×")
 
 
@@ -77,15 +77,13 @@ def cost_sentence(sd: StudyData) -> str:
 def cost_section(sd: StudyData) -> tuple[str, Any]:
     """(text, table): self-host vs managed at each configuration's best measured level."""
     t, kind = cost_rows(sd)
-    en = sd.language == "en"
-    c = sd.w("cost_columns")
+    c = sd.w("cost.columns")
     if kind == "replay":
         m = resolve_managed([sd.study.cost.replay_price])[sd.study.cost.replay_price]
-        text = (f"The measured tokens priced at the managed endpoint's list price: {m.label()}." if en else
-                f"計測したトークンをマネージドエンドポイントの定価で計算しました：{m.label()}。")
+        text = sd.w("cost.replay", price=m.label())
         view = t[["config", "bucket", "concurrency", "usd_per_m_output"]].copy()
         view.columns = [c[0], "bucket", "c", c[3]]
-        return text, rh.table(view, sd.w("t_cost"), formats={c[3]: "{:,.4f}"})
+        return text, rh.table(view, sd.w("cost.caption"), formats={c[3]: "{:,.4f}"})
     rows = []
     for r in t.itertuples():
         rows.append([r.config, f"{r.bucket} c={r.concurrency}", r.aggregate_output_tps, r.usd_per_m_output,
@@ -98,27 +96,16 @@ def cost_section(sd: StudyData) -> tuple[str, Any]:
     if kind == "seed001":
         pub = seed001_published()
         lo, hi = pub["ratio_range"]
-        text = ((f"This study runs on a local machine with no instance price, so no cost applies to its numbers. For "
-                 f"scale, the same computation on **seed 001's published figures** (g7e.12xlarge, "
-                 f"USD {pub['monthly_usd']:,.0f} per 730 h all-in, its aggregate tok/s; Fireworks USD 0.22 in / USD 0.66 out per "
-                 f"1M, as quoted in the seed). The seed itself published AWS at **{lo:g}× to {hi:g}×** Fireworks; the "
-                 "ratios below are computed the same way, so they sit beside that range.") if en else
-                (f"この検証はインスタンス料金のないローカルマシンで実行したため、コストは適用されません。規模感として、"
-                 f"**seed 001 の公表値**（g7e.12xlarge、730 時間で USD {pub['monthly_usd']:,.0f}、公表された合計 tok/s、"
-                 f"Fireworks の入力 USD 0.22 / 出力 USD 0.66 per 1M）で同じ計算をしました。seed 自身は AWS を Fireworks の "
-                 f"**{lo:g}〜{hi:g} 倍**と公表しており、下表の比はその範囲と並べて読めます。"))
-        view[c[6]] = [f"{x} (seed 001: {lo:g}–{hi:g}×)" for x in view[c[6]]]
-        return text, rh.table(view, sd.w("t_cost"), formats=fm)
+        text = sd.w("cost.seed001", monthly_usd=pub["monthly_usd"], lo=lo, hi=hi)
+        view[c[6]] = [sd.w("cost.seed001_ratio", ratio=x, lo=lo, hi=hi) for x in view[c[6]]]
+        return text, rh.table(view, sd.w("cost.caption"), formats=fm)
     price = study_price(sd.study, use_api=False)
     managed = resolve_managed(sd.study.cost.managed)
     shares = sorted({s for s in t.get("gpu_share", []) if s})
-    text = (f"Instance price: {price.instance_type} {price.region}: {price.label()}."
-            + (f" Each configuration is charged its share of the instance's GPUs ({', '.join(shares)})." if shares else "")
-            + " Managed APIs: " + "; ".join(m.label() for m in managed.values()) + ". Each row holds the "
-            f"configuration's best measured level for {sd.study.cost.hours_per_month:g} h; input tokens follow that "
-            "level's measured prompt/output ratio. The managed prices are for the models the seeds compared: they "
-            "price the same token volume, not the same model.")
-    return text, rh.table(view, sd.w("t_cost"), formats=fm)
+    text = sd.w("cost.instance", instance=price.instance_type, region=price.region, price=price.label(),
+                share=sd.w("cost.gpu_share", shares=", ".join(shares)) if shares else "",
+                managed="; ".join(m.label() for m in managed.values()), hours=sd.study.cost.hours_per_month)
+    return text, rh.table(view, sd.w("cost.caption"), formats=fm)
 
 
 # -- peer tools ---------------------------------------------------------------------------------
@@ -141,8 +128,7 @@ def peer_section(sd: StudyData) -> tuple[str, Any]:
     (nearest) prompt length."""
     files = peer_files(sd)
     if not files:
-        return ("No peer tool was run for this study." if sd.language == "en"
-                else "この検証では比較ツールを実行していません。"), None
+        return sd.w("peer.none"), None
     rows = []
     for f in files:
         cid = f.parent.name
@@ -157,20 +143,8 @@ def peer_section(sd: StudyData) -> tuple[str, Any]:
             for name, r in (("servelab", m), (tool, pd.Series(p._asdict()))):
                 rows.append([cid, int(p.concurrency), name, int(r["ok"]), r["prompt_tokens"], r["ttft_p50_s"] * 1000,
                              r["tpot_p50_s"] * 1000, r["aggregate_output_tps"]])
-    cols = sd.w("money_166")
-    text = ("Both tools measured the same server in the same session. Definitions differ in small ways "
-            "(benchmarks/README.md): the peer's TTFT ends at the first chunk with a non-empty `choices` list (for "
-            "chat, the role-only chunk), servelab's at the first chunk carrying text; the peer's random dataset sets "
-            "the prompt length before the chat template, servelab after it; its output tok/s is total output over "
-            "the whole benchmark, servelab's the median over rounds. servelab starts each round's c requests "
-            "together; the peer keeps c in flight, so after its first wave its prefills seldom coincide: with long "
-            "prompts at c > 1 its TTFT is lower by that queueing, while TPOT and tok/s stay close."
-            if sd.language == "en" else
-            "両ツールは同じセッションで同じサーバーを測定しました。定義には小さな違いがあります（benchmarks/README.md）："
-            "比較ツールの TTFT は `choices` が空でない最初のチャンク（チャットでは role のみのチャンク）まで、servelab は"
-            "テキストを含む最初のチャンクまで。比較ツールの入力長は Chat Template 適用前、servelab は適用後です。"
-            "servelab は各 round の c 件を同時に開始し、比較ツールは常に c 件を流し続けるため、長い入力で c > 1 のとき"
-            "比較ツールの TTFT はその待ち時間の分だけ短くなります。TPOT と tok/s は近い値になります。")
+    cols = sd.w("peer.columns")
+    text = sd.w("peer.intro")
     t = pd.DataFrame(rows, columns=cols)
-    return text, rh.table(t, sd.w("t_peer"), formats={cols[4]: "{:,.0f}", cols[5]: "{:,.1f}", cols[6]: "{:,.2f}",
+    return text, rh.table(t, sd.w("peer.caption"), formats={cols[4]: "{:,.0f}", cols[5]: "{:,.1f}", cols[6]: "{:,.2f}",
                                                       cols[7]: "{:,.1f}"})

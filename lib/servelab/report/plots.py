@@ -16,25 +16,16 @@ import numpy as np
 import pandas as pd
 from matplotlib import font_manager
 
+from .i18n import table, words
+
 CJK_FONTS = ("Noto Sans CJK JP", "Noto Sans CJK SC", "IPAexGothic", "IPAGothic", "TakaoGothic")
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
            "#bcbd22", "#393b79", "#637939")
 
-LABELS = {
-    "en": {"prompt": "prompt tokens", "ttft_ms": "TTFT p50 (ms)", "conc": "concurrency (requests in flight)",
-           "agg": "aggregate output tok/s", "decode": "per-request decode tok/s (p50)", "ttft95": "TTFT p95 (s)",
-           "slo": "SLO", "goodput": "goodput (highest level meeting the SLO)", "fit": "fit", "measured": "measured",
-           "per_gpu": "aggregate output tok/s per GPU", "per_user": "per-user decode tok/s (p50)",
-           "frontier": "Pareto frontier", "kv": "KV cache usage (%)", "reqs": "requests", "running": "running",
-           "waiting": "waiting", "preempt": "preemptions (since start)", "time": "time since the run started (s)"},
-    "ja": {"prompt": "入力トークン数", "ttft_ms": "TTFT 中央値 (ms)", "conc": "並列数", "agg": "合計出力 tok/s",
-           "decode": "リクエストあたりの Decode tok/s (中央値)", "ttft95": "TTFT p95 (秒)", "slo": "SLO",
-           "goodput": "グッドプット (SLO を満たす最大の負荷)", "fit": "回帰直線", "measured": "実測",
-           "per_gpu": "GPU あたりの合計出力 tok/s", "per_user": "ユーザーあたりの Decode tok/s (中央値)",
-           "frontier": "パレートフロンティア", "kv": "KV キャッシュ使用率 (%)", "reqs": "リクエスト数",
-           "running": "実行中", "waiting": "待機中", "preempt": "プリエンプション (累計)",
-           "time": "計測開始からの時間 (秒)"},
-}
+def _labels(lang: str) -> dict[str, str]:
+    """Axis labels and legends in `lang` (report/i18n/figures.yaml `plot.*`)."""
+    w = words(lang)
+    return {k.removeprefix("plot."): w(k) for k in table() if k.startswith("plot.")}
 
 
 def use_language(language: str) -> str | None:
@@ -94,7 +85,7 @@ def ttft_vs_prompt_tokens(summary: pd.DataFrame, labels: Mapping[str, str] | Non
                           colors: Mapping[str, str] | None = None, lang: str = "en") -> plt.Figure:
     """Median TTFT (ms) against actual prompt tokens at `concurrency`, one colour per
     configuration, p95 as a band and, from `fits` (analysis.fit_prefill), the fitted line."""
-    L = LABELS[lang]
+    L = _labels(lang)
     fig, ax = plt.subplots(figsize=(7, 4.4))
     s = summary[summary["concurrency"] == concurrency]
     col = _style(colors, summary)
@@ -125,7 +116,7 @@ def throughput_vs_concurrency(summary: pd.DataFrame, labels: Mapping[str, str] |
     """Saturation curves: aggregate output tok/s (range over rounds as error bars) against
     concurrency, one panel per bucket, log2 x; the goodput level of each configuration
     (analysis.goodput) marked with a star."""
-    L = LABELS[lang]
+    L = _labels(lang)
     buckets = list(dict.fromkeys(summary["bucket"]))
     fig, axes = plt.subplots(1, len(buckets), figsize=(3.4 * len(buckets) + 0.6, 3.9), squeeze=False)
     col = _style(colors, summary)
@@ -166,7 +157,7 @@ def latency_vs_concurrency(summary: pd.DataFrame, labels: Mapping[str, str] | No
                            lang: str = "en") -> plt.Figure:
     """TTFT p95 (s, log) and per-request decode tok/s against concurrency, one column per
     bucket; the SLO's p95 TTFT as a dashed line."""
-    L = LABELS[lang]
+    L = _labels(lang)
     buckets = list(dict.fromkeys(summary["bucket"]))
     fig, axes = plt.subplots(2, len(buckets), figsize=(3.4 * len(buckets) + 0.6, 5.6), squeeze=False, sharex="col")
     col = _style(colors, summary)
@@ -214,7 +205,7 @@ def per_user_vs_per_gpu(summary: pd.DataFrame, gpus: Mapping[str, int], labels: 
     """AIPerf/vLLM-sweep style Pareto figure: per-user decode tok/s against aggregate output
     tok/s per GPU for every measured level, one colour per configuration, the frontier over
     all configurations as a step line."""
-    L = LABELS[lang]
+    L = _labels(lang)
     s = summary.copy()
     s["per_gpu"] = s["aggregate_output_tps"] / s["config"].map(lambda c: max(1, int(gpus.get(c, 1))))
     fig, ax = plt.subplots(figsize=(7, 4.6))
@@ -242,7 +233,7 @@ def per_user_vs_per_gpu(summary: pd.DataFrame, gpus: Mapping[str, int], labels: 
 def kv_vs_time(samples: pd.DataFrame, color: str = "#1f77b4", lang: str = "en") -> plt.Figure:
     """KV usage %, running and waiting requests and cumulative preemptions against time, with a
     dotted line at the start of every load level (short level labels beside them)."""
-    L = LABELS[lang]
+    L = _labels(lang)
     fig, axes = plt.subplots(3, 1, figsize=(8, 5.8), sharex=True)
     s = samples.sort_values("t_s", kind="stable").reset_index(drop=True)
     t = s["t_s"].astype(float)

@@ -109,9 +109,9 @@ def notebook_to_html(nb_path_or_node: Any, out_path: str | Path, *, title: str, 
                      alternate: Mapping[str, str] | None = None, scrub: Callable[[str], str] | None = None) -> Path:
     """Render an executed notebook (path or nbformat node) to `out_path`; returns `out_path`.
 
-    language: the page's `<html lang>`; None: the notebook's metadata servelab.language, else "en".
-    alternate: {"href": "index.ja.html", "label": "日本語", "lang": "ja" (optional)}: a link to the
-        other-language version at the top of the page; None: metadata servelab.alternate, if any.
+    language: the page's `<html lang>`; None: the notebook's metadata `["servelab"]["language"]`, else "en".
+    alternate: {"href": "index.ja.html", "label": (i18n page.other_language), "lang": "ja" (optional)}: a link to the
+        other-language version at the top of the page; None: metadata `["servelab"]["alternate"]`, if any.
     scrub: applied to the page text before it is written (servelab's secret scrubber), except
         inside base64 image payloads (see `scrub_text`).
     The same notebook content always gives byte-identical output (see `normalise_notebook`).

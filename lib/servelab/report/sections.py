@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from ..analysis import change_effects, config_diff, flatten, goodput, knee
-from ..summary import DEFINITIONS
+from ..summary import DEFINED_METRICS
 from . import html as rh
 from .load import StudyData, baselines, engine_gpus
 
@@ -37,7 +37,7 @@ def anchor(key: str, title: str, level: int = 2) -> str:
 
 
 def link(sd: StudyData, key: str) -> str:
-    return f"([{sd.w('see')}: {sd.w(key)}](#{key}))"
+    return f"([{sd.w('page.see')}: {sd.w('section.' + key)}](#{key}))"
 
 
 def slo_parts(sd: StudyData) -> str:
@@ -54,7 +54,7 @@ def slo_parts(sd: StudyData) -> str:
 def change_text(sd: StudyData, cid: str, base: str) -> str:
     diffs = config_diff(sd.engine_params(base), sd.engine_params(cid))
     if not diffs:
-        return sd.w("no_change")
+        return sd.w("configs.no_change")
     return "; ".join(f"{k}: {_short(a)} → {_short(b)}" for k, a, b in diffs)
 
 
@@ -86,15 +86,15 @@ def headline(sd: StudyData) -> str:
     lab = sd.labels()
     out = []
     best = s.loc[s["aggregate_output_tps"].idxmax()]
-    out.append(sd.w("h_best", label=lab.get(best["config"], best["config"]), peak=num(best["aggregate_output_tps"], 0),
+    out.append(sd.w("headline.fastest", label=lab.get(best["config"], best["config"]), peak=num(best["aggregate_output_tps"], 0),
                     bucket=best["bucket"], conc=int(best["concurrency"])) + " " + link(sd, "results"))
     eff = effects(sd)
     if len(eff):
         e = eff.loc[eff["agg_change_pct"].abs().idxmax()]
-        out.append(sd.w("h_change", config=lab.get(e["config"], e["config"]), baseline=e["baseline"],
+        out.append(sd.w("headline.biggest_change", config=lab.get(e["config"], e["config"]), baseline=e["baseline"],
                         what=change_text(sd, e["config"], e["baseline"]), delta=pct(e["agg_change_pct"]),
                         n=int(e["levels"]), lo=pct(e["agg_ci_low_pct"]), hi=pct(e["agg_ci_high_pct"]),
-                        noise=sd.w("beyond_noise") if e["beyond_noise"] else sd.w("within_noise"))
+                        noise=sd.w("progression.beyond_noise") if e["beyond_noise"] else sd.w("progression.within_noise"))
                    + " " + link(sd, "progression"))
     kn = knee(s)
     kn = kn[kn["top_concurrency"] == kn["top_concurrency"].max()]  # the widest sweep says most
@@ -104,25 +104,25 @@ def headline(sd: StudyData) -> str:
     if len(pick):
         r = pick.iloc[0]
         if r["plateau"]:
-            out.append(sd.w("h_saturation", label=lab.get(r["config"], r["config"]), bucket=r["bucket"],
+            out.append(sd.w("headline.saturates", label=lab.get(r["config"], r["config"]), bucket=r["bucket"],
                             conc=int(r["knee_concurrency"])) + " " + link(sd, "saturation"))
         else:
-            out.append(sd.w("h_no_saturation", label=lab.get(r["config"], r["config"]), bucket=r["bucket"],
+            out.append(sd.w("headline.not_saturated", label=lab.get(r["config"], r["config"]), bucket=r["bucket"],
                             conc=int(r["top_concurrency"])) + " " + link(sd, "saturation"))
     g = goodput(s, sd.study.slo).dropna(subset=["goodput_concurrency"])
     if len(g):
         r = g.loc[g["aggregate_output_tps"].idxmax()]
-        out.append(sd.w("h_goodput", slo=slo_parts(sd), tps=num(r["aggregate_output_tps"], 0),
+        out.append(sd.w("headline.goodput", slo=slo_parts(sd), tps=num(r["aggregate_output_tps"], 0),
                         conc=int(r["goodput_concurrency"]), label=lab.get(r["config"], r["config"]), bucket=r["bucket"])
                    + " " + link(sd, "saturation"))
     else:
-        out.append(sd.w("h_no_goodput", slo=slo_parts(sd)) + " " + link(sd, "saturation"))
+        out.append(sd.w("headline.no_goodput", slo=slo_parts(sd)) + " " + link(sd, "saturation"))
     from ..analysis import kv_verdict
 
     limited = [lab.get(c, c) for c in sd.config_ids
                if sd.samples(c) is not None and kv_verdict(sd.samples(c))["limited"]]
     if limited:
-        out.append(sd.w("h_kv", configs=", ".join(limited)) + " " + link(sd, "kv"))
+        out.append(sd.w("headline.kv_limited", configs=", ".join(limited)) + " " + link(sd, "kv"))
     from .gpu import engine_comparison_table
 
     cmp_ = engine_comparison_table(sd)
@@ -131,7 +131,7 @@ def headline(sd: StudyData) -> str:
         other = cmp_[cmp_["config"] != ref]
         best = other.groupby("config", sort=False)["aggregate_vs_reference"].median().idxmax()
         r = other[other["config"] == best]["aggregate_vs_reference"]
-        out.append(sd.w("h_engines", other=lab.get(best, best), ref=lab.get(ref, ref), n=len(r),
+        out.append(sd.w("headline.engines", other=lab.get(best, best), ref=lab.get(ref, ref), n=len(r),
                         lo=pct((r.min() - 1) * 100), hi=pct((r.max() - 1) * 100)) + " " + link(sd, "gpu"))
     from .money import cost_sentence
 
@@ -144,17 +144,17 @@ def headline(sd: StudyData) -> str:
 def config_table(sd: StudyData) -> Any:
     """One row per configuration: label, engine and version, baseline and what changed."""
     w, bases, rows = sd.w, baselines(sd), []
-    cols = sd.w("sections_147")
+    cols = sd.w("configs.columns")
     for c in sd.study.configurations:
         if c.id not in sd.folders:
-            rows.append([c.id, c.label or c.id, rh.MISSING, rh.MISSING, w("not_measured")])
+            rows.append([c.id, c.label or c.id, rh.MISSING, rh.MISSING, w("configs.not_measured")])
             continue
         run = sd.runs[c.id]
         eng = f"{(run.get('engine_params') or {}).get('kind', '?')} {run.get('server', {}).get('version') or ''}".strip()
         base = bases.get(c.id)
-        rows.append([c.id, c.label or c.id, eng, base or w("baseline"),
-                     change_text(sd, c.id, base) if base else w("baseline")])
-    return rh.table(pd.DataFrame(rows, columns=cols), w("t_configs"))
+        rows.append([c.id, c.label or c.id, eng, base or w("configs.baseline"),
+                     change_text(sd, c.id, base) if base else w("configs.baseline")])
+    return rh.table(pd.DataFrame(rows, columns=cols), w("configs.caption"))
 
 
 def fixed_settings(sd: StudyData) -> Any:
@@ -165,8 +165,8 @@ def fixed_settings(sd: StudyData) -> Any:
     skip = ("host", "port", "startup_timeout_s")
     keys = [k for k, v in settings[0].items() if v not in (None, {}, [], "")
             and all(s.get(k) == v for s in settings) and k.split(".")[0] not in skip]
-    cols = sd.w("sections_169")
-    return rh.table(pd.DataFrame([[k, str(settings[0][k])] for k in keys], columns=cols), sd.w("t_fixed"))
+    cols = sd.w("fixed.columns")
+    return rh.table(pd.DataFrame([[k, str(settings[0][k])] for k in keys], columns=cols), sd.w("fixed.caption"))
 
 
 def method_text(sd: StudyData) -> str:
@@ -176,20 +176,21 @@ def method_text(sd: StudyData) -> str:
     counter = next(iter(cal.values()), {}).get("counter", "the server's /tokenize")
     achieved = ", ".join(f"{v['target_tokens']:,} → {v['tokens']:,}" for v in cal.values()) or rh.MISSING
     api = "/v1/chat/completions" if wl.api == "chat" else "/v1/completions"
-    return sd.w("method_body", api=api, temperature=wl.temperature, seed=wl.seed, prompt_text=wl.prompt_text,
+    return sd.w("method.body", api=api, temperature=wl.temperature, seed=wl.seed, prompt_text=wl.prompt_text,
                 counter=counter, calibration=achieved, warmup=wl.warmup_rounds, rounds=wl.rounds,
-                k=wl.requests_per_round, salt=sd.w("salt_on") if wl.cache_salt else sd.w("salt_off"))
+                k=wl.requests_per_round, salt=sd.w("method.salt_on") if wl.cache_salt else sd.w("method.salt_off"))
 
 
 def definitions_table(sd: StudyData) -> Any:
-    cols = sd.w("sections_186")
-    return rh.table(pd.DataFrame(list(DEFINITIONS.items()), columns=cols), sd.w("t_definitions"))
+    cols = sd.w("definitions.columns")
+    rows = [(m, sd.w(f"definition.{m}")) for m in DEFINED_METRICS]
+    return rh.table(pd.DataFrame(rows, columns=cols), sd.w("definitions.caption"))
 
 
 def devices_text(sd: StudyData) -> str:
     lines = []
     for d in sd.meta.get("device") or []:
-        lines.append("- " + sd.w("devices", kind=d.get("kind"), machine=d.get("machine"), date=d.get("date"),
+        lines.append("- " + sd.w("setup.device", kind=d.get("kind"), machine=d.get("machine"), date=d.get("date"),
                                  minutes=f"{d.get('held_s', 0) / 60:.1f}", configs=d.get("configurations") or "–"))
     return "\n".join(lines)
 
@@ -204,12 +205,12 @@ def results_table(sd: StudyData, cid: str) -> Any:
     rows = [[r.prompt_tokens, int(r.concurrency), r.ttft_p50_s * 1000, r.ttft_p95_s * 1000, r.decode_tps_p50,
              r.e2e_output_tps_p50, r.aggregate_output_tps,
              span(r.aggregate_output_tps_min, r.aggregate_output_tps_max)] for r in s.itertuples()]
-    c = sd.w("results_columns")
+    c = sd.w("results.columns")
     t = pd.DataFrame(rows, columns=c)
-    return rh.table(t, sd.w("t_results", label=sd.labels().get(cid, cid)),
+    return rh.table(t, sd.w("results.caption", label=sd.labels().get(cid, cid)),
                     formats={c[0]: "{:,.0f}", c[2]: "{:,.1f}", c[3]: "{:,.1f}", c[4]: "{:,.1f}", c[5]: "{:,.1f}",
                              c[6]: "{:,.1f}"},
-                    notes=dash_note(t, sd.w("dash_not_measured")))
+                    notes=dash_note(t, sd.w("table.not_measured_at_level")))
 
 
 def progression_table(sd: StudyData) -> Any:
@@ -219,42 +220,42 @@ def progression_table(sd: StudyData) -> Any:
     if e.empty:
         return None
     lab = sd.labels()
-    cols = sd.w("sections_229")
+    cols = sd.w("progression.columns")
     rows, multi = [], False
     for r in e.itertuples():
         n_changed = len(config_diff(sd.engine_params(r.baseline), sd.engine_params(r.config)))
-        verdict = sd.w("beyond_noise") if r.beyond_noise else sd.w("within_noise")
+        verdict = sd.w("progression.beyond_noise") if r.beyond_noise else sd.w("progression.within_noise")
         if n_changed > 1:
             verdict += " †"
             multi = True
         rows.append([f"{lab.get(r.baseline, r.baseline)} → {lab.get(r.config, r.config)}",
                      change_text(sd, r.config, r.baseline), r.levels, pct(r.agg_change_pct),
-                     f"{pct(r.agg_ci_low_pct)} … {pct(r.agg_ci_high_pct)}".replace("…", "to" if sd.language == "en"
-                                                                                     else "〜"),
+                     sd.w("progression.interval", lo=pct(r.agg_ci_low_pct), hi=pct(r.agg_ci_high_pct)),
                      pct(r.ttft_change_pct), verdict])
-    note = sd.w("sections_243")
-    return rh.table(pd.DataFrame(rows, columns=cols), sd.w("t_progression"), notes={"†": note} if multi else None)
+    note = sd.w("progression.multi_change_note")
+    return rh.table(pd.DataFrame(rows, columns=cols), sd.w("progression.caption"), notes={"†": note} if multi else None)
 
 
 # -- reproducibility ------------------------------------------------------------------------------
 
-def _revision(run: dict[str, Any]) -> str:
+def _revision(sd: StudyData, run: dict[str, Any]) -> str:
     m = run.get("model") or {}
     if m.get("revision"):
         return m["revision"]
     if (run.get("engine_params") or {}).get("load_format") == "dummy":
-        return "dummy weights (content hash not recorded)"
-    return "not recorded"
+        return sd.w("repro.dummy_weights")
+    return sd.w("repro.not_recorded")
 
 
-def _servelab(run: dict[str, Any]) -> str:
+def _servelab(sd: StudyData, run: dict[str, Any]) -> str:
     s = run.get("servelab") or {}
     commit = s.get("commit")
-    out = f"{s.get('version')} @ {commit[:12]}" if commit else f"{s.get('version')}, commit not recorded"
+    out = (sd.w("repro.servelab_commit", version=s.get("version"), commit=commit[:12]) if commit
+           else sd.w("repro.servelab_no_commit", version=s.get("version")))
     if s.get("dirty"):
-        out += " (local changes)"
+        out += sd.w("repro.local_changes")
     if s.get("package_sha256"):
-        out += f", package sha256 {s['package_sha256']}"
+        out += sd.w("repro.package_sha256", sha=s["package_sha256"])
     return out
 
 
@@ -268,39 +269,53 @@ def _hardware(sd: StudyData, cid: str) -> str:
     gpus = host.get("gpus") or []
     if gpus:
         return f"{engine_gpus(sd, cid)} × {gpus[0]['name']}"
-    return f"CPU: {host.get('cpu_model')} × {host.get('cpu_count')}"
+    return sd.w("repro.cpu", model=host.get("cpu_model"), count=host.get("cpu_count"))
+
+
+def _card_rows(sd: StudyData, cid: str) -> dict[str, str]:
+    """The card's short fields, each named in the page's language."""
+    r = sd.runs[cid]
+    srv, eng, facts, hd = r.get("server", {}), r.get("engine_params", {}), sd.facts(cid), r.get("headline", {})
+    args = eng.get("args") or {}
+    w = sd.w
+    status = w("repro.status", status=r.get("status"), records=num(r.get("records"), 0))
+    if hd.get("success_rate") is not None:
+        status += w("repro.success", pct=hd["success_rate"] * 100)
+    return {
+        w("repro.field.model"): w("repro.model", architecture=facts.get("architecture", "?"),
+                                  params=num(facts.get("param_count", 0) / 1e6, 1), dtype=facts.get("dtype", "?"),
+                                  weights=eng.get("load_format") or w("repro.checkpoint")),
+        w("repro.field.revision"): _revision(sd, r),
+        w("repro.field.engine"): f"{eng.get('kind')} {srv.get('version') or w('repro.version_not_recorded')}",
+        w("repro.field.hardware"): _hardware(sd, cid),
+        w("repro.field.precision"): f"{args.get('dtype', 'auto')} / {args.get('kv-cache-dtype', 'auto')}",
+        w("repro.field.parallel"): f"TP={args.get('tensor-parallel-size', args.get('tp-size', 1))}",
+        w("repro.field.startup"): w("repro.startup", s=srv["startup_s"]) if srv.get("startup_s")
+        else w("repro.not_recorded"),
+        w("repro.field.run"): f"{r.get('started_at')} → {r.get('finished_at')}",
+        w("repro.field.status"): status,
+        w("repro.field.servelab"): _servelab(sd, r),
+    }
+
+
+def _long_values(sd: StudyData, cid: str) -> dict[str, str]:
+    """The card's long values (launch command, environment, packages, client host), for <details>."""
+    r, w = sd.runs[cid], sd.w
+    srv = r.get("server", {})
+    cmd, env, host = srv.get("command"), srv.get("env") or {}, r.get("client_host") or {}
+    return {w("repro.long.command"): shlex.join(cmd) if cmd else srv.get("base_url", w("repro.not_recorded")),
+            w("repro.long.environment"): " ".join(f"{k}={v}" for k, v in env.items()) or w("repro.none_recorded"),
+            w("repro.long.packages"): ", ".join(f"{k} {v}" for k, v in (r.get("packages") or {}).items())
+            or w("repro.not_recorded"),
+            w("repro.long.client_host"): w("repro.client_host", cpu=host.get("cpu_model"), count=host.get("cpu_count"),
+                                           python=host.get("python"))}
 
 
 def repro_cards(sd: StudyData) -> list[Any]:
     """A compact card per configuration (seed 002's list); long values in <details>."""
     out = []
     for cid in sd.config_ids:
-        r = sd.runs[cid]
-        srv, eng, facts, hd = r.get("server", {}), r.get("engine_params", {}), sd.facts(cid), r.get("headline", {})
-        args = eng.get("args") or {}
-        rows = {
-            "model": f"{facts.get('architecture', '?')}, {num(facts.get('param_count', 0) / 1e6, 1)} M params, "
-                     f"{facts.get('dtype', '?')}; weights: {eng.get('load_format') or 'checkpoint'}",
-            "model revision": _revision(r),
-            "engine": f"{eng.get('kind')} {srv.get('version') or 'version not recorded'}",
-            "hardware": _hardware(sd, cid),
-            "precision / KV dtype": f"{args.get('dtype', 'auto')} / {args.get('kv-cache-dtype', 'auto')}",
-            "parallel layout": f"TP={args.get('tensor-parallel-size', args.get('tp-size', 1))}",
-            "startup": f"{srv['startup_s']:,.1f} s" if srv.get("startup_s") else "not recorded",
-            "run": f"{r.get('started_at')} → {r.get('finished_at')}",
-            "status": f"{r.get('status')}, {num(r.get('records'), 0)} records"
-                      + (f", success {hd['success_rate'] * 100:.1f} %" if hd.get("success_rate") is not None else ""),
-            "servelab": _servelab(r),
-        }
-        out.append(rh.card(f"{sd.labels().get(cid, cid)} ({cid})", rows))
-        cmd = srv.get("command")
-        env = srv.get("env") or {}
-        long = {"launch command": shlex.join(cmd) if cmd else srv.get("base_url", "not recorded"),
-                "engine environment": " ".join(f"{k}={v}" for k, v in env.items()) or "none recorded",
-                "packages": ", ".join(f"{k} {v}" for k, v in (r.get("packages") or {}).items()) or "not recorded",
-                "client host": f"{(r.get('client_host') or {}).get('cpu_model')} × "
-                               f"{(r.get('client_host') or {}).get('cpu_count')}, Python "
-                               f"{(r.get('client_host') or {}).get('python')}"}
-        out.append(rh.details(f"{cid}: launch command, environment, packages",
-                              "\n\n".join(f"{k}:\n{v}" for k, v in long.items())))
+        out.append(rh.card(f"{sd.labels().get(cid, cid)} ({cid})", _card_rows(sd, cid)))
+        out.append(rh.details(sd.w("repro.details", config=cid),
+                              "\n\n".join(f"{k}:\n{v}" for k, v in _long_values(sd, cid).items())))
     return out
