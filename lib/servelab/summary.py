@@ -15,6 +15,13 @@ import pandas as pd
 
 LEVEL_KEYS = ["config", "bucket", "target_input_tokens", "target_output_tokens", "concurrency", "rate_rps"]
 
+# The columns of a record row that every importer of another tool's results fills
+# (analysis.peers, analysis.sglang_bench), so summarize() works on any of them.
+RECORD_COLUMNS = ["config", "bucket", "target_input_tokens", "target_output_tokens", "concurrency", "rate_rps",
+                  "round", "warmup", "seq", "ok", "error_kind", "error_detail", "ttft_s", "e2e_s", "prompt_tokens",
+                  "output_tokens", "decode_tps", "e2e_output_tps", "tpot_s", "chunk_times_s", "start_s", "end_s",
+                  "tool", "times_reconstructed"]
+
 #: every exported metric the report defines (its words: report/i18n/setup.yaml `definition.<metric>`)
 DEFINED_METRICS = ("ttft_s", "e2e_s", "output_tokens", "e2e_output_tps", "decode_tps", "tpot_s", "itl_s",
                    "aggregate_output_tps", "success_rate")

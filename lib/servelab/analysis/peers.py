@@ -25,14 +25,11 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from ..summary import summarize
+from ..summary import RECORD_COLUMNS, summarize
 
 VLLM_BENCH = "vllm bench serve"
 GUIDELLM = "guidellm"
-RECORD_COLUMNS = ["config", "bucket", "target_input_tokens", "target_output_tokens", "concurrency", "rate_rps",
-                  "round", "warmup", "seq", "ok", "error_kind", "error_detail", "ttft_s", "e2e_s", "prompt_tokens",
-                  "output_tokens", "decode_tps", "e2e_output_tps", "tpot_s", "chunk_times_s", "start_s", "end_s",
-                  "tool", "times_reconstructed"]
+
 
 
 def _load_json_objects(path: Path) -> list[dict[str, Any]]:

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .peers import RECORD_COLUMNS  # the one list of servelab's record columns every importer fills
+from ..summary import RECORD_COLUMNS  # the one list of servelab's record columns every importer fills
 
 SGLANG_BENCH = "sglang.bench_serving"
 
