@@ -23,9 +23,9 @@
 # `start = False` this notebook shows the plan and sends nothing.
 
 # %% tags=["parameters"]
-params_path = "params/local-cpu.yaml"  # the study's params file
+params_path = "params/local-cpu-kv.yaml"  # the study's params file
 config_id = "roomy"  # which configuration to measure
-run_dir = "runs/local-cpu/roomy"  # this configuration's run folder
+run_dir = "runs/local-cpu-kv/roomy"  # this configuration's run folder
 reduced = False  # use the study's reduced workload (CI)
 resume = False  # continue an interrupted run from its first incomplete level
 start = False  # send the load (servelab run sets it); False: show the plan only

@@ -556,7 +556,7 @@ def test_plan_lines_only_for_an_aws_host():
 
     from servelab.schema import load_study
 
-    assert for_study(load_study(Path(__file__).resolve().parents[1] / "params" / "local-cpu.yaml")).plan_lines() == []
+    assert for_study(load_study(Path(__file__).resolve().parents[1] / "params" / "local-cpu-kv.yaml")).plan_lines() == []
 
 
 # -- the deadline AWS enforces, through the pipeline's AwsHost -----------------------------------

@@ -79,64 +79,10 @@ def effects(sd: StudyData) -> pd.DataFrame:
 # -- headline -----------------------------------------------------------------------------------
 
 def headline(sd: StudyData) -> str:
-    """3-5 sentences computed from the data, each pointing to its section."""
-    s = sd.summary
-    if s.empty:
-        return "–"
-    lab = sd.labels()
-    out = []
-    best = s.loc[s["aggregate_output_tps"].idxmax()]
-    out.append(sd.w("h_best", label=lab.get(best["config"], best["config"]), peak=num(best["aggregate_output_tps"], 0),
-                    bucket=best["bucket"], conc=int(best["concurrency"])) + " " + link(sd, "results"))
-    eff = effects(sd)
-    if len(eff):
-        e = eff.loc[eff["agg_change_pct"].abs().idxmax()]
-        out.append(sd.w("h_change", config=lab.get(e["config"], e["config"]), baseline=e["baseline"],
-                        what=change_text(sd, e["config"], e["baseline"]), delta=pct(e["agg_change_pct"]),
-                        n=int(e["levels"]), lo=pct(e["agg_ci_low_pct"]), hi=pct(e["agg_ci_high_pct"]),
-                        noise=sd.w("beyond_noise") if e["beyond_noise"] else sd.w("within_noise"))
-                   + " " + link(sd, "progression"))
-    kn = knee(s)
-    kn = kn[kn["top_concurrency"] == kn["top_concurrency"].max()]  # the widest sweep says most
-    plateau = kn[kn["plateau"]].sort_values("knee_concurrency")
-    fastest = kn[kn["config"] == best["config"]]
-    pick = plateau if len(plateau) else (fastest if len(fastest) else kn)
-    if len(pick):
-        r = pick.iloc[0]
-        if r["plateau"]:
-            out.append(sd.w("h_saturation", label=lab.get(r["config"], r["config"]), bucket=r["bucket"],
-                            conc=int(r["knee_concurrency"])) + " " + link(sd, "saturation"))
-        else:
-            out.append(sd.w("h_no_saturation", label=lab.get(r["config"], r["config"]), bucket=r["bucket"],
-                            conc=int(r["top_concurrency"])) + " " + link(sd, "saturation"))
-    g = goodput(s, sd.study.slo).dropna(subset=["goodput_concurrency"])
-    if len(g):
-        r = g.loc[g["aggregate_output_tps"].idxmax()]
-        out.append(sd.w("h_goodput", slo=slo_parts(sd), tps=num(r["aggregate_output_tps"], 0),
-                        conc=int(r["goodput_concurrency"]), label=lab.get(r["config"], r["config"]), bucket=r["bucket"])
-                   + " " + link(sd, "saturation"))
-    else:
-        out.append(sd.w("h_no_goodput", slo=slo_parts(sd)) + " " + link(sd, "saturation"))
-    from ..analysis import kv_verdict
+    """3-6 sentences computed from the data, each pointing to its section (`report.progress`)."""
+    from .progress import headline as story_headline
 
-    limited = [lab.get(c, c) for c in sd.config_ids
-               if sd.samples(c) is not None and kv_verdict(sd.samples(c))["limited"]]
-    if limited:
-        out.append(sd.w("h_kv", configs=", ".join(limited)) + " " + link(sd, "kv"))
-    from .gpu import engine_comparison_table
-
-    cmp_ = engine_comparison_table(sd)
-    if len(cmp_):
-        ref = cmp_["reference"].iloc[0]
-        other = cmp_[cmp_["config"] != ref]
-        best = other.groupby("config", sort=False)["aggregate_vs_reference"].median().idxmax()
-        r = other[other["config"] == best]["aggregate_vs_reference"]
-        out.append(sd.w("h_engines", other=lab.get(best, best), ref=lab.get(ref, ref), n=len(r),
-                        lo=pct((r.min() - 1) * 100), hi=pct((r.max() - 1) * 100)) + " " + link(sd, "gpu"))
-    from .money import cost_sentence
-
-    out.append(cost_sentence(sd) + " " + link(sd, "cost"))
-    return "\n".join(f"- {x}" for x in out)
+    return story_headline(sd)
 
 
 # -- set-up and method -------------------------------------------------------------------------
@@ -213,27 +159,10 @@ def results_table(sd: StudyData, cid: str) -> Any:
 
 
 def progression_table(sd: StudyData) -> Any:
-    """One row per change: from -> to, what changed, the levels compared, the median change in
-    aggregate tok/s with its bootstrap interval, the TTFT change and the noise verdict."""
-    e = effects(sd)
-    if e.empty:
-        return None
-    lab = sd.labels()
-    cols = sd.w("sections_229")
-    rows, multi = [], False
-    for r in e.itertuples():
-        n_changed = len(config_diff(sd.engine_params(r.baseline), sd.engine_params(r.config)))
-        verdict = sd.w("beyond_noise") if r.beyond_noise else sd.w("within_noise")
-        if n_changed > 1:
-            verdict += " †"
-            multi = True
-        rows.append([f"{lab.get(r.baseline, r.baseline)} → {lab.get(r.config, r.config)}",
-                     change_text(sd, r.config, r.baseline), r.levels, pct(r.agg_change_pct),
-                     f"{pct(r.agg_ci_low_pct)} … {pct(r.agg_ci_high_pct)}".replace("…", "to" if sd.language == "en"
-                                                                                     else "〜"),
-                     pct(r.ttft_change_pct), verdict])
-    note = sd.w("sections_243")
-    return rh.table(pd.DataFrame(rows, columns=cols), sd.w("t_progression"), notes={"†": note} if multi else None)
+    """One row per change, judged level by level (`report.progress`)."""
+    from .progress import progression_table as story_table
+
+    return story_table(sd)
 
 
 # -- reproducibility ------------------------------------------------------------------------------

@@ -44,6 +44,10 @@ class Study(Strict):
     engine: EngineParams = Field(default_factory=EngineParams, description="engine set-up shared by configurations")
     workload: Workload = Field(..., description="what is sent")
     slo: Slo = Field(default_factory=Slo, description="service-level objective for goodput")
+    run_noise_pct: float | None = Field(
+        None, ge=0, description="run-to-run noise of aggregate tok/s on this host, in percent: the largest per-level "
+        "change between two runs of one configuration (an A/A repeat, analysis.effects.run_noise_pct); the report "
+        "says a change matters on a level only beyond it (None: not measured, rounds alone judge)")
     cost: CostParams | None = Field(None, description="prices and cost model for the write-up")
     configurations: list[Configuration] = Field(..., min_length=1, description="ordered, one change at a time")
     device: DeviceParams | None = Field(None, description="how the study runs on the GPU device machine")
