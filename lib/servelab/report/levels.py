@@ -68,12 +68,19 @@ def _positions(v: Any) -> str:
     return " / ".join(f"{float(x) * 100:.0f}" if _finite(x) else rh.MISSING for x in v)
 
 
-def _prompt_set_of(sd: StudyData, bucket: str) -> str:
+def set_label(sd: StudyData, bucket: str) -> str:
+    """The prompt set a bucket draws from ("rewrite"), with the bucket's name when the set
+    feeds more than one bucket or the bucket has its own name ("questions (forced 64)");
+    the bucket alone for the calibrated filler."""
     r = sd.records
     if r.empty or "prompt_set" not in r.columns:
-        return rh.MISSING
-    sets = r.loc[r["bucket"] == bucket, "prompt_set"].dropna().unique()
-    return str(sets[0]) if len(sets) else rh.MISSING
+        return bucket
+    sets = [x for x in r.loc[r["bucket"] == bucket, "prompt_set"].dropna().unique() if x]
+    if not sets:
+        return bucket
+    name = str(sets[0])
+    shared = r.loc[r["prompt_set"] == name, "bucket"].nunique() > 1
+    return name if bucket == name or (not shared and bucket.startswith(f"{name}-out")) else f"{name} ({bucket})"
 
 
 def spec_table(sd: StudyData) -> tuple[str, Any]:
@@ -90,8 +97,7 @@ def spec_table(sd: StudyData) -> tuple[str, Any]:
             vs = (pct(_pct_change(mine["aggregate_output_tps"].iloc[0], theirs["aggregate_output_tps"].iloc[0]))
                   if len(mine) and len(theirs) else rh.MISSING)
             rate = r.spec_acceptance_rate
-            pset = _prompt_set_of(sd, r.bucket)
-            rows.append([sd.labels().get(cid, cid), r.bucket if pset == rh.MISSING else pset, int(r.concurrency),
+            rows.append([sd.labels().get(cid, cid), set_label(sd, r.bucket), int(r.concurrency),
                          float(rate) * 100 if _finite(rate) else math.nan,
                          float(r.spec_mean_accepted_len) if _finite(r.spec_mean_accepted_len) else math.nan,
                          _positions(r.spec_accepted_per_position),
@@ -128,10 +134,8 @@ def prompt_set_table(sd: StudyData) -> tuple[str, Any]:
             vs = (pct(_pct_change(med[(bucket, cid)], med[(bucket, base)]))
                   if base is not None and (bucket, base) in med.index else rh.MISSING)
             name = str(g["prompt_set"].iloc[0])
-            forced = bool(g.get("ignore_eos", pd.Series([False])).fillna(False).astype(bool).any())
-            label = f"{name} ({bucket})" if forced or bucket != name else name
             out = g["output_tokens"].astype(float)
-            rows.append([label, kinds.get(name, rh.MISSING), sd.labels().get(cid, cid), float(med[(bucket, cid)]), vs,
+            rows.append([set_label(sd, bucket), kinds.get(name, rh.MISSING), sd.labels().get(cid, cid), float(med[(bucket, cid)]), vs,
                          f"{np.percentile(out, 50):,.0f} / {np.percentile(out, 95):,.0f}"])
     c = sd.w("prompts.columns")
     return (sd.w("prompts.text", conc=conc),
