@@ -102,4 +102,6 @@ def write_study(root: Path) -> Path:
                "model": {"facts": {"real_weights": True, "architecture": "LlamaForCausalLM"}},
                "server": {"version": "0.32.0", "startup_s": STARTUP_S[cid]}}
         (d / "run.json").write_text(json.dumps(run))
+        if cid == "compiled":  # vLLM's own line, as in reports/h200-llama8b-vllm/data/cudagraph/engine.log
+            (d / "engine.log").write_text("(EngineCore pid=1) INFO [monitor.py:53] torch.compile took 61.50 s in total\n")
     return root

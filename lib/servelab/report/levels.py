@@ -29,6 +29,9 @@ SPEC_COLUMNS = ["spec_acceptance_rate", "spec_mean_accepted_len", "spec_draft_to
                 "spec_accepted_per_position"]
 LEVELS_JSONL = "levels.jsonl"
 _LABEL = re.compile(r"^(?P<bucket>.+) c=(?P<conc>\d+)$")
+_COMPILE = re.compile(r"torch\.compile took ([0-9.]+) s in total")
+_CACHE_HIT = re.compile(r"[Dd]irectly load(?:ed)? the compiled graph")
+ENGINE_LOG = "engine.log"
 
 
 def speculates(sd: StudyData, cid: str) -> bool:
@@ -168,6 +171,18 @@ def _iso(s: Any) -> datetime | None:
         return None
 
 
+def compile_s(sd: StudyData, cid: str) -> tuple[float, bool]:
+    """(seconds torch.compile took at start-up, whether it loaded graphs from the compile cache)
+    from the engine log vLLM wrote ("torch.compile took 24.31 s in total"); NaN when it did not
+    compile (eager) or the log is not kept."""
+    f = sd.folders.get(cid)
+    if f is None or not f.exists(ENGINE_LOG):
+        return math.nan, False
+    text = (f / ENGINE_LOG).read_text(encoding="utf-8", errors="replace")
+    times = [float(x) for x in _COMPILE.findall(text)]
+    return (sum(times) if times else math.nan), bool(_CACHE_HIT.search(text))
+
+
 def timing_rows(sd: StudyData) -> pd.DataFrame:
     """Per configuration: start-up, benchmark (first send -> last end, warm-up included), quality
     check and the whole configuration (run.json started_at -> finished_at), in seconds."""
@@ -178,9 +193,11 @@ def timing_rows(sd: StudyData) -> pd.DataFrame:
         q = quality(sd, cid) or {}
         a, b = _iso(run.get("started_at")), _iso(run.get("finished_at"))
         rows.append({"config": cid, "startup_s": float((run.get("server") or {}).get("startup_s") or math.nan),
+                     "compile_s": compile_s(sd, cid)[0], "compile_cache_hit": compile_s(sd, cid)[1],
                      "benchmark_s": bench, "quality_s": float(q.get("elapsed_s") or math.nan),
                      "total_s": (b - a).total_seconds() if a and b else math.nan})
-    return pd.DataFrame(rows, columns=["config", "startup_s", "benchmark_s", "quality_s", "total_s"])
+    return pd.DataFrame(rows, columns=["config", "startup_s", "compile_s", "compile_cache_hit", "benchmark_s",
+                                       "quality_s", "total_s"])
 
 
 def timing_table(sd: StudyData) -> tuple[str, Any]:
@@ -190,9 +207,11 @@ def timing_table(sd: StudyData) -> tuple[str, Any]:
     total = float(np.nansum(t["total_s"]))
     text = sd.w("timing.text", total=sd.w("timing.minutes", m=int(total // 60), s=int(round(total % 60))))
     c = sd.w("timing.columns")
+    compiled = [sd.w("timing.cached", s=f"{x:,.0f}") if hit and math.isfinite(x) else x
+                for x, hit in zip(t["compile_s"], t["compile_cache_hit"])]
     df = pd.DataFrame({c[0]: [sd.labels().get(x, x) for x in t["config"]], c[1]: t["startup_s"],
-                       c[2]: t["benchmark_s"], c[3]: t["quality_s"], c[4]: t["total_s"]})
+                       c[2]: compiled, c[3]: t["benchmark_s"], c[4]: t["quality_s"], c[5]: t["total_s"]})
     fmt = {k: "{:,.0f}" for k in c[1:]}
     return text, rh.table(df, sd.w("timing.caption"), formats=fmt,
-                          notes={rh.MISSING: sd.w("story.quality_missing")} if t["quality_s"].isna().any() else None)
+                          notes={rh.MISSING: sd.w("timing.dash")} if df.isna().to_numpy().any() else None)
 

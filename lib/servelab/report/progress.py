@@ -313,9 +313,14 @@ def startup_s(sd: StudyData, cid: str) -> float:
 
 
 def _startup_cell(sd: StudyData, cid: str, base: str) -> str:
+    from .levels import compile_s
+
     a, b = startup_s(sd, base), startup_s(sd, cid)
     if not (math.isfinite(a) and math.isfinite(b)):
         return rh.MISSING
+    comp, _ = compile_s(sd, cid)
+    if math.isfinite(comp):
+        return sd.w("story.startup_compile", a=num(a, 0), b=num(b, 0), c=num(comp, 0))
     return f"{num(a, 0)} → {num(b, 0)}"
 
 
