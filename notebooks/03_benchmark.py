@@ -46,5 +46,9 @@ if start:
     result = stages.benchmark(study, config_id, rdir, progress=False, resume=resume)
     print(f"status: {result.status}, records: {result.records}. {result.message}")
     display(stages.summary_table(result.summary))
+    q = stages.quality(study, config_id, rdir)  # the output check at temperature 0 (quality.json)
+    if q is not None:
+        print(f"quality check: {q['score']['correct']}/{q['score']['total']} known answers" if q["measurable"]
+              else f"quality check: not measurable ({q['reason']})")
 else:
     print("start = False: no request sent. Set start = True (or run `servelab run`) to measure.")

@@ -194,6 +194,7 @@ def run_config(study: Study, params_path: Path, config_id: str, rdir: Path, *, n
             res = stages.benchmark(study, config_id, rdir, resume=resume, progress=False)
             if res.message:
                 _log(res.message)
+            stages.quality(study, config_id, rdir)
     except KeyboardInterrupt as e:
         reason = e.name if isinstance(e, Stopped) else "the user (Ctrl-C)"
         _stop_children()

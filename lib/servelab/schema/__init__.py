@@ -22,7 +22,8 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from .parts import (GPU_AMI_PARAMETER, HOST_KINDS, HOURS_PER_MONTH, AttachHostParams, AttachParams, AwsEcsHostParams,
                     AwsInstanceHostParams, AwsParams, Bucket, Configuration, CostParams, EngineParams, HostParams,
-                    LocalHostParams, ModelRef, Slo, Strict, Workload, DeviceParams, PeerRun, StudyTexts)
+                    LocalHostParams, ModelRef, Slo, Strict, Workload, DeviceParams, PeerRun, StudyTexts,
+                    QualityParams)
 
 class Study(Strict):
     @model_validator(mode="before")
@@ -51,6 +52,8 @@ class Study(Strict):
     cost: CostParams | None = Field(None, description="prices and cost model for the write-up")
     configurations: list[Configuration] = Field(..., min_length=1, description="ordered, one change at a time")
     device: DeviceParams | None = Field(None, description="how the study runs on the GPU device machine")
+    quality: QualityParams = Field(default_factory=QualityParams,
+                                   description="the output check after each configuration (measure.quality)")
     reduced: dict[str, Any] = Field(
         default_factory=lambda: {"warmup_rounds": 0, "rounds": 1},
         description="workload overrides for a reduced run (servelab run --reduced, CI)",
@@ -249,4 +252,4 @@ def study_from_dict(data: dict[str, Any], source: str = "<params>") -> Study:
 __all__ = ["Study", "ParamsError", "load_study", "study_from_dict", "upgrade", "format_errors", "validate_engines",
            "resolve_profile", "resolve_engine", "GPU_AMI_PARAMETER", "HOST_KINDS", "HOURS_PER_MONTH", "AttachHostParams",
            "AttachParams", "AwsEcsHostParams", "AwsInstanceHostParams", "AwsParams", "Bucket", "Configuration",
-           "CostParams", "DeviceParams", "PeerRun", "StudyTexts", "EngineParams", "HostParams", "LocalHostParams", "ModelRef", "Slo", "Strict", "Workload"]
+           "CostParams", "DeviceParams", "PeerRun", "StudyTexts", "QualityParams", "EngineParams", "HostParams", "LocalHostParams", "ModelRef", "Slo", "Strict", "Workload"]
