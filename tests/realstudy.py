@@ -86,8 +86,7 @@ def write_study(root: Path) -> Path:
                 "engine": {"args": ARGS[c]}} for c in DECODE_TPS]
     study = {"study": "real", "title": "real-model fixture", "language": "en",
              "engine": {"kind": "vllm", "model": {"preset": "cpu-tiny"}, "args": {"dtype": "bfloat16"}},
-             "workload": {"api": "chat", "buckets": [{"input_tokens": p, "output_tokens": OUT_TOKENS, "name": s}
-                                                     for s, p in SETS.items()],
+             "workload": {"api": "chat", "buckets": [{"prompt_set": s, "output_tokens": OUT_TOKENS, "name": s} for s in SETS],
                           "concurrency": list(CONC), "rounds": ROUNDS, "warmup_rounds": 0},
              "configurations": configs}
     data.mkdir(parents=True, exist_ok=True)

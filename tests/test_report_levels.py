@@ -78,3 +78,13 @@ def test_changed_outputs_are_said_in_the_headline_and_the_table(sd):
     cell = progress.quality_cell(sd, "ngram", "eager")
     assert cell.startswith("3 of 4 identical (first difference at token 7 of q-list)")
     assert progress.quality_cell(sd, "compiled", "eager").startswith("identical: 4 of 4")
+
+
+def test_method_and_results_name_the_prompt_sets(sd):
+    from servelab.report import sections
+
+    m = sections.method_text(sd)
+    assert "prompt sets shipped with servelab (`rewrite`, `code`)" in m and "stops at end-of-sequence" in m
+    assert "calibrated" not in m and "ignore_eos" not in m
+    rows = _rows(sections.results_table(sd, "ngram"))
+    assert [r[0] for r in rows] == ["code · 60", "code · 60", "rewrite · 120", "rewrite · 120"]

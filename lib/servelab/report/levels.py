@@ -205,7 +205,7 @@ def timing_table(sd: StudyData) -> tuple[str, Any]:
     if t.empty:
         return "", None
     total = float(np.nansum(t["total_s"]))
-    text = sd.w("timing.text", total=sd.w("timing.minutes", m=int(total // 60), s=int(round(total % 60))))
+    text = sd.w("timing.text", total=sd.w("timing.minutes", m=int(total // 60), s=round(total % 60)))
     c = sd.w("timing.columns")
     compiled = [sd.w("timing.cached", s=f"{x:,.0f}") if hit and math.isfinite(x) else x
                 for x, hit in zip(t["compile_s"], t["compile_cache_hit"])]

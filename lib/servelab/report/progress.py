@@ -69,6 +69,20 @@ def change_text(sd: StudyData, cid: str, base: str) -> str:
     return "; ".join(f"{k}: {_value(a)} → {_value(b)}" for k, a, b in diffs)
 
 
+def method_text_prompt_sets(sd: StudyData) -> str:
+    """The method paragraph for a workload drawn from prompt sets (real text, natural lengths)."""
+    wl = sd.study.workload
+    ignore = [b.label for b in wl.buckets if b.prompt_set and b.ignores_eos(wl.ignore_eos)]
+    stop = sd.w("story.method_forced", buckets=", ".join(ignore)) if ignore else sd.w("story.method_eos")
+    api = "/v1/chat/completions" if wl.api == "chat" else "/v1/completions"
+    sets = ", ".join(dict.fromkeys(f"`{b.prompt_set}`" for b in wl.buckets if b.prompt_set))
+    q = sd.study.quality
+    return sd.w("story.method_prompt_sets", api=api, temperature=wl.temperature, seed=wl.seed, sets=sets, stop=stop,
+                warmup=wl.warmup_rounds, rounds=wl.rounds, k=wl.requests_per_round,
+                salt=sd.w("salt_on") if wl.cache_salt else sd.w("salt_off"),
+                qsets=", ".join(f"`{x}`" for x in q.sets), qmax=q.max_tokens)
+
+
 def in_flight(sd: StudyData, n: Any) -> str:
     """"1 request in flight" / "4 requests in flight" (並列数 4)."""
     n = int(n)

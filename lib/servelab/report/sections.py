@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..analysis import change_effects, config_diff, flatten, goodput, knee
+from ..analysis import change_effects, flatten
 from ..summary import DEFINITIONS
 from . import html as rh
 from .load import StudyData, baselines, engine_gpus
@@ -52,14 +52,10 @@ def slo_parts(sd: StudyData) -> str:
 
 
 def change_text(sd: StudyData, cid: str, base: str) -> str:
-    diffs = config_diff(sd.engine_params(base), sd.engine_params(cid))
-    if not diffs:
-        return sd.w("no_change")
-    return "; ".join(f"{k}: {_short(a)} → {_short(b)}" for k, a, b in diffs)
+    """What changed, one lever per item (`report.progress.change_text`)."""
+    from .progress import change_text as levers
 
-
-def _short(v: Any) -> str:
-    return "–" if v is None else str(v)
+    return levers(sd, cid, base)
 
 
 def dash_note(df: pd.DataFrame, text: str) -> dict[str, str] | None:
@@ -117,6 +113,10 @@ def fixed_settings(sd: StudyData) -> Any:
 
 def method_text(sd: StudyData) -> str:
     wl = sd.study.workload
+    if any(b.prompt_set for b in wl.buckets):
+        from .progress import method_text_prompt_sets
+
+        return method_text_prompt_sets(sd)
     first = next(iter(sd.runs.values()), {})
     cal = first.get("calibration", {})
     counter = next(iter(cal.values()), {}).get("counter", "the server's /tokenize")
@@ -147,13 +147,14 @@ def devices_text(sd: StudyData) -> str:
 def results_table(sd: StudyData, cid: str) -> Any:
     """One configuration's levels: rows by prompt length and concurrency, at most 8 columns."""
     s = sd.summary[sd.summary["config"] == cid].sort_values(["target_input_tokens", "concurrency"])
-    rows = [[r.prompt_tokens, int(r.concurrency), r.ttft_p50_s * 1000, r.ttft_p95_s * 1000, r.decode_tps_p50,
+    sets = s["prompt_set"] if "prompt_set" in s.columns else pd.Series([""] * len(s), index=s.index)
+    rows = [[f"{ps} · {r.prompt_tokens:,.0f}" if ps else r.prompt_tokens, int(r.concurrency), r.ttft_p50_s * 1000, r.ttft_p95_s * 1000, r.decode_tps_p50,
              r.e2e_output_tps_p50, r.aggregate_output_tps,
-             span(r.aggregate_output_tps_min, r.aggregate_output_tps_max)] for r in s.itertuples()]
+             span(r.aggregate_output_tps_min, r.aggregate_output_tps_max)] for r, ps in zip(s.itertuples(), sets)]
     c = sd.w("results_columns")
     t = pd.DataFrame(rows, columns=c)
     return rh.table(t, sd.w("t_results", label=sd.labels().get(cid, cid)),
-                    formats={c[0]: "{:,.0f}", c[2]: "{:,.1f}", c[3]: "{:,.1f}", c[4]: "{:,.1f}", c[5]: "{:,.1f}",
+                    formats={c[0]: lambda v: v if isinstance(v, str) else f"{v:,.0f}", c[2]: "{:,.1f}", c[3]: "{:,.1f}", c[4]: "{:,.1f}", c[5]: "{:,.1f}",
                              c[6]: "{:,.1f}"},
                     notes=dash_note(t, sd.w("dash_not_measured")))
 
