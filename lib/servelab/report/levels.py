@@ -120,9 +120,10 @@ def prompt_set_table(sd: StudyData) -> tuple[str, Any]:
     each configuration against its baseline, with the output length p50 / p95 (EOS-stopped sets
     end where the model stops)."""
     r = sd.records
-    if r.empty or "prompt_set" not in r.columns or r["prompt_set"].isna().all():
+    named = r["prompt_set"].fillna("").astype(str) != "" if "prompt_set" in r.columns else None
+    if r.empty or named is None or not named.any():
         return sd.w("prompts.none"), None
-    m = r[(~r["warmup"]) & (r["ok"]) & r["prompt_set"].notna()]
+    m = r[(~r["warmup"]) & (r["ok"]) & named]
     conc = int(m["concurrency"].min())
     m = m[m["concurrency"] == conc]
     kinds = _set_kinds(sd)
