@@ -185,34 +185,45 @@ def compile_s(sd: StudyData, cid: str) -> tuple[float, bool]:
 
 
 def timing_rows(sd: StudyData) -> pd.DataFrame:
-    """Per configuration: start-up, benchmark (first send -> last end, warm-up included), quality
-    check and the whole configuration (run.json started_at -> finished_at), in seconds."""
-    rows = []
+    """Per configuration, in seconds: start-up (launch to healthy; `shared_server` when the same
+    server process was started once for an earlier configuration), torch.compile's share, the
+    benchmark (first send -> last end, warm-up included) and the quality check."""
+    rows, seen = [], set()
     for cid in sd.config_ids:
         run, rec = sd.runs[cid], sd.folders[cid].records
-        bench = float(rec["end_s"].max() - rec["start_s"].min()) if not rec.empty else math.nan
-        q = quality(sd, cid) or {}
-        a, b = _iso(run.get("started_at")), _iso(run.get("finished_at"))
-        rows.append({"config": cid, "startup_s": float((run.get("server") or {}).get("startup_s") or math.nan),
-                     "compile_s": compile_s(sd, cid)[0], "compile_cache_hit": compile_s(sd, cid)[1],
-                     "benchmark_s": bench, "quality_s": float(q.get("elapsed_s") or math.nan),
-                     "total_s": (b - a).total_seconds() if a and b else math.nan})
-    return pd.DataFrame(rows, columns=["config", "startup_s", "compile_s", "compile_cache_hit", "benchmark_s",
-                                       "quality_s", "total_s"])
+        srv = run.get("server") or {}
+        key = (srv.get("pid"), srv.get("startup_s"), srv.get("base_url"))
+        shared = srv.get("startup_s") is not None and key in seen
+        seen.add(key)
+        comp, hit = compile_s(sd, cid)
+        rows.append({"config": cid, "startup_s": float(srv.get("startup_s") or math.nan), "shared_server": shared,
+                     "compile_s": comp, "compile_cache_hit": hit,
+                     "benchmark_s": float(rec["end_s"].max() - rec["start_s"].min()) if not rec.empty else math.nan,
+                     "quality_s": float((quality(sd, cid) or {}).get("elapsed_s") or math.nan)})
+    return pd.DataFrame(rows, columns=["config", "startup_s", "shared_server", "compile_s", "compile_cache_hit",
+                                       "benchmark_s", "quality_s"])
+
+
+def _minutes(sd: StudyData, seconds: float) -> str:
+    m, s = int(seconds // 60), round(seconds % 60)
+    return sd.w("timing.minutes", m=m, s=s) if m else sd.w("timing.seconds", s=s)
 
 
 def timing_table(sd: StudyData) -> tuple[str, Any]:
+    """(text, table): time per part of each configuration and the study's total."""
     t = timing_rows(sd)
     if t.empty:
         return "", None
-    total = float(np.nansum(t["total_s"]))
-    text = sd.w("timing.text", total=sd.w("timing.minutes", m=int(total // 60), s=round(total % 60)))
+    starts = float(np.nansum(t.loc[~t["shared_server"], "startup_s"]))
+    bench, qual = float(np.nansum(t["benchmark_s"])), float(np.nansum(t["quality_s"]))
+    text = sd.w("timing.text" if qual > 0 else "timing.text_no_quality", total=_minutes(sd, starts + bench + qual), starts=_minutes(sd, starts),
+                bench=_minutes(sd, bench), quality=_minutes(sd, qual))
     c = sd.w("timing.columns")
     compiled = [sd.w("timing.cached", s=f"{x:,.0f}") if hit and math.isfinite(x) else x
                 for x, hit in zip(t["compile_s"], t["compile_cache_hit"])]
-    df = pd.DataFrame({c[0]: [sd.labels().get(x, x) for x in t["config"]], c[1]: t["startup_s"],
-                       c[2]: compiled, c[3]: t["benchmark_s"], c[4]: t["quality_s"], c[5]: t["total_s"]})
-    fmt = {k: "{:,.0f}" for k in c[1:]}
+    startup = [sd.w("timing.shared", s=f"{x:,.0f}") if sh else x for x, sh in zip(t["startup_s"], t["shared_server"])]
+    df = pd.DataFrame({c[0]: [sd.labels().get(x, x) for x in t["config"]], c[1]: startup, c[2]: compiled,
+                       c[3]: t["benchmark_s"], c[4]: t["quality_s"]})
+    fmt = {k: (lambda v: v if isinstance(v, str) else f"{v:,.0f}") for k in c[1:]}
     return text, rh.table(df, sd.w("timing.caption"), formats=fmt,
                           notes={rh.MISSING: sd.w("timing.dash")} if df.isna().to_numpy().any() else None)
-
