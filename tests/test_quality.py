@@ -58,3 +58,19 @@ def test_compare_counts_and_first_divergence():
     assert c["changed"] and c["score_dropped"] and c["score"] == [2, 4] and c["baseline_score"] == [3, 4]
     same = compare(base, base)
     assert same["identical_share"] == 1.0 and not same["changed"] and not same["score_dropped"]
+
+
+def test_the_stage_on_the_dummy_weight_study_writes_not_measurable(tmp_path):
+    from servelab import stages
+    from servelab.runfolder import ENGINE_JSON, write_json
+    from servelab.schema import load_study
+
+    study = load_study("params/local-cpu.yaml")
+    cid = study.configurations[0].id
+    write_json(tmp_path / ENGINE_JSON, {"base_url": "http://127.0.0.1:9", "model": "m", "info": {}})
+    q = stages.quality(study, cid, tmp_path)
+    assert q["measurable"] is False and q["reason"] == DUMMY_REASON
+    assert json.loads((tmp_path / "quality.json").read_text())["measurable"] is False
+    off = study.model_copy(update={"quality": study.quality.model_copy(update={"enabled": False})})
+    (tmp_path / "quality.json").unlink()
+    assert stages.quality(off, cid, tmp_path) is None and not (tmp_path / "quality.json").exists()
