@@ -65,7 +65,7 @@ def test_the_stage_on_the_dummy_weight_study_writes_not_measurable(tmp_path):
     from servelab.runfolder import ENGINE_JSON, write_json
     from servelab.schema import load_study
 
-    study = load_study("params/local-cpu.yaml")
+    study = load_study("params/local-cpu-kv.yaml")  # the dummy-weight study
     cid = study.configurations[0].id
     write_json(tmp_path / ENGINE_JSON, {"base_url": "http://127.0.0.1:9", "model": "m", "info": {}})
     q = stages.quality(study, cid, tmp_path)
