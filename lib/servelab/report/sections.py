@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..analysis import change_effects, flatten
+from ..analysis import flatten
 from ..summary import DEFINITIONS
 from . import html as rh
 from .load import StudyData, baselines, engine_gpus
@@ -66,10 +66,6 @@ def dash_note(df: pd.DataFrame, text: str) -> dict[str, str] | None:
 def span(lo: float, hi: float) -> str:
     nd = 0 if min(abs(lo), abs(hi)) >= 100 else 1
     return f"{num(lo, nd)}–{num(hi, nd)}"
-
-
-def effects(sd: StudyData) -> pd.DataFrame:
-    return change_effects(sd.summary, sd.rounds, baselines(sd))
 
 
 # -- headline -----------------------------------------------------------------------------------
