@@ -24,9 +24,9 @@
 # directory; paths are taken from the repository root wherever the kernel starts.
 
 # %% tags=["parameters"]
-params_path = "params/local-cpu.yaml"  # the study's params file
+params_path = "params/local-cpu-kv.yaml"  # the study's params file
 config_id = "roomy"  # which configuration of the study to prepare
-run_dir = "runs/local-cpu/roomy"  # this configuration's run folder
+run_dir = "runs/local-cpu-kv/roomy"  # this configuration's run folder
 reduced = False  # use the study's reduced workload (CI)
 resume = False  # (benchmark only) continue an interrupted run
 start = False  # (launch, benchmark) start the engine / send load; servelab run sets it

@@ -23,9 +23,9 @@
 # start: `servelab run` (or you, with `start = True`) starts it.
 
 # %% tags=["parameters"]
-params_path = "params/local-cpu.yaml"  # the study's params file
+params_path = "params/local-cpu-kv.yaml"  # the study's params file
 config_id = "roomy"  # which configuration to launch
-run_dir = "runs/local-cpu/roomy"  # this configuration's run folder
+run_dir = "runs/local-cpu-kv/roomy"  # this configuration's run folder
 reduced = False  # use the study's reduced workload (CI)
 resume = False  # (benchmark only) continue an interrupted run
 start = False  # start the engine (servelab run sets it); False: show the command only

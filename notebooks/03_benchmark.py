@@ -23,9 +23,9 @@
 # `start = False` this notebook shows the plan and sends nothing.
 
 # %% tags=["parameters"]
-params_path = "params/local-cpu.yaml"  # the study's params file
+params_path = "params/local-cpu-kv.yaml"  # the study's params file
 config_id = "roomy"  # which configuration to measure
-run_dir = "runs/local-cpu/roomy"  # this configuration's run folder
+run_dir = "runs/local-cpu-kv/roomy"  # this configuration's run folder
 reduced = False  # use the study's reduced workload (CI)
 resume = False  # continue an interrupted run from its first incomplete level
 start = False  # send the load (servelab run sets it); False: show the plan only
@@ -47,5 +47,9 @@ if start:
     result = stages.benchmark(plan, rdir, progress=False, resume=resume)
     print(f"status: {result.status}, records: {result.records}. {result.message}")
     display(stages.summary_table(result.summary))
+    q = stages.quality(plan, rdir)  # the output check at temperature 0 (quality.json)
+    if q is not None:
+        print(f"quality check: {q['score']['correct']}/{q['score']['total']} known answers" if q["measurable"]
+              else f"quality check: not measurable ({q['reason']})")
 else:
     print("start = False: no request sent. Set start = True (or run `servelab run`) to measure.")

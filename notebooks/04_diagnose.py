@@ -21,9 +21,9 @@
 # published default study's committed data, so this runs without a server.
 
 # %% tags=["parameters"]
-params_path = "params/local-cpu.yaml"  # the study's params file
+params_path = "params/local-cpu-kv.yaml"  # the study's params file
 config_id = "roomy"  # which configuration to diagnose
-run_dir = "reports/local-cpu/data/roomy"  # this configuration's run folder (default: the published data)
+run_dir = "reports/local-cpu-kv/data/roomy"  # this configuration's run folder (default: the published data)
 reduced = False  # use the study's reduced workload (CI)
 resume = False  # (benchmark only) continue an interrupted run
 start = False  # (launch, benchmark only)

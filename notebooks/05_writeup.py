@@ -14,7 +14,7 @@
 # ---
 
 # %% tags=["parameters"]
-study_dir = "reports/local-cpu"  # published study folder (its data/ holds the raw runs)
+study_dir = "reports/local-cpu-kv"  # published study folder (its data/ holds the raw runs)
 language = ""  # en or ja: write the report in this language; empty: the study language
 
 # %%
@@ -23,7 +23,7 @@ from IPython.display import Markdown, display
 from servelab.report import load_study_data
 from servelab.report import diagnosis as dg
 from servelab.report import html as rh
-from servelab.report import gpu, money, plots
+from servelab.report import gpu, levels, money, plots
 from servelab.report import sections as sec
 
 sd = load_study_data(study_dir)
@@ -59,10 +59,16 @@ for cid in sd.config_ids:
     display(sec.results_table(sd, cid))
 
 # %%
-Markdown(f"{sec.anchor('progression', w('section.progression'))}\n\n{w('progression.intro')}")
+Markdown(f"{sec.anchor('progression', w('section.progression'))}\n\n{w('story.progression_text')}")
 
 # %%
 sec.progression_table(sd)
+
+# %%
+sets_text, sets_table = levels.prompt_set_table(sd)
+if sets_table is not None:
+    display(Markdown(f"{sec.anchor('prompt-sets', w('prompts.title'), 3)}\n\n{sets_text}"))
+    display(sets_table)
 
 # %%
 Markdown(sec.anchor("figures", w("section.figures")))
@@ -125,6 +131,12 @@ Markdown(f"{sec.anchor('speculative', w('section.speculative'), 3)}\n\n{spec_tex
 spec_table
 
 # %%
+spec_levels_text, spec_levels_table = levels.spec_table(sd)
+if spec_levels_table is not None:
+    display(Markdown(spec_levels_text))
+    display(spec_levels_table)
+
+# %%
 Markdown(f"{sec.anchor('symptoms', w('section.symptoms'), 3)}\n\n{dg.client_overhead_text(sd)}")
 
 # %%
@@ -151,6 +163,13 @@ Markdown(f"{sec.anchor('peer', w('section.peer'))}\n\n{peer_text}")
 
 # %%
 peer_table
+
+# %%
+timing_text, timing_table = levels.timing_table(sd)
+Markdown(f"{sec.anchor('timing', w('timing.title'))}\n\n{timing_text}")
+
+# %%
+timing_table
 
 # %%
 Markdown(sec.anchor("repro", w("section.repro")))

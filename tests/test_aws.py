@@ -557,7 +557,7 @@ def test_plan_lines_only_for_an_aws_host():
 
     from servelab.schema import load_study
 
-    study = load_study(Path(__file__).resolve().parents[1] / "params" / "local-cpu.yaml")
+    study = load_study(Path(__file__).resolve().parents[1] / "params" / "local-cpu-kv.yaml")
     assert for_study(study).plan_lines({c.id: study.engine_for(c.id) for c in study.configurations}) == []
 
 

@@ -13,7 +13,7 @@ from servelab.schema import ParamsError, load_study
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = sorted((ROOT / "params").glob("*.yaml"))
-BASE = yaml.safe_load((ROOT / "params" / "local-cpu.yaml").read_text())
+BASE = yaml.safe_load((ROOT / "params" / "local-cpu-kv.yaml").read_text())
 
 
 @pytest.mark.parametrize("path", PARAMS, ids=[p.name for p in PARAMS])
@@ -90,7 +90,7 @@ def test_cli_unreachable_url_stops_before_work(tmp_path):
 
 
 def test_cli_dry_run_prints_commands():
-    r = _cli("run", "params/local-cpu.yaml", "--dry-run")
+    r = _cli("run", "params/local-cpu-kv.yaml", "--dry-run")
     assert r.returncode == 0
     assert "--num-gpu-blocks-override 136" in r.stdout and "--enforce-eager" in r.stdout
 

@@ -96,7 +96,7 @@ def test_default_study_cost_table_from_its_measured_summary():
     from servelab.runfolder import load_records
     from servelab.summary import summarize
 
-    data = ROOT / "reports" / "local-cpu" / "data"
+    data = ROOT / "reports" / "local-cpu-kv" / "data"
     dirs = sorted(p for p in data.iterdir() if (p / "records.jsonl").exists())
     summary = summarize(load_records(dirs))
     assert len(summary) > 0
@@ -136,7 +136,7 @@ def test_cost_params_validate_price_keys():
 def test_estimate_lines_for_the_default_study():
     from servelab.schema import load_study
 
-    s = load_study(ROOT / "params" / "local-cpu.yaml")
+    s = load_study(ROOT / "params" / "local-cpu-kv.yaml")
     assert cost.cost_estimate_lines(s) == [
         "cost: local host, no cloud spend (add a cost: block to price the measured throughput)"]
 

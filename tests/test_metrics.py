@@ -48,6 +48,7 @@ def test_parse_vllm_fixture_exact() -> None:
         spec_draft_tokens_total=4500.0,
         spec_accepted_tokens_total=3000.0,
         spec_accept_length=None,
+        spec_accepted_per_pos_total=[1300.0, 1000.0, 700.0],  # engines 0 + 1, by draft position
         prompt_tokens_total=76800.0,
         generation_tokens_total=19200.0,
         ttft_sum_s=2.875,
@@ -189,7 +190,8 @@ def test_delta_arithmetic() -> None:
     assert after_text != VLLM_TEXT
     after = parse_metrics(after_text)
     d = delta(before, after)
-    assert set(d) == set(COUNTER_FIELDS)
+    assert set(d) == set(COUNTER_FIELDS) | {"spec_accepted_per_pos_total"}
+    assert d["spec_accepted_per_pos_total"] == [0.0, 0.0, 0.0]
     assert d["prompt_tokens_total"] == 1024.0
     assert d["generation_tokens_total"] == 256.0
     assert d["prefix_cache_queries_total"] == 1024.0

@@ -11,7 +11,7 @@ import yaml
 from servelab.schema import ParamsError, load_study
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = yaml.safe_load((ROOT / "params" / "local-cpu.yaml").read_text())
+BASE = yaml.safe_load((ROOT / "params" / "local-cpu-kv.yaml").read_text())
 
 
 def m(path, val, delete=False):

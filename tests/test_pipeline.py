@@ -36,13 +36,13 @@ CANARY = "sk-canary-" + uuid.uuid4().hex
 def study_run(tmp_path_factory):
     """The default study, reduced, with a canary API key that the engine requires."""
     base = tmp_path_factory.mktemp("study")
-    params = yaml.safe_load((ROOT / "params" / "local-cpu.yaml").read_text())
+    params = yaml.safe_load((ROOT / "params" / "local-cpu-kv.yaml").read_text())
     params["engine"]["api_key_env"] = "SERVELAB_CANARY_API_KEY"
     params["engine"]["port"] = free_port()  # never the study's own port: another server may hold it
-    (base / "local-cpu.yaml").write_text(yaml.safe_dump(params))
+    (base / "local-cpu-kv.yaml").write_text(yaml.safe_dump(params))
     env = {**os.environ, "SERVELAB_RUNS": str(base / "runs"), "SERVELAB_REPORTS": str(base / "reports"),
            "SERVELAB_CANARY_API_KEY": CANARY}
-    r = _servelab("run", str(base / "local-cpu.yaml"), "--reduced", env=env)
+    r = _servelab("run", str(base / "local-cpu-kv.yaml"), "--reduced", env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     return base, env, r
 
@@ -53,19 +53,19 @@ def test_canary_secret_reaches_no_artifact(study_run):
     assert len(files) > 20
     leaks = [p for p in files if CANARY.encode() in p.read_bytes()]
     assert leaks == [] and CANARY not in r.stdout + r.stderr
-    run = json.loads((base / "runs" / "local-cpu" / "roomy" / "run.json").read_text())
+    run = json.loads((base / "runs" / "local-cpu-kv" / "roomy" / "run.json").read_text())
     assert run["server"]["env"]["VLLM_API_KEY"] == "***"  # the engine did get a key
     assert run["headline"]["success_rate"] == 1.0  # and the client authenticated with it
 
 
 def test_report_is_published_with_data(study_run):
     base, _, _ = study_run
-    pub = base / "reports" / "local-cpu"
+    pub = base / "reports" / "local-cpu-kv"
     assert (pub / "index.html").exists() and (base / "reports" / "index.html").exists()
     for cid in ("roomy", "kv-tight"):
         for f in ("records.jsonl", "run.json", "server_metrics.jsonl"):
             assert (pub / "data" / cid / f).stat().st_size > 0
-        nbs = sorted(p.name for p in (base / "runs" / "local-cpu" / cid / "notebooks").glob("*.ipynb"))
+        nbs = sorted(p.name for p in (base / "runs" / "local-cpu-kv" / cid / "notebooks").glob("*.ipynb"))
         assert nbs == ["01_provision.ipynb", "02_launch.ipynb", "03_benchmark.ipynb", "04_diagnose.ipynb"]
     html = (pub / "index.html").read_text()
     assert "kv-tight" in html and "Reproducibility record" in html and "args.num-gpu-blocks-override" in html
@@ -73,7 +73,7 @@ def test_report_is_published_with_data(study_run):
 
 def test_report_opens_in_chromium_with_all_figures(study_run, tmp_path):
     base, _, _ = study_run
-    res = check_in_browser(base / "reports" / "local-cpu" / "index.html", screenshot=tmp_path / "shot.png")
+    res = check_in_browser(base / "reports" / "local-cpu-kv" / "index.html", screenshot=tmp_path / "shot.png")
     assert res["images"] >= 3 and res["broken_images"] == 0
     assert res["errors"] == [] and not res["traceback"]
     assert res["title"].startswith("vLLM on CPU")
@@ -82,11 +82,11 @@ def test_report_opens_in_chromium_with_all_figures(study_run, tmp_path):
 
 def test_report_rerenders_from_data_alone(study_run):
     base, env, _ = study_run
-    pub = base / "reports" / "local-cpu"
+    pub = base / "reports" / "local-cpu-kv"
     before = report.load_study_data(pub)
-    from_runs = report.load_study_data(base / "runs" / "local-cpu")
+    from_runs = report.load_study_data(base / "runs" / "local-cpu-kv")
     pd.testing.assert_frame_equal(before.summary, from_runs.summary)
-    r = _servelab("report", "local-cpu", env=env)  # (`report --all` is the README's, tests/test_readme.py)
+    r = _servelab("report", "local-cpu-kv", env=env)  # (`report --all` is the README's, tests/test_readme.py)
     assert r.returncode == 0, r.stderr[-2000:]
     after = report.load_study_data(pub)
     from servelab.report import sections
@@ -97,9 +97,9 @@ def test_report_rerenders_from_data_alone(study_run):
 
 def test_second_run_never_overwrites_published_report(study_run):
     base, env, _ = study_run
-    index = base / "reports" / "local-cpu" / "index.html"
+    index = base / "reports" / "local-cpu-kv" / "index.html"
     mtime = index.stat().st_mtime_ns
-    r = _servelab("run", str(base / "local-cpu.yaml"), "--reduced", env=env, timeout=120)
+    r = _servelab("run", str(base / "local-cpu-kv.yaml"), "--reduced", env=env, timeout=120)
     assert r.returncode == 1
     assert "is published: pass --force to replace it" in r.stderr
     assert index.stat().st_mtime_ns == mtime
@@ -108,9 +108,9 @@ def test_second_run_never_overwrites_published_report(study_run):
 def test_nbval_on_executed_notebooks(study_run, tmp_path):
     """Stable cells (marked NBVAL_CHECK_OUTPUT) reproduce when the notebooks run again."""
     base, env, _ = study_run
-    nbs = [base / "runs" / "local-cpu" / "roomy" / "notebooks" / "01_provision.ipynb",
-           base / "runs" / "local-cpu" / "roomy" / "notebooks" / "04_diagnose.ipynb",
-           base / "runs" / "local-cpu" / "05_writeup.ipynb"]
+    nbs = [base / "runs" / "local-cpu-kv" / "roomy" / "notebooks" / "01_provision.ipynb",
+           base / "runs" / "local-cpu-kv" / "roomy" / "notebooks" / "04_diagnose.ipynb",
+           base / "runs" / "local-cpu-kv" / "05_writeup.ipynb"]
     for nb in nbs:
         shutil.copy(nb, tmp_path / nb.name)
     r = subprocess.run([sys.executable, "-m", "pytest", "--nbval-lax", "-p", "no:cacheprovider", "-q",
@@ -129,13 +129,13 @@ def test_kv_verdicts_tight_vs_roomy(study_run):
     from servelab.runfolder import load_samples
 
     base, _, _ = study_run
-    data = base / "reports" / "local-cpu" / "data"
+    data = base / "reports" / "local-cpu-kv" / "data"
     tight = kv_verdict(load_samples(data / "kv-tight" / "server_metrics.jsonl"))
     roomy = kv_verdict(load_samples(data / "roomy" / "server_metrics.jsonl"))
     assert tight["limited"] and tight["kv_usage_max_frac"] >= 0.9
     assert tight["waiting_max"] > 0 or tight["preemptions_delta"] > 0
     assert not roomy["limited"] and roomy["kv_usage_max_frac"] < 0.5 and roomy["preemptions_delta"] == 0
-    html = (base / "reports" / "local-cpu" / "index.html").read_text()
+    html = (base / "reports" / "local-cpu-kv" / "index.html").read_text()
     assert "KV cache 136 blocks x 32 tokens</strong>: <strong>KV capacity limits concurrency." in html
     assert "KV cache 256 MB (~65K tokens)</strong>: <strong>KV capacity does not limit concurrency." in html
     for section in ("TTFT vs prompt length", "Saturation and goodput", "KV-cache residency", "Roofline",
@@ -153,14 +153,14 @@ def test_sigterm_mid_level_stops_the_engine_and_keeps_a_partial_run(tmp_path):
 
     import psutil
 
-    params = yaml.safe_load((ROOT / "params" / "local-cpu.yaml").read_text())
+    params = yaml.safe_load((ROOT / "params" / "local-cpu-kv.yaml").read_text())
     port = free_port()
     params["engine"]["port"] = port
     params["configurations"] = params["configurations"][:1]
     params["reduced"] = {"warmup_rounds": 0, "rounds": 4}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(params))
     env = {**os.environ, "SERVELAB_RUNS": str(tmp_path / "runs"), "SERVELAB_REPORTS": str(tmp_path / "reports")}
-    rdir = tmp_path / "runs" / "local-cpu" / "roomy"
+    rdir = tmp_path / "runs" / "local-cpu-kv" / "roomy"
     p = subprocess.Popen([sys.executable, "-m", "servelab.cli", "run", str(tmp_path / "s.yaml"), "--reduced",
                           "--no-report"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300

@@ -345,7 +345,7 @@ def test_derive_capture_sizes():
 def test_default_study_and_test_engine_flags_are_known():
     from tests.conftest import CPU_ARGS
 
-    data = yaml.safe_load((PARAMS / "local-cpu.yaml").read_text())
+    data = yaml.safe_load((PARAMS / "local-cpu-kv.yaml").read_text())
     assert engines.get("vllm").validate_args(data["engine"]["args"]) == []
     for c in data["configurations"]:
         assert engines.get("vllm").validate_args({**data["engine"]["args"], **c.get("engine", {}).get("args", {})}) == []

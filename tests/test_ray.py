@@ -215,7 +215,7 @@ def test_params_file_with_ray_workers_validates():
 
     import yaml
 
-    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "params" / "local-cpu.yaml").read_text())
+    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "params" / "local-cpu-kv.yaml").read_text())
     ray_study = copy.deepcopy(data)
     ray_study["workload"]["workers"] = {"backend": "ray", "count": 2, "address": "auto"}
     st = study_from_dict(ray_study)

@@ -41,10 +41,13 @@ def env(tmp_path):
 def test_the_using_it_commands_work_as_written(env, tmp_path):
     lines = block("readme-commands")
     assert any("--reduced" in ln and "--force" in ln for ln in lines) and any("--dry-run" in ln for ln in lines)
-    committed = (ROOT / "reports" / "local-cpu" / "index.html").read_bytes()
+    committed = {s: (ROOT / "reports" / s / "index.html").read_bytes() for s in ("local-cpu", "local-cpu-kv")
+                 if (ROOT / "reports" / s / "index.html").exists()}  # the default: once `make report` published it
+    assert "local-cpu-kv" in committed
     run_lines(lines, env)
-    assert (tmp_path / "reports" / "local-cpu" / "index.html").read_bytes() == committed  # re-rendered, unchanged
-    run = (tmp_path / "runs" / "local-cpu" / "roomy" / "run.json").read_text()
+    for study, page in committed.items():  # re-rendered (report --all), unchanged
+        assert (tmp_path / "reports" / study / "index.html").read_bytes() == page
+    run = (tmp_path / "runs" / "local-cpu-kv" / "roomy" / "run.json").read_text()
     assert '"status": "complete"' in run
 
 
@@ -55,5 +58,5 @@ def test_the_papermill_commands_work_as_written(env):
         p.unlink()
     run_lines(lines, env)
     out = ROOT / "runs" / "papermill"
-    assert {p.name for p in out.glob("writeup-*.ipynb")} == {"writeup-local-cpu.ipynb", "writeup-h200-llama8b-vllm.ipynb"}
+    assert {p.name for p in out.glob("writeup-*.ipynb")} == {"writeup-local-cpu-kv.ipynb", "writeup-h200-llama8b-vllm.ipynb"}
     assert "kv-tight" in (out / "04_kv-tight.ipynb").read_text()

@@ -21,12 +21,12 @@ def verdicts(study: str, cid: str) -> dict[str, str]:
 @pytest.mark.parametrize("cid", ["roomy", "kv-tight"])
 def test_local_cpu_ttft_grows_with_prompt_length(cid):
     # TTFT at c=1 grows ~20x from 32- to 2,048-token prompts; the records-based fit is significant
-    assert verdicts("local-cpu", cid)["ttft_grows_with_prompt"] == "yes"
+    assert verdicts("local-cpu-kv", cid)["ttft_grows_with_prompt"] == "yes"
 
 
 def test_kv_tight_is_limited_by_the_kv_cache_and_roomy_is_not():
-    assert verdicts("local-cpu", "kv-tight")["kv_eviction"] == "yes"
-    assert verdicts("local-cpu", "roomy")["kv_eviction"] == "no"
+    assert verdicts("local-cpu-kv", "kv-tight")["kv_eviction"] == "yes"
+    assert verdicts("local-cpu-kv", "roomy")["kv_eviction"] == "no"
 
 
 def test_h200_decode_at_c1_against_the_roofline():
@@ -40,7 +40,7 @@ def test_h200_decode_at_c1_against_the_roofline():
 
 
 def test_symptom_sentences_in_both_languages():
-    sd = load_study_data(ROOT / "reports" / "local-cpu")
+    sd = load_study_data(ROOT / "reports" / "local-cpu-kv")
     en = dg.symptom_text(sd, "kv-tight")
     ja = dg.symptom_text(sd.with_language("ja"), "kv-tight")
     assert "**TTFT grows with prompt length: yes.**" in en and "First check: prefill rate" in en

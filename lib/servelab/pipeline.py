@@ -199,6 +199,7 @@ def run_config(plan: ConfigPlan, params_path: Path, rdir: Path, *, notebooks: bo
             res = stages.benchmark(plan, rdir, resume=resume, progress=False)
             if res.message:
                 _log(res.message)
+            stages.quality(plan, rdir)
     except KeyboardInterrupt as e:
         reason = e.name if isinstance(e, Stopped) else "the user (Ctrl-C)"
         _stop_children()

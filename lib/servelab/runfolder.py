@@ -21,7 +21,7 @@ import pandas as pd
 
 from .paths import project_root, reports_root, resolve, runs_root  # noqa: F401  (the run folder's roots)
 from .secrets import scrub, secret_values
-from .engines.prom import SAMPLE_FIELDS
+from .engines.prom import LIST_FIELDS, SAMPLE_FIELDS
 from .schema import FORMAT_VERSION
 from .summary import summarize
 
@@ -36,8 +36,9 @@ HOST_JSON = "host.json"  # what provisioning prepared
 ENGINE_LOG = "engine.log"
 PARAMS_EFFECTIVE = "params.effective.yaml"  # the study as validated for this run (--reduced, --url)
 STUDY_JSON = "study.json"  # beside the configurations: the study as run, device sessions
+QUALITY_JSON = "quality.json"  # the output check after the benchmark (measure.quality)
 # What a published report keeps of each configuration's run folder.
-PUBLISHED_FILES = (RECORDS, RUN_JSON, SERVER_METRICS, GPU_METRICS, ENGINE_LOG, CLIENT_STATS, LEVELS)
+PUBLISHED_FILES = (RECORDS, RUN_JSON, SERVER_METRICS, GPU_METRICS, ENGINE_LOG, CLIENT_STATS, LEVELS, QUALITY_JSON)
 
 
 def now_iso(timespec: str = "seconds") -> str:
@@ -136,7 +137,7 @@ def load_samples(path: str | os.PathLike[str]) -> pd.DataFrame:
             unavailable = rec
             continue
         rows.append(rec)
-    numeric = [f for f in SAMPLE_FIELDS if f != "engine"] + ["t_s", "scrape_latency_s"]
+    numeric = [f for f in SAMPLE_FIELDS if f != "engine" and f not in LIST_FIELDS] + ["t_s", "scrape_latency_s"]
     base_cols = ["t_s", "wall_time", "level", *SAMPLE_FIELDS, "scrape_latency_s"]
     df = pd.DataFrame(rows)
     for c in base_cols:
@@ -184,7 +185,14 @@ class RunFolder:
 
     @cached_property
     def summary(self) -> pd.DataFrame:
-        return summarize(self.records)
+        return summarize(self.records, self.levels)
+
+    @cached_property
+    def levels(self) -> list[dict[str, Any]]:
+        """levels.jsonl rows (finished levels, with the engine's counters over their measured
+        rounds), each tagged with this run's configuration id."""
+        cfg = str(self.records["config"].iloc[0]) if "config" in self.records else self.path.name
+        return [{**r, "config": cfg} for r in read_jsonl(self.path / LEVELS)]
 
     @cached_property
     def samples(self) -> pd.DataFrame | None:

@@ -91,6 +91,23 @@ def benchmark(plan: ConfigPlan, rdir: Path, *, progress: bool = True,
                         gpu_devices=[g["index"] for g in gpus] if gpus else None, before_final=add_rss)
 
 
+def quality(plan: ConfigPlan, rdir: Path) -> dict[str, Any] | None:
+    """The output check after the benchmark (`measure.quality`): quality.json in the run folder;
+    None when the study turns it off. With dummy weights it records that it is not measurable."""
+    from .measure.quality import DUMMY_REASON, run_quality
+
+    qp, rdir = plan.study.quality, Path(rdir)
+    if qp.enabled is False:
+        return None
+    host = plan.host
+    h = read_json(rdir / ENGINE_JSON)
+    server = host.server(plan.config_id, h)
+    dummy = host.weights_known(h) and plan.engine.load_format == "dummy"
+    return run_quality(server.base_url, server.model, sets=qp.sets, prompts_per_set=qp.prompts_per_set,
+                       max_tokens=qp.max_tokens, headers=server.headers, measurable=not dummy,
+                       reason=DUMMY_REASON if dummy else None, out_dir=rdir)
+
+
 # -- views the stage notebooks show ------------------------------------------------------------
 
 def launch_plan(plan: ConfigPlan, python: str | None = None) -> str:

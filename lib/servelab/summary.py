@@ -8,12 +8,15 @@ excluded. Not for plotting or prose (`plots`, `report`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-LEVEL_KEYS = ["config", "bucket", "target_input_tokens", "target_output_tokens", "concurrency", "rate_rps"]
+# prompt_set: "" for the calibrated filler, else the shipped set's name (target_input_tokens 0).
+LEVEL_KEYS = ["config", "bucket", "target_input_tokens", "target_output_tokens", "concurrency", "rate_rps",
+              "prompt_set"]
 
 # The columns of a record row that every importer of another tool's results fills
 # (analysis.peers, analysis.sglang_bench), so summarize() works on any of them.
@@ -35,6 +38,8 @@ def _pct(s: pd.Series, q: float) -> float:
 def _with_level_keys(df: pd.DataFrame) -> pd.DataFrame:
     if not df.empty and "rate_rps" not in df:
         df = df.assign(rate_rps=0.0)  # closed-loop records from before open-loop arrivals existed
+    if not df.empty:  # filler records carry no prompt_set; a NaN group key would drop them
+        df = df.assign(prompt_set=df["prompt_set"].fillna("") if "prompt_set" in df else "")
     return df
 
 
@@ -58,13 +63,54 @@ def itl_values(g: pd.DataFrame) -> np.ndarray:
     return np.concatenate(gaps) if gaps else np.array([])
 
 
-def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per level (configuration x bucket x concurrency) of measured requests."""
+SPEC_COLUMNS = ("spec_acceptance_rate", "spec_mean_accepted_len", "spec_draft_tokens_per_s",
+                "spec_accepted_per_position")
+
+
+def spec_rates(counters: Mapping[str, Any] | None, seconds: float | None = None) -> dict[str, Any]:
+    """Speculative decoding from counter increments (`measure.metrics.delta`): acceptance rate =
+    accepted / draft tokens; mean accepted length = 1 + accepted / drafts (tokens per verify step,
+    bonus included: vLLM's convention, vllm/v1/spec_decode/metrics.py); draft tokens per second;
+    acceptance per draft position = accepted at that position / drafts. NaN (None for the list)
+    when nothing was drafted: the configuration does not speculate."""
+    c = counters or {}
+
+    def num(name: str) -> float:
+        v = c.get(name)
+        return float(v) if v is not None else float("nan")
+
+    drafts, dtok, acc = num("spec_drafts_total"), num("spec_draft_tokens_total"), num("spec_accepted_tokens_total")
+    out: dict[str, Any] = {k: float("nan") for k in SPEC_COLUMNS}
+    out["spec_accepted_per_position"] = None
+    if not dtok > 0:
+        return out
+    out["spec_acceptance_rate"] = acc / dtok
+    if seconds:
+        out["spec_draft_tokens_per_s"] = dtok / seconds
+    if drafts > 0:
+        out["spec_mean_accepted_len"] = 1.0 + acc / drafts
+        pos = c.get("spec_accepted_per_pos_total")
+        if pos:
+            out["spec_accepted_per_position"] = [float(v) / drafts for v in pos]
+    return out
+
+
+def _level_counters(levels: Any) -> dict[tuple[str, int], dict[str, Any]]:
+    """(config, level index) -> levels.jsonl row, for rows that carry engine counters."""
+    rows = levels.to_dict("records") if isinstance(levels, pd.DataFrame) else list(levels or [])
+    return {(str(r.get("config")), int(r["level"])): r for r in rows if r.get("counters") is not None}
+
+
+def summarize(df: pd.DataFrame, levels: Any = None) -> pd.DataFrame:
+    """One row per level (configuration x bucket x concurrency) of measured requests. `levels`
+    (rows of levels.jsonl with their `config`) adds the engine's counters per level: the
+    speculative-decoding columns (`spec_rates`); without them those columns are NaN."""
     df = _with_level_keys(df)
     if df.empty:
         return pd.DataFrame()
     rt = round_throughput(df)
     m = df[~df["warmup"]]
+    counters = _level_counters(levels)
     rows: list[dict[str, Any]] = []
     for key, g in m.groupby(LEVEL_KEYS, sort=False):
         ok = g[g["ok"]]
@@ -83,6 +129,7 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             "failures": ", ".join(f"{k}={v}" for k, v in sorted(fails.items())) or "",
             "prompt_tokens": float(ok["prompt_tokens"].median()) if len(ok) else float("nan"),
             "output_tokens_p50": float(ok["output_tokens"].median()) if len(ok) else float("nan"),
+            "output_tokens_p95": _pct(ok["output_tokens"], 95),  # varies when a bucket stops at end-of-sequence
             "ttft_p50_s": _pct(ok["ttft_s"], 50),
             "ttft_p95_s": _pct(ok["ttft_s"], 95),
             "ttft_p99_s": _pct(ok["ttft_s"], 99),
@@ -97,8 +144,14 @@ def summarize(df: pd.DataFrame) -> pd.DataFrame:
             "aggregate_output_tps": float(agg.median()) if len(agg) else float("nan"),
             "aggregate_output_tps_min": float(agg.min()) if len(agg) else float("nan"),
             "aggregate_output_tps_max": float(agg.max()) if len(agg) else float("nan"),
+            **_spec_of(counters, str(key[0]), g),
         })
     return pd.DataFrame(rows)
+
+
+def _spec_of(counters: dict[tuple[str, int], dict[str, Any]], config: str, g: pd.DataFrame) -> dict[str, Any]:
+    row = counters.get((config, int(g["level"].iloc[0]))) if counters and "level" in g else None
+    return spec_rates(row.get("counters"), row.get("measured_s")) if row else spec_rates(None)
 
 
 def format_table(s: pd.DataFrame) -> str:

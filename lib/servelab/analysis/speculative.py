@@ -12,6 +12,7 @@ import pandas as pd
 
 from ..engines.flags import engine_args as args_of, get_flag, json_value
 from ..engines.vllm import derive_capture_sizes
+from ..summary import SPEC_COLUMNS, spec_rates
 from .kv import counter_increase
 from .stats import to_float, ordered_unique, pct_change
 
@@ -64,9 +65,11 @@ def spec_stats(samples_or_delta: pd.DataFrame | Mapping[str, Any],
         drafts = dtok / k  # every draft proposes k tokens
     out.update(drafts=drafts, draft_tokens=dtok, accepted_tokens=acc)
     if math.isfinite(dtok) and dtok > 0 and math.isfinite(acc):
-        out["acceptance_rate"] = acc / dtok
-        if math.isfinite(drafts) and drafts > 0:
-            out["mean_acceptance_length"] = 1.0 + acc / drafts
+        r = spec_rates({"spec_drafts_total": drafts, "spec_draft_tokens_total": dtok,
+                        "spec_accepted_tokens_total": acc})  # the one place of the counter arithmetic
+        out["acceptance_rate"] = r["spec_acceptance_rate"]
+        if math.isfinite(r["spec_mean_accepted_len"]):
+            out["mean_acceptance_length"] = r["spec_mean_accepted_len"]
         out["source"] = "vLLM counters: accepted/draft tokens; 1 + accepted/drafts (vllm/v1/spec_decode/metrics.py)"
     elif math.isfinite(gauge):
         out["mean_acceptance_length"] = gauge
@@ -76,6 +79,18 @@ def spec_stats(samples_or_delta: pd.DataFrame | Mapping[str, Any],
     else:
         out["note"] = "no speculative-decoding metrics (speculation off, or the engine does not expose them)"
     return out
+
+
+def spec_levels(summary: pd.DataFrame) -> pd.DataFrame:
+    """The levels that speculated, with their acceptance figures from the engine's counters over
+    the measured rounds (summary columns `SPEC_COLUMNS`, `summary.spec_rates`): configuration,
+    bucket, prompt set, concurrency, acceptance rate, mean accepted length per step (bonus token
+    included), draft tokens per second and acceptance by draft position."""
+    if summary is None or summary.empty or "spec_acceptance_rate" not in summary:
+        return pd.DataFrame(columns=["config", "bucket", "prompt_set", "concurrency", *SPEC_COLUMNS])
+    keys = [k for k in ("config", "bucket", "prompt_set", "concurrency") if k in summary]
+    s = summary[summary["spec_acceptance_rate"].notna()]
+    return s[keys + list(SPEC_COLUMNS)].reset_index(drop=True)
 
 
 def _single_config(summary: pd.DataFrame, what: str) -> pd.DataFrame:

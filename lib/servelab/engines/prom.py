@@ -49,6 +49,7 @@ class ServerSample:
     spec_draft_tokens_total: float | None = None  # vLLM
     spec_accepted_tokens_total: float | None = None  # vLLM
     spec_accept_length: float | None = None  # SGLang gauge, tokens per verify step
+    spec_accepted_per_pos_total: list[float] | None = None  # vLLM, accepted drafts by draft position 0..k-1
     # throughput counters
     prompt_tokens_total: float | None = None
     generation_tokens_total: float | None = None
@@ -68,6 +69,9 @@ class ServerSample:
         return dataclasses.asdict(self)
 
 SAMPLE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ServerSample))
+
+# Fields that are not one number (a sample frame keeps them as objects).
+LIST_FIELDS: tuple[str, ...] = ("spec_accepted_per_pos_total",)
 
 # Cumulative fields that delta() differences.
 COUNTER_FIELDS: tuple[str, ...] = (
@@ -175,3 +179,15 @@ def histogram(idx: Mapping[str, Series], bases: Iterable[str], tp_dedup: bool = 
                 c = dedup_tp(c) if c else c
             return sum_of(s), sum_of(c)
     return None, None
+
+
+def by_label(series: Series | None, label: str) -> list[float] | None:
+    """Values summed per integer label value, as a list indexed by it (gaps are 0)."""
+    if not series:
+        return None
+    acc: dict[int, float] = defaultdict(float)
+    for labels, v in series:
+        i = label_int(labels.get(label))
+        if i is not None and i >= 0:
+            acc[i] += v
+    return [acc.get(i, 0.0) for i in range(max(acc) + 1)] if acc else None

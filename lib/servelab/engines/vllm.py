@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .base import EngineProfile, has_gpu, python_executable
 from .flags import AUTO, flag_on, get_flag, json_value, load_table, norm
-from .prom import ServerSample, counter_names, first_series, histogram, to_int, label_int, mean_of, Series, sum_of
+from .prom import ServerSample, by_label, counter_names, first_series, histogram, to_int, label_int, mean_of, Series, sum_of
 
 if TYPE_CHECKING:  # a profile takes schema.EngineParams; schema validates flags through the profiles
     from ..schema import EngineParams
@@ -155,6 +155,8 @@ def parse_vllm_metrics(idx: Mapping[str, Series]) -> ServerSample:
     s.spec_drafts_total = sum_of(first_series(idx, counter_names("vllm:spec_decode_num_drafts")))
     s.spec_draft_tokens_total = sum_of(first_series(idx, counter_names("vllm:spec_decode_num_draft_tokens")))
     s.spec_accepted_tokens_total = sum_of(first_series(idx, counter_names("vllm:spec_decode_num_accepted_tokens")))
+    s.spec_accepted_per_pos_total = by_label(
+        first_series(idx, counter_names("vllm:spec_decode_num_accepted_tokens_per_pos")), "position")
     s.prompt_tokens_total = sum_of(first_series(idx, counter_names("vllm:prompt_tokens")))
     s.generation_tokens_total = sum_of(first_series(idx, counter_names("vllm:generation_tokens")))
 

@@ -50,6 +50,7 @@ class RequestSpec:
     chat_template_kwargs: dict[str, Any] | None = None
     continuous_usage_stats: bool = False
     extra_body: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, Any]] | None = None  # api=chat: the whole conversation instead of `prompt`
 
     def path(self) -> str:
         return "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
@@ -65,7 +66,7 @@ class RequestSpec:
         if self.continuous_usage_stats:
             b["stream_options"]["continuous_usage_stats"] = True
         if self.api == "chat":
-            b["messages"] = [{"role": "user", "content": self.prompt}]
+            b["messages"] = self.messages or [{"role": "user", "content": self.prompt}]
             if self.chat_template_kwargs:
                 b["chat_template_kwargs"] = self.chat_template_kwargs
         else:

@@ -23,7 +23,7 @@ from typing import IO, Any
 import httpx
 
 from ..engines import parse_metrics
-from ..engines.prom import COUNTER_FIELDS, ServerSample
+from ..engines.prom import COUNTER_FIELDS, LIST_FIELDS, ServerSample
 from ..runfolder import now_iso
 
 log = logging.getLogger(__name__)
@@ -79,14 +79,26 @@ def delta(
     Prometheus ``increase()`` convention is used: the delta is ``after``; see
     :func:`counter_resets` to detect that.
     """
-    out: dict[str, float | None] = {}
+    out: dict[str, Any] = {}
     for name in COUNTER_FIELDS:
         b, a = _field(before, name), _field(after, name)
         if a is None or b is None:
             out[name] = None
         else:
             out[name] = a if a < b else a - b
+    for name in LIST_FIELDS:  # per-position counters: element-wise, positions missing before count from 0
+        b_l, a_l = _list_field(before, name), _list_field(after, name)
+        if a_l is None:
+            out[name] = None
+        else:
+            b_l = (b_l or []) + [0.0] * max(0, len(a_l) - len(b_l or []))
+            out[name] = [a if a < b else a - b for a, b in zip(a_l, b_l)]
     return out
+
+
+def _list_field(x: ServerSample | Mapping[str, Any], name: str) -> list[float] | None:
+    v = getattr(x, name, None) if isinstance(x, ServerSample) else x.get(name)
+    return [float(e) for e in v] if isinstance(v, (list, tuple)) else None
 
 
 def counter_resets(

@@ -33,6 +33,7 @@ from . import client as sc
 from .pools import make_pool, worker_count
 from .rounds import Job, PoolLost, run_round, run_sync
 from .workers import WorkerPool
+from .sources import choose, prompt_sets, target_input_tokens
 from .workload import Calibrated, calibrate, token_counter
 from ..errors import ServelabError
 
@@ -98,9 +99,12 @@ def arrival_offsets(wl: Workload, lv: Level, n: int, seed: int) -> list[float]:
 
 
 def calibrate_buckets(server: Server, wl: Workload, warn: Callable[[str], None] = print) -> dict[str, Calibrated]:
+    filler = [b for b in wl.buckets if b.input_tokens is not None]  # prompt-set buckets need no calibration
+    if not filler:
+        return {}
     counter = token_counter(server.base_url, server.model, wl.api, server.headers, server.tokenizer_dir,
                             wl.chat_template_kwargs, warn=warn)
-    return {b.label: calibrate(counter, b.input_tokens, wl.prompt_text) for b in wl.buckets}
+    return {b.label: calibrate(counter, b.input_tokens, wl.prompt_text) for b in filler}
 
 
 async def _server_healthy(c: sc.StreamClient) -> bool:
@@ -156,6 +160,8 @@ class LevelRunner:
         self.gpu_devices = gpu_devices
         self.run_token = uuid.uuid4().hex[:12]
         self.grid = levels(wl)
+        self.sets = prompt_sets(wl)
+        self.prompt_of: dict[int, tuple[str | None, str | None]] = {}  # seq -> (prompt_set, prompt_id)
         done = resume.done_levels if resume else set()
         self.plan = [(li, lv) for li, lv in enumerate(self.grid) if li not in done]
         self.seq = resume.next_seq if resume else 0
@@ -197,17 +203,21 @@ class LevelRunner:
 
     # -- one level ------------------------------------------------------------------------
     def _jobs(self, li: int, lv: Level, rnd: int, n_req: int) -> list[Job]:
-        wl, cal = self.wl, self.prompts[lv.bucket.label]
+        wl, cal = self.wl, self.prompts.get(lv.bucket.label)
         offsets = arrival_offsets(wl, lv, n_req, (wl.seed or 0) + 1000 * li + rnd) if lv.rate_rps else None
         jobs = []
         for i in range(n_req):
             salt = None
             if wl.cache_salt:
                 salt = f"{self.run_token}-{lv.bucket.label}" if lv.bucket.shared_prefix else f"{self.run_token}-{self.seq}"
+            pc = choose(lv.bucket, wl.api, rnd * n_req + i, cal, self.sets)
             spec = sc.RequestSpec(
-                prompt=cal.prompt, max_tokens=lv.bucket.output_tokens, model=self.server.model, api=wl.api,
-                temperature=wl.temperature, seed=wl.seed, ignore_eos=wl.ignore_eos, cache_salt=salt,
-                chat_template_kwargs=wl.chat_template_kwargs, continuous_usage_stats=wl.continuous_usage_stats)
+                prompt=pc.prompt, max_tokens=lv.bucket.output_tokens, model=self.server.model, api=wl.api,
+                temperature=wl.temperature, seed=wl.seed, ignore_eos=lv.bucket.ignores_eos(wl.ignore_eos),
+                cache_salt=salt, chat_template_kwargs=wl.chat_template_kwargs,
+                continuous_usage_stats=wl.continuous_usage_stats, messages=pc.messages)
+            if pc.prompt_set:
+                self.prompt_of[self.seq] = (pc.prompt_set, pc.prompt_id)
             jobs.append(Job(self.seq, spec, offsets[i] if offsets else None))
             self.seq += 1
         return jobs
@@ -215,10 +225,18 @@ class LevelRunner:
     def _record(self, li: int, lv: Level, rnd: int, warm: bool, job: Job, res: Any, lag: float | None) -> dict[str, Any]:
         d = res if isinstance(res, dict) else res.to_dict()
         return {"study": self.study, "config": self.config_id, "level": li, "bucket": lv.bucket.label,
-                "target_input_tokens": lv.bucket.input_tokens, "target_output_tokens": lv.bucket.output_tokens,
+                "target_input_tokens": target_input_tokens(lv.bucket), "target_output_tokens": lv.bucket.output_tokens,
                 "shared_prefix": lv.bucket.shared_prefix, "concurrency": lv.concurrency, "rate_rps": lv.rate_rps,
                 "arrival": self.wl.arrival, "round": rnd, "warmup": warm, "seq": job.seq,
-                "cache_salt": job.spec.cache_salt, "scheduled_s": job.at_s, "send_lag_s": lag, **d}
+                "cache_salt": job.spec.cache_salt, "scheduled_s": job.at_s, "send_lag_s": lag,
+                **self._prompt_fields(job.seq), **d}
+
+    def _prompt_fields(self, seq: int) -> dict[str, Any]:
+        """prompt_set / prompt_id of a prompt-set request (filler records stay as they were)."""
+        if seq not in self.prompt_of:
+            return {}
+        ps, pid = self.prompt_of.pop(seq)
+        return {"prompt_set": ps, "prompt_id": pid}
 
     async def _level(self, http: sc.StreamClient, pool: WorkerPool | None, li: int, lv: Level, w: JsonlWriter,
                      cw: JsonlWriter, lw: JsonlWriter, bar: Any) -> None:
@@ -229,8 +247,11 @@ class LevelRunner:
         sent = failed = 0
         verdict = "complete"
         t0 = time.monotonic()
+        before, t_measured = None, t0
         for rnd in range(n_rounds):
             warm = rnd < wl.warmup_rounds
+            if rnd == wl.warmup_rounds:  # the engine's counters over the measured rounds only
+                before, t_measured = await self._counters(), time.monotonic()
             bar.set_description(f"{self.config_id} {lv.label} {'warmup' if warm else 'round'} {rnd + 1}/{n_rounds}")
             jobs = self._jobs(li, lv, rnd, n_req)
             results: list[dict[str, Any]] = []
@@ -280,10 +301,30 @@ class LevelRunner:
                 self.message += f"level '{lv.label}': {verdict}. "
                 self.status = "partial"
                 break
-        lw.write({"level": li, "label": lv.label, "status": verdict, "sent": sent, "failed": failed})
+        lw.write({"level": li, "label": lv.label, "status": verdict, "sent": sent, "failed": failed,
+                  **await self._counter_delta(before, t_measured)})
         k = self.plan.index((li, lv)) + 1
         self.log(f"{self.config_id}: level {k}/{len(self.plan)} {lv.label}: {sent} measured requests, "
                  f"{failed} failed, {time.monotonic() - t0:.1f} s" + (f" ({verdict})" if verdict != "complete" else ""))
+
+    async def _counters(self) -> Any:
+        """One /metrics scrape through the engine's mapping (None when the server has none)."""
+        from .metrics import snapshot
+
+        try:
+            return await snapshot(self.server.base_url, self.server.headers)
+        except Exception:  # counters are a bonus; a server without /metrics is still measured
+            return None
+
+    async def _counter_delta(self, before: Any, t_measured: float) -> dict[str, Any]:
+        """levels.jsonl's `counters` (engine counter increments over the measured rounds, e.g. the
+        speculative-decoding ones) and `measured_s`, their duration."""
+        from .metrics import delta
+
+        after = await self._counters() if before is not None else None
+        if after is None:
+            return {}
+        return {"measured_s": time.monotonic() - t_measured, "counters": delta(before, after)}
 
     async def _start_samplers(self) -> None:
         if self.metrics_interval_s:

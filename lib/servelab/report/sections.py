@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..analysis import change_effects, config_diff, flatten, goodput, knee
+from ..analysis import flatten
 from ..summary import DEFINED_METRICS
 from . import html as rh
 from .load import StudyData, baselines, engine_gpus
@@ -52,14 +52,10 @@ def slo_parts(sd: StudyData) -> str:
 
 
 def change_text(sd: StudyData, cid: str, base: str) -> str:
-    diffs = config_diff(sd.engine_params(base), sd.engine_params(cid))
-    if not diffs:
-        return sd.w("configs.no_change")
-    return "; ".join(f"{k}: {_short(a)} → {_short(b)}" for k, a, b in diffs)
+    """What changed, one lever per item (`report.progress.change_text`)."""
+    from .progress import change_text as levers
 
-
-def _short(v: Any) -> str:
-    return "–" if v is None else str(v)
+    return levers(sd, cid, base)
 
 
 def dash_note(df: pd.DataFrame, text: str) -> dict[str, str] | None:
@@ -72,71 +68,13 @@ def span(lo: float, hi: float) -> str:
     return f"{num(lo, nd)}–{num(hi, nd)}"
 
 
-def effects(sd: StudyData) -> pd.DataFrame:
-    return change_effects(sd.summary, sd.rounds, baselines(sd))
-
-
 # -- headline -----------------------------------------------------------------------------------
 
 def headline(sd: StudyData) -> str:
-    """3-5 sentences computed from the data, each pointing to its section."""
-    s = sd.summary
-    if s.empty:
-        return "–"
-    lab = sd.labels()
-    out = []
-    best = s.loc[s["aggregate_output_tps"].idxmax()]
-    out.append(sd.w("headline.fastest", label=lab.get(best["config"], best["config"]), peak=num(best["aggregate_output_tps"], 0),
-                    bucket=best["bucket"], conc=int(best["concurrency"])) + " " + link(sd, "results"))
-    eff = effects(sd)
-    if len(eff):
-        e = eff.loc[eff["agg_change_pct"].abs().idxmax()]
-        out.append(sd.w("headline.biggest_change", config=lab.get(e["config"], e["config"]), baseline=e["baseline"],
-                        what=change_text(sd, e["config"], e["baseline"]), delta=pct(e["agg_change_pct"]),
-                        n=int(e["levels"]), lo=pct(e["agg_ci_low_pct"]), hi=pct(e["agg_ci_high_pct"]),
-                        noise=sd.w("progression.beyond_noise") if e["beyond_noise"] else sd.w("progression.within_noise"))
-                   + " " + link(sd, "progression"))
-    kn = knee(s)
-    kn = kn[kn["top_concurrency"] == kn["top_concurrency"].max()]  # the widest sweep says most
-    plateau = kn[kn["plateau"]].sort_values("knee_concurrency")
-    fastest = kn[kn["config"] == best["config"]]
-    pick = plateau if len(plateau) else (fastest if len(fastest) else kn)
-    if len(pick):
-        r = pick.iloc[0]
-        if r["plateau"]:
-            out.append(sd.w("headline.saturates", label=lab.get(r["config"], r["config"]), bucket=r["bucket"],
-                            conc=int(r["knee_concurrency"])) + " " + link(sd, "saturation"))
-        else:
-            out.append(sd.w("headline.not_saturated", label=lab.get(r["config"], r["config"]), bucket=r["bucket"],
-                            conc=int(r["top_concurrency"])) + " " + link(sd, "saturation"))
-    g = goodput(s, sd.study.slo).dropna(subset=["goodput_concurrency"])
-    if len(g):
-        r = g.loc[g["aggregate_output_tps"].idxmax()]
-        out.append(sd.w("headline.goodput", slo=slo_parts(sd), tps=num(r["aggregate_output_tps"], 0),
-                        conc=int(r["goodput_concurrency"]), label=lab.get(r["config"], r["config"]), bucket=r["bucket"])
-                   + " " + link(sd, "saturation"))
-    else:
-        out.append(sd.w("headline.no_goodput", slo=slo_parts(sd)) + " " + link(sd, "saturation"))
-    from ..analysis import kv_verdict
+    """3-6 sentences computed from the data, each pointing to its section (`report.progress`)."""
+    from .progress import headline as story_headline
 
-    limited = [lab.get(c, c) for c in sd.config_ids
-               if sd.samples(c) is not None and kv_verdict(sd.samples(c))["limited"]]
-    if limited:
-        out.append(sd.w("headline.kv_limited", configs=", ".join(limited)) + " " + link(sd, "kv"))
-    from .gpu import engine_comparison_table
-
-    cmp_ = engine_comparison_table(sd)
-    if len(cmp_):
-        ref = cmp_["reference"].iloc[0]
-        other = cmp_[cmp_["config"] != ref]
-        best = other.groupby("config", sort=False)["aggregate_vs_reference"].median().idxmax()
-        r = other[other["config"] == best]["aggregate_vs_reference"]
-        out.append(sd.w("headline.engines", other=lab.get(best, best), ref=lab.get(ref, ref), n=len(r),
-                        lo=pct((r.min() - 1) * 100), hi=pct((r.max() - 1) * 100)) + " " + link(sd, "gpu"))
-    from .money import cost_sentence
-
-    out.append(cost_sentence(sd) + " " + link(sd, "cost"))
-    return "\n".join(f"- {x}" for x in out)
+    return story_headline(sd)
 
 
 # -- set-up and method -------------------------------------------------------------------------
@@ -171,6 +109,10 @@ def fixed_settings(sd: StudyData) -> Any:
 
 def method_text(sd: StudyData) -> str:
     wl = sd.study.workload
+    if any(b.prompt_set for b in wl.buckets):
+        from .progress import method_text_prompt_sets
+
+        return method_text_prompt_sets(sd)
     first = next(iter(sd.runs.values()), {})
     cal = first.get("calibration", {})
     counter = next(iter(cal.values()), {}).get("counter", "the server's /tokenize")
@@ -202,38 +144,23 @@ def devices_text(sd: StudyData) -> str:
 def results_table(sd: StudyData, cid: str) -> Any:
     """One configuration's levels: rows by prompt length and concurrency, at most 8 columns."""
     s = sd.summary[sd.summary["config"] == cid].sort_values(["target_input_tokens", "concurrency"])
-    rows = [[r.prompt_tokens, int(r.concurrency), r.ttft_p50_s * 1000, r.ttft_p95_s * 1000, r.decode_tps_p50,
+    sets = s["prompt_set"] if "prompt_set" in s.columns else pd.Series([""] * len(s), index=s.index)
+    rows = [[f"{ps} · {r.prompt_tokens:,.0f}" if ps else r.prompt_tokens, int(r.concurrency), r.ttft_p50_s * 1000, r.ttft_p95_s * 1000, r.decode_tps_p50,
              r.e2e_output_tps_p50, r.aggregate_output_tps,
-             span(r.aggregate_output_tps_min, r.aggregate_output_tps_max)] for r in s.itertuples()]
+             span(r.aggregate_output_tps_min, r.aggregate_output_tps_max)] for r, ps in zip(s.itertuples(), sets)]
     c = sd.w("results.columns")
     t = pd.DataFrame(rows, columns=c)
     return rh.table(t, sd.w("results.caption", label=sd.labels().get(cid, cid)),
-                    formats={c[0]: "{:,.0f}", c[2]: "{:,.1f}", c[3]: "{:,.1f}", c[4]: "{:,.1f}", c[5]: "{:,.1f}",
+                    formats={c[0]: lambda v: v if isinstance(v, str) else f"{v:,.0f}", c[2]: "{:,.1f}", c[3]: "{:,.1f}", c[4]: "{:,.1f}", c[5]: "{:,.1f}",
                              c[6]: "{:,.1f}"},
                     notes=dash_note(t, sd.w("table.not_measured_at_level")))
 
 
 def progression_table(sd: StudyData) -> Any:
-    """One row per change: from -> to, what changed, the levels compared, the median change in
-    aggregate tok/s with its bootstrap interval, the TTFT change and the noise verdict."""
-    e = effects(sd)
-    if e.empty:
-        return None
-    lab = sd.labels()
-    cols = sd.w("progression.columns")
-    rows, multi = [], False
-    for r in e.itertuples():
-        n_changed = len(config_diff(sd.engine_params(r.baseline), sd.engine_params(r.config)))
-        verdict = sd.w("progression.beyond_noise") if r.beyond_noise else sd.w("progression.within_noise")
-        if n_changed > 1:
-            verdict += " †"
-            multi = True
-        rows.append([f"{lab.get(r.baseline, r.baseline)} → {lab.get(r.config, r.config)}",
-                     change_text(sd, r.config, r.baseline), r.levels, pct(r.agg_change_pct),
-                     sd.w("progression.interval", lo=pct(r.agg_ci_low_pct), hi=pct(r.agg_ci_high_pct)),
-                     pct(r.ttft_change_pct), verdict])
-    note = sd.w("progression.multi_change_note")
-    return rh.table(pd.DataFrame(rows, columns=cols), sd.w("progression.caption"), notes={"†": note} if multi else None)
+    """One row per change, judged level by level (`report.progress`)."""
+    from .progress import progression_table as story_table
+
+    return story_table(sd)
 
 
 # -- reproducibility ------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ from ..errors import ServelabError
 
 from .parts import (GPU_AMI_PARAMETER, HOST_KINDS, HOURS_PER_MONTH, AttachHostParams, AttachParams, AwsEcsHostParams,
                     AwsInstanceHostParams, AwsParams, Bucket, Configuration, CostParams, EngineParams, HostParams,
-                    LocalHostParams, ModelRef, Slo, Strict, Workload, DeviceParams, PeerRun, StudyTexts)
+                    LocalHostParams, ModelRef, Slo, Strict, Workload, DeviceParams, PeerRun, StudyTexts,
+                    QualityParams)
 
 class Study(Strict):
     @model_validator(mode="before")
@@ -46,9 +47,15 @@ class Study(Strict):
     engine: EngineParams = Field(default_factory=EngineParams, description="engine set-up shared by configurations")
     workload: Workload = Field(..., description="what is sent")
     slo: Slo = Field(default_factory=Slo, description="service-level objective for goodput")
+    run_noise_pct: float | None = Field(
+        None, ge=0, description="run-to-run noise of aggregate tok/s on this host, in percent: the largest per-level "
+        "change between two runs of one configuration (an A/A repeat, analysis.effects.run_noise_pct); the report "
+        "says a change matters on a level only beyond it (None: not measured, rounds alone judge)")
     cost: CostParams | None = Field(None, description="prices and cost model for the write-up")
     configurations: list[Configuration] = Field(..., min_length=1, description="ordered, one change at a time")
     device: DeviceParams | None = Field(None, description="how the study runs on the GPU device machine")
+    quality: QualityParams = Field(default_factory=QualityParams,
+                                   description="the output check after each configuration (measure.quality)")
     reduced: dict[str, Any] = Field(
         default_factory=lambda: {"warmup_rounds": 0, "rounds": 1},
         description="workload overrides for a reduced run (servelab run --reduced, CI)",
@@ -258,4 +265,4 @@ def study_from_dict(data: dict[str, Any], source: str = "<params>") -> Study:
 __all__ = ["Study", "ParamsError", "FORMAT_VERSION", "load_study", "study_from_dict", "upgrade", "format_errors", "validate_engines",
            "resolve_profile", "resolve_engine", "GPU_AMI_PARAMETER", "HOST_KINDS", "HOURS_PER_MONTH", "AttachHostParams",
            "AttachParams", "AwsEcsHostParams", "AwsInstanceHostParams", "AwsParams", "Bucket", "Configuration",
-           "CostParams", "DeviceParams", "PeerRun", "StudyTexts", "EngineParams", "HostParams", "LocalHostParams", "ModelRef", "Slo", "Strict", "Workload"]
+           "CostParams", "DeviceParams", "PeerRun", "StudyTexts", "QualityParams", "EngineParams", "HostParams", "LocalHostParams", "ModelRef", "Slo", "Strict", "Workload"]

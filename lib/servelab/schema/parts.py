@@ -238,16 +238,51 @@ HostParams = Annotated[LocalHostParams | AttachHostParams | AwsEcsHostParams | A
 HOST_KINDS = ("local", "attach", "aws-ecs", "aws-instance")
 
 class Bucket(Strict):
-    input_tokens: int = Field(..., gt=0, description="prompt tokens after the chat template")
-    output_tokens: int = Field(..., gt=0, description="max_tokens with ignore_eos: exact output length")
+    input_tokens: int | None = Field(None, gt=0, description="prompt tokens after the chat template (the calibrated "
+                                     "filler); leave out when the bucket names a prompt_set")
+    output_tokens: int = Field(..., gt=0, description="max_tokens: the exact output length with ignore_eos, the cap "
+                               "when the bucket stops at end-of-sequence")
     shared_prefix: bool = Field(
         False, description="one cache_salt for the whole bucket so the prefix cache is hit on purpose"
     )
-    name: str | None = Field(None, description="label (default in<input>-out<output>)")
+    name: str | None = Field(None, description="label (default in<input>-out<output>, or <prompt_set>-out<output>)")
+    prompt_set: str | None = Field(None, description="a shipped prompt set (servelab.prompts: rewrite, questions, "
+                                   "lists, code, quality) sent round-robin instead of the filler; natural lengths, "
+                                   "each record keeps its prompt_id and achieved prompt_tokens")
+    stop: Literal["eos", "length"] | None = Field(
+        None, description="eos: stop at end-of-sequence (output lengths vary, p50/p95 reported); length: generate "
+        "exactly output_tokens (ignore_eos). Default: eos for a prompt_set, the workload's ignore_eos otherwise")
+    ignore_eos: bool | None = Field(None, description="shorthand for stop: true = length, false = eos")
+
+    @model_validator(mode="after")
+    def _source(self) -> "Bucket":
+        if (self.input_tokens is None) == (self.prompt_set is None):
+            raise ValueError("a bucket needs exactly one of input_tokens (calibrated filler) or prompt_set")
+        if self.prompt_set is not None:
+            from ..prompts import list_sets
+
+            if self.prompt_set not in list_sets():
+                close = difflib.get_close_matches(self.prompt_set, list_sets(), n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                raise ValueError(f"prompt_set: unknown set {self.prompt_set!r}{hint}; known: {', '.join(list_sets())}")
+        if self.stop is not None and self.ignore_eos is not None and (self.stop == "length") != self.ignore_eos:
+            raise ValueError(f"stop: {self.stop} contradicts ignore_eos: {str(self.ignore_eos).lower()}")
+        return self
 
     @property
     def label(self) -> str:
-        return self.name or f"in{self.input_tokens}-out{self.output_tokens}"
+        if self.name:
+            return self.name
+        return f"{self.prompt_set}-out{self.output_tokens}" if self.prompt_set else \
+            f"in{self.input_tokens}-out{self.output_tokens}"
+
+    def ignores_eos(self, workload_default: bool) -> bool:
+        """Whether requests of this bucket send ignore_eos (forced length)."""
+        if self.stop is not None:
+            return self.stop == "length"
+        if self.ignore_eos is not None:
+            return self.ignore_eos
+        return False if self.prompt_set else workload_default
 
 class WorkerBackend(Strict):
     """Where the client workers run: local processes, or Ray actors on a cluster (measure.ray_pool)."""
@@ -311,6 +346,29 @@ class Slo(Strict):
     ttft_p95_s: float | None = Field(None, gt=0, description="p95 TTFT target")
     tpot_p95_s: float | None = Field(None, gt=0, description="p95 time per output token target")
     error_rate: float = Field(0.01, ge=0, le=1, description="highest acceptable failed fraction")
+
+class QualityParams(Strict):
+    """`quality:` block of a study: the output check after each configuration's benchmark
+    (`measure.quality`): temperature 0, one request at a time, compared with the baseline."""
+
+    enabled: bool | None = Field(None, description="run the check (default: when the model has real weights; "
+                                 "with dummy weights quality.json says it is not measurable)")
+    sets: list[str] = Field(default_factory=lambda: ["quality", "rewrite", "questions", "lists", "code"],
+                            description="prompt sets answered: 'quality' (known answers, scored) in full, the "
+                            "others by their first prompts_per_set prompts")
+    prompts_per_set: int = Field(1, ge=1, description="prompts taken from each set other than 'quality'")
+    max_tokens: int = Field(128, gt=0, description="output cap per answer (greedy; stops at end-of-sequence)")
+
+    @field_validator("sets")
+    @classmethod
+    def _known_sets(cls, names: list[str]) -> list[str]:
+        from ..prompts import list_sets
+
+        bad = [n for n in names if n not in list_sets()]
+        if bad:
+            raise ValueError(f"unknown prompt set(s) {bad}; known: {', '.join(list_sets())}")
+        return names
+
 
 class StudyTexts(Strict):
     """The study's own words in another language (a translated report uses them)."""

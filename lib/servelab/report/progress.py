@@ -1,0 +1,364 @@
+"""The study's story, one change at a time: the headline (3-6 sentences computed from the data,
+each pointing to its section) and the progression table. A change is judged level by level
+(`analysis.effects.level_effects`): the headline says where it matters and where it does nothing,
+instead of a median over levels that hides a large effect on a few. Each change's outputs at
+temperature 0 are compared with its baseline's (`quality.json`, `analysis.quality.compare`); a
+change that alters outputs or lowers the task score is said so. Dummy-weight studies say quality
+was not measurable rather than print an agreement that proves nothing.
+
+Not for the numbers themselves (`analysis`), nor for the other sections (`sections`, `diagnosis`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from ..analysis import config_diff, goodput, knee, kv_verdict
+from ..analysis.effects import MIN_ROUNDS, few_rounds, level_effects
+from ..runfolder import read_json
+from . import html as rh
+from .load import StudyData, baselines
+from .sections import link, num, pct, slo_parts
+
+QUALITY_JSON = "quality.json"
+
+
+def settings_changed(sd: StudyData, cid: str, base: str) -> list[tuple[str, Any, Any]]:
+    """`config_diff` with a setting added or removed as a whole block counted once:
+    `speculative-config: – → {method: ngram, ...}` is one lever, not four."""
+    diffs = config_diff(sd.engine_params(base), sd.engine_params(cid))
+    groups: dict[str, list[tuple[str, Any, Any]]] = {}
+    for d in diffs:
+        groups.setdefault(".".join(d[0].split(".")[:2]), []).append(d)
+    out = []
+    for key, items in groups.items():
+        whole = len(items) > 1 and (all(a is None for _, a, _ in items) or all(b is None for _, _, b in items))
+        if not whole:
+            out.extend(items)
+            continue
+        a, b = (_subtree(sd.engine_params(x), key) for x in (base, cid))
+        out.append((key, a, b))
+    return out
+
+
+def _subtree(params: dict[str, Any], path: str) -> Any:
+    from ..engines.flags import json_value
+
+    cur: Any = params
+    for part in path.split("."):
+        cur = json_value(cur).get(part) if isinstance(json_value(cur), dict) else None
+    return json_value(cur)
+
+
+def _value(v: Any) -> str:
+    if v is None:
+        return rh.MISSING
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_value(x)}" for k, x in v.items()) + "}"
+    return str(v)
+
+
+def change_text(sd: StudyData, cid: str, base: str) -> str:
+    """What changed from the baseline, one lever per item ("args.enforce-eager: True → –")."""
+    diffs = settings_changed(sd, cid, base)
+    if not diffs:
+        return sd.w("no_change")
+    return "; ".join(f"{k}: {_value(a)} → {_value(b)}" for k, a, b in diffs)
+
+
+def method_text_prompt_sets(sd: StudyData) -> str:
+    """The method paragraph for a workload drawn from prompt sets (real text, natural lengths)."""
+    wl = sd.study.workload
+    ignore = [b.label for b in wl.buckets if b.prompt_set and b.ignores_eos(wl.ignore_eos)]
+    stop = sd.w("story.method_forced", buckets=", ".join(ignore)) if ignore else sd.w("story.method_eos")
+    api = "/v1/chat/completions" if wl.api == "chat" else "/v1/completions"
+    sets = ", ".join(dict.fromkeys(f"`{b.prompt_set}`" for b in wl.buckets if b.prompt_set))
+    q = sd.study.quality
+    return sd.w("story.method_prompt_sets", api=api, temperature=wl.temperature, seed=wl.seed, sets=sets, stop=stop,
+                warmup=wl.warmup_rounds, rounds=wl.rounds, k=wl.requests_per_round,
+                salt=sd.w("salt_on") if wl.cache_salt else sd.w("salt_off"),
+                qsets=", ".join(f"`{x}`" for x in q.sets), qmax=q.max_tokens)
+
+
+def in_flight(sd: StudyData, n: Any) -> str:
+    """"1 request in flight" / "4 requests in flight" (並列数 4)."""
+    n = int(n)
+    return sd.w("story.in_flight_one") if n == 1 else sd.w("story.in_flight_many", n=n)
+
+
+def repeats(sd: StudyData) -> dict[str, str]:
+    """Configurations that repeat their baseline's engine settings exactly (an A/A pair): {config: baseline}."""
+    return {c: b for c, b in baselines(sd).items() if not settings_changed(sd, c, b)}
+
+
+def run_noise(sd: StudyData) -> tuple[float | None, str | None]:
+    """(run-to-run noise in %, the configuration whose repeat measured it): the study's
+    `run_noise_pct` when given (measured elsewhere on the host, None as the source), else the
+    largest per-level change of an A/A pair in the study, else (None, None)."""
+    if sd.study.run_noise_pct is not None:
+        return sd.study.run_noise_pct, None
+    aa = repeats(sd)
+    if not aa:
+        return None, None
+    e = level_effects(sd.summary, sd.rounds, aa)
+    e = e[e["change_pct"].notna()]
+    if e.empty:
+        return None, None
+    worst = e.loc[e["change_pct"].abs().idxmax()]
+    return float(abs(worst["change_pct"])), str(worst["config"])
+
+
+def effects(sd: StudyData) -> pd.DataFrame:
+    """Per-level effects of every change against its baseline, judged against the run-to-run noise;
+    A/A repeats (nothing changed) are the noise, not changes, and are left out."""
+    floor, _ = run_noise(sd)
+    aa = repeats(sd)
+    changes = {c: b for c, b in baselines(sd).items() if c not in aa}
+    return level_effects(sd.summary, sd.rounds, changes, run_noise_pct=floor)
+
+
+# -- quality -------------------------------------------------------------------------------------
+
+def real_weights(sd: StudyData, cid: str) -> bool:
+    """False for dummy (random) weights: the run's model facts say so, or the engine loaded `dummy`."""
+    run = sd.runs.get(cid) or {}
+    facts = (run.get("model") or {}).get("facts") or {}
+    if facts.get("real_weights") is not None:
+        return bool(facts["real_weights"])
+    return (run.get("engine_params") or {}).get("load_format") != "dummy"
+
+
+def quality(sd: StudyData, cid: str) -> dict[str, Any] | None:
+    """The configuration's quality.json, or None when its run folder has none."""
+    f = sd.folders.get(cid)
+    return read_json(f / QUALITY_JSON) if f is not None and f.exists(QUALITY_JSON) else None
+
+
+def quality_compare(sd: StudyData, cid: str, base: str) -> dict[str, Any] | None:
+    """`analysis.quality.compare` of the configuration against its baseline; None when either
+    has no quality.json or the check was not measurable."""
+    q, qb = quality(sd, cid), quality(sd, base)
+    if q is None or qb is None or not q.get("measurable") or not qb.get("measurable"):
+        return None
+    from ..analysis.quality import compare
+
+    return compare(q, qb)
+
+
+def quality_cell(sd: StudyData, cid: str, base: str | None) -> str:
+    """The progression table's "outputs vs baseline" cell."""
+    if not real_weights(sd, cid):
+        return sd.w("story.quality_dummy")
+    q = quality(sd, cid)
+    if q is None:
+        return sd.w("story.quality_missing")
+    if not q.get("measurable"):
+        return q.get("reason") or sd.w("story.quality_dummy")
+    c, t = (q.get("score") or {}).get("correct", 0), (q.get("score") or {}).get("total", 0)
+    if base is None:
+        return sd.w("story.quality_is_baseline", c=c, t=t)
+    cmp_ = quality_compare(sd, cid, base)
+    if cmp_ is None:
+        return sd.w("story.quality_missing")
+    (c, t), (bc, _) = cmp_["score"], cmp_["baseline_score"]
+    if not cmp_["changed"]:
+        return sd.w("story.quality_identical", identical=cmp_["identical"], total=cmp_["total"], c=c, t=t)
+    first = (cmp_.get("first_divergence") or [{}])[0]
+    return sd.w("story.quality_changed", identical=cmp_["identical"], total=cmp_["total"],
+                token=first.get("token_index", rh.MISSING), first=first.get("id", rh.MISSING), c=c, t=t, base_c=bc)
+
+
+def _quality_sentences(sd: StudyData, cid: str, base: str) -> list[str]:
+    cmp_ = quality_compare(sd, cid, base)
+    if cmp_ is None:
+        return []
+    lab = sd.labels()
+    out = []
+    if cmp_["changed"]:
+        out.append(sd.w("story.outputs_changed", identical=cmp_["identical"], total=cmp_["total"],
+                        baseline=lab.get(base, base)))
+    if cmp_["score_dropped"]:
+        out.append(sd.w("story.score_dropped", base_c=cmp_["baseline_score"][0], c=cmp_["score"][0],
+                        t=cmp_["score"][1]))
+    return out
+
+
+# -- headline --------------------------------------------------------------------------------------
+
+MAX_LISTED_LEVELS = 4  # more levels than this are given as a range
+
+
+def _where(sd: StudyData, rows: pd.DataFrame) -> str:
+    rows = rows.sort_values(["target_input_tokens", "concurrency"], kind="stable")
+    if len(rows) > MAX_LISTED_LEVELS:
+        return sd.w("story.range", lo=pct(rows["change_pct"].min()), hi=pct(rows["change_pct"].max()))
+    return sd.w("story.list_sep").join(
+        sd.w("story.level", bucket=r.bucket, inflight=in_flight(sd, r.concurrency), delta=pct(r.change_pct))
+        for r in rows.itertuples())
+
+
+def change_sentence(sd: StudyData, e: pd.DataFrame, cid: str) -> str:
+    """Where one change matters and where it does nothing, from its per-level effects `e`."""
+    lab = sd.labels()
+    base = e["baseline"].iloc[0]
+    common = {"config": lab.get(cid, cid), "baseline": lab.get(base, base), "what": change_text(sd, cid, base),
+              "n": len(e)}
+    hit, rest = e[e["matters"]], e[~e["matters"]]
+    largest = pct(rest.loc[rest["change_pct"].abs().idxmax(), "change_pct"]) if len(rest) else rh.MISSING
+    if hit.empty:
+        text = sd.w("story.change_none", largest=largest, **common)
+    elif rest.empty:
+        text = sd.w("story.change_all", where=_where(sd, hit), **common)
+    else:
+        text = sd.w("story.change_some", k=len(hit), rest=len(rest), where=_where(sd, hit), largest=largest, **common)
+    return " ".join([text, *_quality_sentences(sd, cid, base)])
+
+
+def noise_sentence(sd: StudyData, e: pd.DataFrame) -> str:
+    floor, repeat = run_noise(sd)
+    if floor is None:
+        out = sd.w("story.no_floor")
+    elif repeat is None:
+        out = sd.w("story.noise_floor", floor=f"{floor:.1f} %")
+    else:
+        out = sd.w("story.noise_floor_aa", floor=f"{floor:.1f} %", config=sd.labels().get(repeat, repeat))
+    if few_rounds(e):
+        rounds = int(e[["rounds", "baseline_rounds"]].min(axis=1).min())
+        out += " " + sd.w("story.few_rounds", rounds=rounds, min=MIN_ROUNDS)
+    return out
+
+
+MAX_HEADLINE_CHANGES = 3
+
+
+def headline_changes(eff: pd.DataFrame) -> list[str]:
+    """The changes the headline tells, in study order: all when there are at most
+    `MAX_HEADLINE_CHANGES`, else those with the largest effect where they matter."""
+    order = list(dict.fromkeys(eff["config"]))
+    if len(order) <= MAX_HEADLINE_CHANGES:
+        return order
+    size = {c: float(g.loc[g["matters"], "change_pct"].abs().max()) if g["matters"].any() else 0.0
+            for c, g in eff.groupby("config", sort=False)}
+    keep = set(sorted(order, key=lambda c: -size[c])[:MAX_HEADLINE_CHANGES])
+    return [c for c in order if c in keep]
+
+
+def headline(sd: StudyData) -> str:
+    """The headline as Markdown bullets: the fastest configuration, one sentence per change (where it
+    matters, where it does nothing, whether it changed outputs), saturation, goodput, KV limits,
+    engines and cost."""
+    s = sd.summary
+    if s.empty:
+        return rh.MISSING
+    lab = sd.labels()
+    out = []
+    best = s.loc[s["aggregate_output_tps"].idxmax()]
+    out.append(sd.w("story.fastest", label=lab.get(best["config"], best["config"]),
+                    peak=num(best["aggregate_output_tps"], 0), bucket=best["bucket"],
+                    inflight=in_flight(sd, best["concurrency"])) + " " + link(sd, "results"))
+    eff = effects(sd)
+    changes = [change_sentence(sd, eff[eff["config"] == cid], cid) for cid in headline_changes(eff)]
+    if len(changes) < eff["config"].nunique():
+        changes.append(sd.w("story.more_changes", n=eff["config"].nunique() - len(changes)))
+    if changes:
+        changes[-1] += " " + noise_sentence(sd, eff)
+    out.extend(c + " " + link(sd, "progression") for c in changes)
+    if not any(real_weights(sd, c) for c in sd.config_ids):
+        out.append(sd.w("story.quality_not_measurable", reason=sd.w("story.dummy_reason")) + " "
+                   + link(sd, "progression"))
+    out.append(_saturation_sentence(sd, best["config"]))
+    g = goodput(s, sd.study.slo).dropna(subset=["goodput_concurrency"])
+    if len(g):
+        r = g.loc[g["aggregate_output_tps"].idxmax()]
+        out.append(sd.w("story.goodput", slo=slo_parts(sd), tps=num(r["aggregate_output_tps"], 0),
+                        inflight=in_flight(sd, r["goodput_concurrency"]), label=lab.get(r["config"], r["config"]),
+                        bucket=r["bucket"]) + " " + link(sd, "saturation"))
+    else:
+        out.append(sd.w("h_no_goodput", slo=slo_parts(sd)) + " " + link(sd, "saturation"))
+    limited = [lab.get(c, c) for c in sd.config_ids
+               if sd.samples(c) is not None and kv_verdict(sd.samples(c))["limited"]]
+    if limited:
+        out.append(sd.w("h_kv", configs=", ".join(limited)) + " " + link(sd, "kv"))
+    out.extend(_engines_and_cost(sd))
+    return "\n".join(f"- {x}" for x in out if x)
+
+
+def _saturation_sentence(sd: StudyData, best_config: str) -> str:
+    lab = sd.labels()
+    kn = knee(sd.summary)
+    kn = kn[kn["top_concurrency"] == kn["top_concurrency"].max()]  # the widest sweep says most
+    plateau = kn[kn["plateau"]].sort_values("knee_concurrency")
+    fastest = kn[kn["config"] == best_config]
+    pick = plateau if len(plateau) else (fastest if len(fastest) else kn)
+    if not len(pick):
+        return ""
+    r = pick.iloc[0]
+    if r["plateau"]:
+        return sd.w("story.saturates", label=lab.get(r["config"], r["config"]), bucket=r["bucket"],
+                    inflight=in_flight(sd, r["knee_concurrency"])) + " " + link(sd, "saturation")
+    return sd.w("story.not_saturated", label=lab.get(r["config"], r["config"]), bucket=r["bucket"],
+                inflight=in_flight(sd, r["top_concurrency"])) + " " + link(sd, "saturation")
+
+
+def _engines_and_cost(sd: StudyData) -> list[str]:
+    from .gpu import engine_comparison_table
+    from .money import cost_sentence
+
+    out, lab = [], sd.labels()
+    cmp_ = engine_comparison_table(sd)
+    if len(cmp_):
+        ref = cmp_["reference"].iloc[0]
+        other = cmp_[cmp_["config"] != ref]
+        best = other.groupby("config", sort=False)["aggregate_vs_reference"].median().idxmax()
+        r = other[other["config"] == best]["aggregate_vs_reference"]
+        out.append(sd.w("h_engines", other=lab.get(best, best), ref=lab.get(ref, ref), n=len(r),
+                        lo=pct((r.min() - 1) * 100), hi=pct((r.max() - 1) * 100)) + " " + link(sd, "gpu"))
+    out.append(cost_sentence(sd) + " " + link(sd, "cost"))
+    return out
+
+
+# -- progression table -------------------------------------------------------------------------------
+
+def startup_s(sd: StudyData, cid: str) -> float:
+    return float((sd.runs.get(cid) or {}).get("server", {}).get("startup_s") or math.nan)
+
+
+def _startup_cell(sd: StudyData, cid: str, base: str) -> str:
+    from .levels import compile_s
+
+    a, b = startup_s(sd, base), startup_s(sd, cid)
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return rh.MISSING
+    comp, _ = compile_s(sd, cid)
+    if math.isfinite(comp):
+        return sd.w("story.startup_compile", a=num(a, 0), b=num(b, 0), c=num(comp, 0))
+    return f"{num(a, 0)} → {num(b, 0)}"
+
+
+def progression_table(sd: StudyData) -> Any:
+    """One row per change: from -> to, what changed, on how many levels it matters, the change
+    there (range), the largest change elsewhere, start-up beside it, and outputs vs baseline."""
+    eff = effects(sd)
+    if eff.empty:
+        return None
+    lab, cols, rows, multi = sd.labels(), sd.w("story.progression_columns"), [], False
+    for cid, e in eff.groupby("config", sort=False):
+        base = e["baseline"].iloc[0]
+        hit, rest = e[e["matters"]], e[~e["matters"]]
+        mark = ""
+        if len(settings_changed(sd, cid, base)) > 1:
+            mark, multi = " †", True
+        there = rh.MISSING
+        if len(hit):
+            lo, hi = hit["change_pct"].min(), hit["change_pct"].max()
+            there = pct(lo) if len(hit) == 1 else sd.w("story.range", lo=pct(lo), hi=pct(hi))
+        elsewhere = pct(rest.loc[rest["change_pct"].abs().idxmax(), "change_pct"]) if len(rest) else rh.MISSING
+        rows.append([f"{lab.get(base, base)} → {lab.get(cid, cid)}", change_text(sd, cid, base),
+                     sd.w("story.k_of_n", k=len(hit), n=len(e)) + mark, there, elsewhere,
+                     _startup_cell(sd, cid, base), quality_cell(sd, cid, base)])
+    t = pd.DataFrame(rows, columns=cols)
+    notes = {"†": sd.w("story.multi_change")} if multi else None
+    return rh.table(t, sd.w("story.progression_caption"), notes=notes)
