@@ -68,9 +68,11 @@ def test_the_stage_on_the_dummy_weight_study_writes_not_measurable(tmp_path):
     study = load_study("params/local-cpu-kv.yaml")  # the dummy-weight study
     cid = study.configurations[0].id
     write_json(tmp_path / ENGINE_JSON, {"base_url": "http://127.0.0.1:9", "model": "m", "info": {}})
-    q = stages.quality(study, cid, tmp_path)
+    from servelab.plan import plan_study
+
+    q = stages.quality(plan_study(study)[cid], tmp_path)
     assert q["measurable"] is False and q["reason"] == DUMMY_REASON
     assert json.loads((tmp_path / "quality.json").read_text())["measurable"] is False
     off = study.model_copy(update={"quality": study.quality.model_copy(update={"enabled": False})})
     (tmp_path / "quality.json").unlink()
-    assert stages.quality(off, cid, tmp_path) is None and not (tmp_path / "quality.json").exists()
+    assert stages.quality(plan_study(off)[cid], tmp_path) is None and not (tmp_path / "quality.json").exists()

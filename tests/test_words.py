@@ -113,10 +113,11 @@ def test_findings_are_said_in_the_page_language(lang, expect):
     assert "KV" in said and ("；" in said) == (lang == "ja")
 
 
-def test_the_published_japanese_page_is_japanese():
+@pytest.mark.parametrize("page_path", sorted((ROOT / "reports").glob("*/index.ja.html")), ids=lambda p: p.parent.name)
+def test_the_published_japanese_page_is_japanese(page_path):
     # visible text only: no scripts, styles, figures, launch commands (<pre>), code or the
     # study's own prompt text (<em>); what is left must not hold an English phrase of 4+ words
-    page = (ROOT / "reports" / "local-cpu" / "index.ja.html").read_text(encoding="utf-8")
+    page = page_path.read_text(encoding="utf-8")
     page = re.sub(r"<(script|style|pre|code|em)\b[^>]*>.*?</\1>", " ", page, flags=re.S)
     text = re.sub(r"<[^>]+>", "\n", re.sub(r"<img[^>]*>", "", page))
     english = [line.strip() for line in text.splitlines()

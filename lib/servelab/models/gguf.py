@@ -20,6 +20,8 @@ import time
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from pathlib import Path
+
+from ..errors import ServelabError
 from typing import Any
 
 GGUF_RECIPE_VERSION = "gguf-1"
@@ -29,7 +31,7 @@ MANIFEST_NAME = "servelab_model.json"  # written last; marks a finished build
 BUILD_LOG_NAME = ".servelab_build.json"  # build timings: hidden, so outside the content hash
 
 
-class GgufError(RuntimeError):
+class GgufError(ServelabError, RuntimeError):
     """The GGUF source of a preset is missing or is not the pinned file."""
 
 

@@ -84,7 +84,7 @@ def method_text_prompt_sets(sd: StudyData) -> str:
 
 
 def in_flight(sd: StudyData, n: Any) -> str:
-    """"1 request in flight" / "4 requests in flight" (並列数 4)."""
+    """"1 request in flight" / "4 requests in flight"."""
     n = int(n)
     return sd.w("story.in_flight_one") if n == 1 else sd.w("story.in_flight_many", n=n)
 
