@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from .parts import (GPU_AMI_PARAMETER, HOST_KINDS, HOURS_PER_MONTH, AttachHostParams, AttachParams, AwsEcsHostParams,
                     AwsInstanceHostParams, AwsParams, Bucket, Configuration, CostParams, EngineParams, HostParams,
                     LocalHostParams, ModelRef, Slo, Strict, Workload, DeviceParams, PeerRun, StudyTexts)
+from .sources import RampUp, SessionTemplate, TraceSource
 
 class Study(Strict):
     @model_validator(mode="before")
@@ -245,4 +246,5 @@ def study_from_dict(data: dict[str, Any], source: str = "<params>") -> Study:
 __all__ = ["Study", "ParamsError", "load_study", "study_from_dict", "upgrade", "format_errors", "validate_engines",
            "resolve_profile", "resolve_engine", "GPU_AMI_PARAMETER", "HOST_KINDS", "HOURS_PER_MONTH", "AttachHostParams",
            "AttachParams", "AwsEcsHostParams", "AwsInstanceHostParams", "AwsParams", "Bucket", "Configuration",
-           "CostParams", "DeviceParams", "PeerRun", "StudyTexts", "EngineParams", "HostParams", "LocalHostParams", "ModelRef", "Slo", "Strict", "Workload"]
+           "CostParams", "DeviceParams", "PeerRun", "StudyTexts", "EngineParams", "HostParams", "LocalHostParams", "ModelRef", "Slo", "Strict", "Workload",
+           "RampUp", "SessionTemplate", "TraceSource"]

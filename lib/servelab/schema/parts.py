@@ -9,9 +9,11 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from ..prices import PriceError, resolve_managed
 from ..secrets import SECRET_FLAG, SECRET_HEADER, SECRET_NAME
+from .sources import RampUp, SessionTemplate, TraceSource
 
 HOURS_PER_MONTH = 730.0
 
@@ -238,16 +240,56 @@ HostParams = Annotated[LocalHostParams | AttachHostParams | AwsEcsHostParams | A
 HOST_KINDS = ("local", "attach", "aws-ecs", "aws-instance")
 
 class Bucket(Strict):
-    input_tokens: int = Field(..., gt=0, description="prompt tokens after the chat template")
-    output_tokens: int = Field(..., gt=0, description="max_tokens with ignore_eos: exact output length")
+    trace: TraceSource | None = Field(None, description="replay a request trace: its arrivals, lengths and "
+                                      "prefix blocks (measure.sources.trace)")
+    input_tokens: int | None = Field(None, gt=0, validate_default=True, description="prompt tokens after the chat template (a session: "
+                                     "each new message; required unless the bucket replays a trace)")
+    output_tokens: int | None = Field(None, gt=0, validate_default=True, description="max_tokens with ignore_eos: exact output length "
+                                      "(required unless the bucket replays a trace)")
     shared_prefix: bool = Field(
         False, description="one cache_salt for the whole bucket so the prefix cache is hit on purpose"
     )
     name: str | None = Field(None, description="label (default in<input>-out<output>)")
+    prefix_reuse: float | None = Field(
+        None, ge=0, lt=1, description="share of each prompt's tokens that the server's prefix cache can reuse: "
+        "a shared prefix of that many tokens (whole KV blocks) under one cache_salt per level, then a unique tail")
+    session: SessionTemplate | None = Field(None, description="send multi-turn conversations (measure.sources.session)")
+
+    @field_validator("input_tokens", "output_tokens")
+    @classmethod
+    def _needed(cls, v: int | None, info: Any) -> int | None:
+        if v is None and info.data.get("trace") is None and "trace" in info.data:
+            raise PydanticCustomError("missing", "Field required")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Bucket":
+        if self.trace is not None:
+            extra = [k for k in ("input_tokens", "output_tokens", "prefix_reuse", "session")
+                     if getattr(self, k) is not None] + (["shared_prefix"] if self.shared_prefix else [])
+            if extra:
+                raise ValueError(f"a trace bucket takes its lengths from the trace; remove {', '.join(extra)}")
+            return self
+        if self.prefix_reuse is not None and (self.session is not None or self.shared_prefix):
+            raise ValueError("prefix_reuse sets the reuse of independent requests; a session or shared_prefix "
+                             "bucket sets its own")
+        return self
+
+    @property
+    def source(self) -> str:
+        """Which workload source builds this bucket's requests: filler, session or trace."""
+        return "trace" if self.trace else "session" if self.session else "filler"
 
     @property
     def label(self) -> str:
-        return self.name or f"in{self.input_tokens}-out{self.output_tokens}"
+        if self.name:
+            return self.name
+        if self.trace:
+            return "trace-" + re.split(r"[\\/]", self.trace.path)[-1].split(".")[0]
+        base = f"in{self.input_tokens}-out{self.output_tokens}"
+        if self.session:
+            return f"{self.session.kind}{self.session.turns}-{base}"
+        return base + (f"-reuse{round(self.prefix_reuse * 100)}" if self.prefix_reuse is not None else "")
 
 class WorkerBackend(Strict):
     """Where the client workers run: local processes, or Ray actors on a cluster (measure.ray_pool)."""
@@ -283,8 +325,16 @@ class Workload(Strict):
     cache_salt: bool = Field(True, description="send a unique cache_salt per request (shared per shared_prefix bucket)")
     chat_template_kwargs: dict[str, Any] | None = Field(None, description="passed through, e.g. enable_thinking")
     continuous_usage_stats: bool = Field(False, description="ask for cumulative usage in every chunk")
-    arrival: Literal["concurrency", "constant", "poisson"] = Field(
-        "concurrency", description="closed loop at fixed concurrency, or open loop at request rates")
+    arrival: Literal["concurrency", "constant", "poisson", "gamma"] = Field(
+        "concurrency", description="closed loop at fixed concurrency, or open loop at request rates "
+        "(gamma: Poisson with burstiness, vLLM's definition)")
+    burstiness: float = Field(1.0, gt=0, description="arrival gamma: the gamma shape of inter-arrival gaps at the "
+                              "same mean rate (vLLM bench --burstiness): 1 = Poisson, < 1 burstier, > 1 more even")
+    ramp_up: RampUp | None = Field(None, description="open loop: the rate moves from start_rps to end_rps over "
+                                   "each round instead of staying at the level's rate")
+    round_duration_s: float | None = Field(
+        None, gt=0, description="closed loop: each round sends for this many seconds (then lets in-flight requests "
+        "end) instead of a fixed request count")
     rates_rps: list[Annotated[float, Field(gt=0)]] = Field(
         default_factory=list, description="request rates (per second) for constant/poisson arrivals")
     duration_s: float = Field(20.0, gt=0, description="length of one open-loop round (n = rate x duration)")
@@ -303,7 +353,7 @@ class Workload(Strict):
 
     @model_validator(mode="after")
     def _rates(self) -> "Workload":
-        if self.arrival != "concurrency" and not self.rates_rps:
+        if self.arrival != "concurrency" and not self.rates_rps and not all(b.trace for b in self.buckets):
             raise ValueError(f"arrival '{self.arrival}' needs rates_rps (requests per second)")
         return self
 
