@@ -53,3 +53,24 @@ def test_asked_hit_rate_lands_by_the_servers_counters(engine, tmp_path):
     print("\nhit rate asked vs counters:", half[["concurrency", "asked_hit_rate", "counter_hit_rate",
                                                  "ttft_hit_p50_s"]].to_dict("records"),
           "misses:", none[["concurrency", "ttft_miss_p50_s"]].to_dict("records"))
+
+
+def test_later_session_turns_are_served_from_the_cache(engine, tmp_path):
+    b = Bucket(input_tokens=64, output_tokens=16,
+               session={"kind": "agent", "turns": 4, "system_tokens": 300, "tool_result_tokens": 48,
+                        "think_time_s": 0.1})
+    wl = Workload(buckets=[b], concurrency=[2], warmup_rounds=0, rounds=1, requests_per_round=1, timeout_s=120)
+    assert _run(engine, wl, tmp_path / "s").status == "complete"
+    recs = load_records(tmp_path / "s")
+    assert len(recs) == 2 * 4 and recs["ok"].all()
+    for _, g in recs.groupby("session_id"):
+        g = g.sort_values("turn")
+        p, cached = g["prompt_tokens"].tolist(), g["cached_tokens"].tolist()
+        assert cached[0] == 0  # its own salt: nothing from the other session
+        for t in range(1, 4):  # the whole previous prompt is a prefix of this one: its full blocks hit
+            assert cached[t] >= p[t - 1] // 32 * 32, (t, p, cached)
+            assert cached[t] < p[t]
+    th = turn_hits(recs)
+    assert th.loc[th["turn"] == 0, "cached_share_p50"].iloc[0] == 0
+    assert (th.loc[th["turn"] > 0, "cached_share_p50"] > 0.6).all()
+    print("\nsession turns:", th[["turn", "prompt_tokens_p50", "cached_share_p50", "ttft_p50_s"]].to_dict("records"))
