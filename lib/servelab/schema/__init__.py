@@ -208,9 +208,7 @@ def _one_of(values: tuple[str, ...]) -> str:
     q = [f"'{v}'" for v in values]
     return ", ".join(q[:-1]) + f" or {q[-1]}"
 
-def load_study(path: str | Path) -> Study:
-    """Read and validate a study file. Raises ParamsError naming file, key and expectation."""
-    path = Path(path)
+def _read_mapping(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise ParamsError(f"{path}: no such params file")
     try:
@@ -221,10 +219,35 @@ def load_study(path: str | Path) -> Study:
         raise ParamsError(f"{path}:{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
     if not isinstance(data, dict):
         raise ParamsError(f"{path}: <top>: expected a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def load_study(path: str | Path) -> Study:
+    """Read and validate a study file. Raises ParamsError naming file, key and expectation."""
+    path = Path(path)
+    data = _read_mapping(path)
     try:
         return Study.model_validate(data)
     except ValidationError as e:
         raise ParamsError(format_errors(path, e)) from None
+
+
+class WorkloadBlock(Strict):
+    """A file holding only a `workload:` block (what `servelab workload from-log` writes)."""
+
+    workload: Workload = Field(..., description="what is sent")
+
+
+def load_params(path: str | Path) -> "Study | WorkloadBlock":
+    """A study file, or a file with only a `workload:` block; ParamsError as `load_study`."""
+    path = Path(path)
+    data = _read_mapping(path)
+    if set(data) != {"workload"}:
+        return load_study(path)
+    try:
+        return WorkloadBlock.model_validate(data)
+    except ValidationError as e:
+        raise ParamsError(format_errors(path, e, WorkloadBlock)) from None
 
 def upgrade(data: dict[str, Any]) -> dict[str, Any]:
     """A study as servelab 0.1 wrote it into study.json (published reports) in today's shape:
@@ -247,4 +270,4 @@ __all__ = ["Study", "ParamsError", "load_study", "study_from_dict", "upgrade", "
            "resolve_profile", "resolve_engine", "GPU_AMI_PARAMETER", "HOST_KINDS", "HOURS_PER_MONTH", "AttachHostParams",
            "AttachParams", "AwsEcsHostParams", "AwsInstanceHostParams", "AwsParams", "Bucket", "Configuration",
            "CostParams", "DeviceParams", "PeerRun", "StudyTexts", "EngineParams", "HostParams", "LocalHostParams", "ModelRef", "Slo", "Strict", "Workload",
-           "RampUp", "SessionTemplate", "TraceSource"]
+           "RampUp", "SessionTemplate", "TraceSource", "WorkloadBlock", "load_params"]
