@@ -68,3 +68,23 @@ def turn_hits(records: pd.DataFrame) -> pd.DataFrame:
                      "prompt_tokens_p50": float(g["prompt_tokens"].median()),
                      "cached_share_p50": float(share.median()), "ttft_p50_s": _pct(g["ttft_s"], 50)})
     return pd.DataFrame(rows)
+
+
+# A level asked a hit rate and got this many points less (server counters, else usage).
+MISSED_TARGET_POINTS = 0.10
+
+
+def cache_symptoms(levels: pd.DataFrame) -> list[tuple[str, dict[str, Any]]]:
+    """Findings from the hit rate, as (i18n key, values): an asked rate missed by more than
+    MISSED_TARGET_POINTS (evicted or misaligned prefix), and hits that were not faster to the
+    first token than misses at the same level (queueing dominates the prefill saved)."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    for _, r in levels.iterrows() if not levels.empty else []:
+        measured = r["counter_hit_rate"] if r["counter_hit_rate"] == r["counter_hit_rate"] else r["usage_hit_rate"]
+        d = {**r.to_dict(), "measured_hit_rate": measured}
+        if r["asked_hit_rate"] == r["asked_hit_rate"] and measured < r["asked_hit_rate"] - MISSED_TARGET_POINTS:
+            out.append(("workload.symptom_missed_target", d))
+        if (r["source"] == "filler" and r["hit_requests"] and r["miss_requests"]
+                and r["ttft_hit_p50_s"] >= r["ttft_miss_p50_s"]):
+            out.append(("workload.symptom_hits_not_faster", d))
+    return out

@@ -16,6 +16,7 @@ from ..analysis import change_effects, config_diff, flatten, goodput, knee
 from ..summary import DEFINITIONS
 from . import html as rh
 from .load import StudyData, baselines, engine_gpus
+from .workload import extra_definitions
 
 
 def num(x: Any, nd: int | None = None) -> str:
@@ -174,7 +175,8 @@ def method_text(sd: StudyData) -> str:
     first = next(iter(sd.runs.values()), {})
     cal = first.get("calibration", {})
     counter = next(iter(cal.values()), {}).get("counter", "the server's /tokenize")
-    achieved = ", ".join(f"{v['target_tokens']:,} → {v['tokens']:,}" for v in cal.values()) or rh.MISSING
+    achieved = ", ".join(f"{v['target_tokens']:,} → {v['tokens']:,}" for v in cal.values()
+                         if "target_tokens" in v) or rh.MISSING
     api = "/v1/chat/completions" if wl.api == "chat" else "/v1/completions"
     return sd.w("method_body", api=api, temperature=wl.temperature, seed=wl.seed, prompt_text=wl.prompt_text,
                 counter=counter, calibration=achieved, warmup=wl.warmup_rounds, rounds=wl.rounds,
@@ -183,7 +185,8 @@ def method_text(sd: StudyData) -> str:
 
 def definitions_table(sd: StudyData) -> Any:
     cols = sd.w("sections_186")
-    return rh.table(pd.DataFrame(list(DEFINITIONS.items()), columns=cols), sd.w("t_definitions"))
+    rows = list(DEFINITIONS.items()) + extra_definitions(sd)
+    return rh.table(pd.DataFrame(rows, columns=cols), sd.w("t_definitions"))
 
 
 def devices_text(sd: StudyData) -> str:

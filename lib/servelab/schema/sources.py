@@ -39,7 +39,7 @@ class TraceSource(_Strict):
 
     path: str = Field(..., description="trace file: Azure LLM inference CSV (TIMESTAMP, ContextTokens, "
                       "GeneratedTokens) or Mooncake JSONL (timestamp ms, input_length, output_length, hash_ids); "
-                      "a relative path is read from the directory servelab runs in")
+                      "a relative path is taken from the current folder, else the repository root")
     format: Literal["azure", "mooncake"] | None = Field(None, description="file format (default: by extension, "
                                                         ".csv = azure, .jsonl = mooncake)")
     time_scale: float = Field(1.0, gt=0, description="multiply every arrival offset by this (2 = half the rate)")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...paths import resolve
 from ...schema import Bucket, TraceSource, Workload
 from ..workload import TokenCounter
 from .base import Draft, RoundCtx, letter_words
@@ -44,6 +45,7 @@ def read_trace(path: str | Path, fmt: str | None = None) -> list[TraceRow]:
     """Every row of a trace file, sorted by arrival, offsets from the first arrival (s).
     Raises ValueError for a file without the format's columns."""
     kind = trace_format(path, fmt)
+    path = resolve(path)
     if kind == "azure":
         import pandas as pd
 
