@@ -27,13 +27,11 @@ from tqdm.auto import tqdm
 
 from ..hosts.base import Server
 from ..runfolder import CLIENT_STATS, GPU_METRICS, LEVELS, RECORDS, SERVER_METRICS, JsonlWriter, RunFolder, now_iso, read_jsonl
-from ..schema import Bucket, Workload
+from ..schema import Workload
 from . import client as sc
-from . import arrivals
-from .sources import Draft, RoundCtx, make_source
-from .sources.trace import load as load_trace, mean_rate_rps
+from .grid import Level, cache_counters, arrival_offsets, levels, make_sources, requests_per_round
+from .sources import Draft, RoundCtx
 from .workers import Job, PoolLost, WorkerPool, make_pool, run_round, run_sync, worker_count
-from .workload import token_counter
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -51,18 +49,6 @@ class RunAborted(RuntimeError):
 
 
 @dataclass
-class Level:
-    bucket: Bucket
-    concurrency: int  # closed loop: in-flight requests; open loop: the cap
-    rate_rps: float = 0.0  # 0 = closed loop
-
-    @property
-    def label(self) -> str:
-        load = f"rate={self.rate_rps:g}/s" if self.rate_rps else f"c={self.concurrency}"
-        return f"{self.bucket.label} {load}"
-
-
-@dataclass
 class RunResult:
     run_dir: Path
     status: str
@@ -70,59 +56,6 @@ class RunResult:
     summary: Any
     message: str = ""
     calibration: dict[str, Any] = field(default_factory=dict)
-
-
-def levels(wl: Workload) -> list[Level]:
-    """The grid: bucket x concurrency (closed loop) or bucket x rate (open loop); a trace
-    bucket is one level at its own arrivals (capped at max_in_flight)."""
-    out = []
-    for b in wl.buckets:
-        if b.trace is not None:
-            out.append(Level(b, wl.max_in_flight, mean_rate_rps(load_trace(b.trace))))
-        elif wl.arrival == "concurrency":
-            out.extend(Level(b, c) for c in wl.concurrency)
-        else:
-            out.extend(Level(b, wl.max_in_flight, r) for r in wl.rates_rps)
-    return out
-
-
-def requests_per_round(wl: Workload, lv: Level) -> int:
-    """Items of one round: requests, or sessions for a session bucket (each of `turns` requests)."""
-    if lv.bucket.trace is not None:
-        return len(load_trace(lv.bucket.trace))
-    if lv.rate_rps:
-        return max(1, round(lv.rate_rps * wl.duration_s))
-    return lv.concurrency * wl.requests_per_round
-
-
-def arrival_offsets(wl: Workload, lv: Level, n: int, seed: int) -> list[float]:
-    """Scheduled send times (s from round start) for open-loop arrivals (`arrivals.offsets`)."""
-    ramp = (wl.ramp_up.strategy, wl.ramp_up.start_rps, wl.ramp_up.end_rps) if wl.ramp_up else None
-    return arrivals.offsets(wl.arrival, lv.rate_rps, n, seed, burstiness=wl.burstiness, ramp=ramp)
-
-
-def make_sources(server: Server, wl: Workload, warn: Callable[[str], None] = print) -> dict[str, Any]:
-    """One calibrated workload source per bucket label (`sources.make_source`)."""
-    counter = token_counter(server.base_url, server.model, wl.api, server.headers, server.tokenizer_dir,
-                            wl.chat_template_kwargs, warn=warn)
-    block = None
-    if any(b.prefix_reuse is not None for b in wl.buckets):
-        from .metrics import snapshot
-
-        sample = run_sync(snapshot(server.base_url, server.headers))
-        block = getattr(sample, "block_size", None)
-        if not block:
-            warn("the server reports no KV block size on /metrics: prefix_reuse counted in single tokens")
-    return {b.label: make_source(b, wl, counter, block) for b in wl.buckets}
-
-
-async def _cache_counters(server: Server) -> tuple[float, float] | None:
-    """(prefix-cache tokens queried, tokens hit) from the server's counters, None without them."""
-    from .metrics import snapshot
-
-    s = await snapshot(server.base_url, server.headers)
-    q, h = (getattr(s, "prefix_cache_queries_total", None), getattr(s, "prefix_cache_hits_total", None))
-    return (float(q), float(h)) if q is not None and h is not None else None
 
 
 async def _server_healthy(c: sc.StreamClient) -> bool:
@@ -297,7 +230,7 @@ class LevelRunner:
             bar.set_description(f"{self.config_id} {lv.label} {'warmup' if warm else 'round'} {rnd + 1}/{n_rounds}")
             results: list[dict[str, Any]] = []
             if rnd == wl.warmup_rounds:
-                counters0 = await _cache_counters(self.server)
+                counters0 = await cache_counters(self.server)
             def on_result(job: Job, res: Any, lag: float | None) -> None:
                 nonlocal sent, failed
                 rec = self._record(li, lv, rnd, warm, job, res, lag)
@@ -340,7 +273,7 @@ class LevelRunner:
                 self.message += f"level '{lv.label}': {verdict}. "
                 self.status = "partial"
                 break
-        counters1 = await _cache_counters(self.server) if counters0 else None
+        counters1 = await cache_counters(self.server) if counters0 else None
         cache = ({"prefix_cache_queries": counters1[0] - counters0[0], "prefix_cache_hits": counters1[1] - counters0[1]}
                  if counters0 and counters1 else {})
         lw.write({"level": li, "label": lv.label, "status": verdict, "sent": sent, "failed": failed, **cache})
