@@ -121,3 +121,16 @@ def test_gamma_keeps_the_rate_and_sets_the_burstiness():
     assert arrivals.burstiness_of(arrivals.offsets("poisson", 10.0, 4000, 7)) == pytest.approx(1.0, rel=0.1)
     ramp = arrivals.offsets("constant", 0, 5, 0, ramp=("linear", 1.0, 5.0))
     assert np.diff(ramp) == pytest.approx([1 / 1, 1 / 2, 1 / 3, 1 / 4])
+
+
+def test_duration_bounded_closed_loop_rounds(refserver, tmp_path):
+    srv = refserver(ttft_s=0.02, itl_s=0.005)
+    wl = Workload(buckets=[Bucket(input_tokens=10, output_tokens=10)], concurrency=[2], warmup_rounds=0, rounds=1,
+                  round_duration_s=0.6, timeout_s=10)
+    run_workload(Server(base_url=srv.url, model="ref"), wl, tmp_path / "d", study="t", config_id="c",
+                 record=base_record("t", "c"), progress=False, metrics_interval_s=0)
+    recs = load_records(tmp_path / "d")
+    starts = recs["start_s"] - recs["start_s"].min()
+    assert starts.max() < 0.6 + 0.02  # nothing starts after the round's duration
+    assert len(recs) >= 2 * 0.6 / 0.2  # each request takes ~0.07 s: the loop kept both slots busy
+    assert recs["seq"].is_unique and recs["ok"].all()

@@ -22,7 +22,7 @@ def _pct_text(v: float) -> str:
 
 
 def _level(row: Any) -> str:
-    if row.get("arrival") == "trace":
+    if row.get("arrival") == "trace" or row.get("source") == "trace":
         return "trace"
     return f"rate={row['rate_rps']:g}/s" if row.get("rate_rps") else f"c={int(row['concurrency'])}"
 
@@ -56,7 +56,8 @@ def extra_definitions(sd: StudyData) -> list[tuple[str, str]]:
 
 def sources_text(sd: StudyData) -> str:
     """One line per bucket: its source and what was asked of it (scaling said for traces)."""
-    w, lines = sd.w, [w("workload.intro")]
+    w = sd.w
+    lines = [w("workload.intro")]
     cal = next(iter(sd.runs.values()), {}).get("calibration", {}) if sd.runs else {}
     r = sd.records
     for b in sd.study.workload.buckets:
