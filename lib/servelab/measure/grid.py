@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import httpx
+
 from ..hosts.base import Server
 from ..schema import Bucket, Workload
 from . import arrivals
@@ -67,7 +69,10 @@ def make_sources(server: Server, wl: Workload, warn: Callable[[str], None] = pri
     if any(b.prefix_reuse is not None for b in wl.buckets):
         from .metrics import snapshot
 
-        sample = run_sync(snapshot(server.base_url, server.headers))
+        try:
+            sample = run_sync(snapshot(server.base_url, server.headers))
+        except (httpx.HTTPError, ValueError):
+            sample = None
         block = getattr(sample, "block_size", None)
         if not block:
             warn("the server reports no KV block size on /metrics: prefix_reuse counted in single tokens")
@@ -78,6 +83,9 @@ async def cache_counters(server: Server) -> tuple[float, float] | None:
     """(prefix-cache tokens queried, tokens hit) from the server's counters, None without them."""
     from .metrics import snapshot
 
-    s = await snapshot(server.base_url, server.headers)
+    try:
+        s = await snapshot(server.base_url, server.headers)
+    except (httpx.HTTPError, ValueError):  # no counters is no check, never a failed run
+        return None
     q, h = (getattr(s, "prefix_cache_queries_total", None), getattr(s, "prefix_cache_hits_total", None))
     return (float(q), float(h)) if q is not None and h is not None else None
