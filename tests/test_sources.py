@@ -134,3 +134,16 @@ def test_duration_bounded_closed_loop_rounds(refserver, tmp_path):
     assert starts.max() < 0.6 + 0.02  # nothing starts after the round's duration
     assert len(recs) >= 2 * 0.6 / 0.2  # each request takes ~0.07 s: the loop kept both slots busy
     assert recs["seq"].is_unique and recs["ok"].all()
+
+
+def test_sessions_start_at_open_loop_arrivals(refserver, tmp_path):
+    srv = refserver(ttft_s=0.01, itl_s=0.001)
+    b = Bucket(input_tokens=10, output_tokens=3, session={"turns": 2})
+    wl = Workload(buckets=[b], arrival="constant", rates_rps=[5.0], duration_s=1.0, concurrency=[1],
+                  warmup_rounds=0, rounds=1, timeout_s=10)
+    run_workload(Server(base_url=srv.url, model="ref"), wl, tmp_path / "o", study="t", config_id="c",
+                 record=base_record("t", "c"), progress=False, metrics_interval_s=0)
+    recs = load_records(tmp_path / "o")
+    assert len(recs) == 5 * 2 and recs["session_id"].nunique() == 5
+    first = recs[recs["turn"] == 0].sort_values("start_s")["start_s"]
+    assert np.diff(first.to_numpy()) == pytest.approx([0.2] * 4, abs=0.03)  # a session every 1 / 5 s

@@ -89,3 +89,13 @@ async def cache_counters(server: Server) -> tuple[float, float] | None:
         return None
     q, h = (getattr(s, "prefix_cache_queries_total", None), getattr(s, "prefix_cache_hits_total", None))
     return (float(q), float(h)) if q is not None and h is not None else None
+
+
+def planned_requests(wl: Workload) -> int:
+    """Requests one configuration sends (warmup included): sessions count their turns, a
+    trace bucket its replayed rows per round."""
+    n = 0
+    for lv in levels(wl):
+        turns = lv.bucket.session.turns if lv.bucket.session else 1
+        n += (wl.warmup_rounds + wl.rounds) * requests_per_round(wl, lv) * turns
+    return n
