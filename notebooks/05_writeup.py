@@ -25,6 +25,7 @@ from servelab.report import diagnosis as dg
 from servelab.report import html as rh
 from servelab.report import gpu, levels, money, plots
 from servelab.report import sections as sec
+from servelab.report import workload as wk
 
 sd = load_study_data(study_dir)
 sd = sd.with_language(language) if language else sd
@@ -141,6 +142,13 @@ Markdown(f"{sec.anchor('symptoms', w('section.symptoms'), 3)}\n\n{dg.client_over
 
 # %%
 Markdown("\n\n".join(dg.symptom_text(sd, cid) for cid in sd.config_ids))
+
+# %%
+wk_text, wk_items = wk.section(sd)
+if wk_text:
+    display(Markdown(wk_text))
+    for item in wk_items:
+        display(Markdown(item) if isinstance(item, str) else item)
 
 # %%
 gpu_text, gpu_tables = gpu.gpu_tables(sd)

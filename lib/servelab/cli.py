@@ -42,14 +42,31 @@ def cmd_model(a: argparse.Namespace) -> int:
 
 def cmd_validate(a: argparse.Namespace) -> int:
     bad = 0
+    from .schema import WorkloadBlock, load_params
+
     for p in a.params:
         try:
-            s = load_study(p)
+            s = load_params(p)
+            if isinstance(s, WorkloadBlock):
+                print(f"{p}: ok (a workload block: {len(s.workload.buckets)} buckets)")
+                continue
             print(f"{p}: ok ({s.study}: {len(s.configurations)} configurations)")
         except ParamsError as e:
             print(str(e), file=sys.stderr)
             bad += 1
     return EXIT_FAIL if bad else 0
+
+
+def cmd_workload(a: argparse.Namespace) -> int:
+    from .analysis.traffic import workload_yaml
+
+    text = workload_yaml(a.file, a.buckets)
+    if a.out:
+        Path(a.out).write_text(text)
+        print(f"{a.out}: workload block from {a.file}")
+    else:
+        print(text, end="")
+    return 0
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
@@ -144,6 +161,15 @@ def parser() -> argparse.ArgumentParser:
     v = sub.add_parser("validate", help="validate params files")
     v.add_argument("params", nargs="+")
     v.set_defaults(fn=cmd_validate)
+
+    w = sub.add_parser("workload", help="workload blocks from observed traffic")
+    wsub = w.add_subparsers(dest="action", required=True)
+    fl = wsub.add_parser("from-log", help="propose a workload: block from an OpenAI-style request log "
+                         "(JSONL with messages and usage) or a trace (Azure CSV, Mooncake JSONL)")
+    fl.add_argument("file", help="the log or trace file")
+    fl.add_argument("--buckets", type=int, default=3, help="buckets at input-length quantiles (default 3)")
+    fl.add_argument("--out", help="write the block here (default: print it)")
+    w.set_defaults(fn=cmd_workload)
 
     b = sub.add_parser("bench", help="benchmark a running OpenAI-compatible server")
     b.add_argument("url")

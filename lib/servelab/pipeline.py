@@ -134,7 +134,9 @@ def describe(study: Study) -> str:
 
     lines = [f"study {study.study}: {study.title}"]
     wl = study.workload
-    n = sum((wl.warmup_rounds + wl.rounds) * c * wl.requests_per_round for c in wl.concurrency) * len(wl.buckets)
+    from .measure.grid import planned_requests
+
+    n = planned_requests(wl)
     lines.append(f"workload: {len(wl.buckets)} buckets x concurrency {wl.concurrency}, "
                  f"{wl.warmup_rounds} warmup + {wl.rounds} rounds, {n} requests per configuration")
     plans = plan_study(study)  # derived values (e.g. capture sizes) filled in, one host

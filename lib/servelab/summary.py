@@ -145,6 +145,7 @@ def summarize(df: pd.DataFrame, levels: Any = None) -> pd.DataFrame:
             "aggregate_output_tps_min": float(agg.min()) if len(agg) else float("nan"),
             "aggregate_output_tps_max": float(agg.max()) if len(agg) else float("nan"),
             **_spec_of(counters, str(key[0]), g),
+            **_workload_columns(g, ok),
         })
     return pd.DataFrame(rows)
 
@@ -152,6 +153,26 @@ def summarize(df: pd.DataFrame, levels: Any = None) -> pd.DataFrame:
 def _spec_of(counters: dict[tuple[str, int], dict[str, Any]], config: str, g: pd.DataFrame) -> dict[str, Any]:
     row = counters.get((config, int(g["level"].iloc[0]))) if counters and "level" in g else None
     return spec_rates(row.get("counters"), row.get("measured_s")) if row else spec_rates(None)
+
+
+def _workload_columns(g: pd.DataFrame, ok: pd.DataFrame) -> dict[str, Any]:
+    """Columns that exist only when the records carry their data (absent, never 0, otherwise):
+    cached-token share and TTFT of hits and misses; time to the first content token and
+    reasoning tokens; open-loop schedule lag."""
+    out: dict[str, Any] = {}
+    if "cached_tokens" in ok and ok["cached_tokens"].notna().any():
+        c = ok[ok["cached_tokens"].notna()]
+        cached = c["cached_tokens"].astype(float)
+        out["cached_share"] = float(cached.sum() / c["prompt_tokens"].sum()) if c["prompt_tokens"].sum() else float("nan")
+        out["ttft_hit_p50_s"] = _pct(c.loc[cached > 0, "ttft_s"], 50)
+        out["ttft_miss_p50_s"] = _pct(c.loc[cached <= 0, "ttft_s"], 50)
+    if "reasoning_chunks" in ok and (ok["reasoning_chunks"].fillna(0) > 0).any():
+        out["content_ttft_p50_s"] = _pct(ok["content_ttft_s"], 50)
+        rt = ok["reasoning_tokens"] if "reasoning_tokens" in ok else pd.Series(dtype=float)
+        out["reasoning_tokens_p50"] = float(rt.median()) if rt.notna().any() else float("nan")
+    if "send_lag_s" in g and g["send_lag_s"].notna().any() and "source" in g:
+        out["send_lag_p99_s"] = _pct(g["send_lag_s"], 99)
+    return out
 
 
 def format_table(s: pd.DataFrame) -> str:

@@ -37,7 +37,8 @@ CANCELLED = "cancelled"
 
 @dataclass
 class RequestSpec:
-    """What to send. `prompt` is a chat user message (api=chat) or raw text (api=completions)."""
+    """What to send. `prompt` is a chat user message (api=chat) or raw text (api=completions);
+    `messages`, when given, is the whole chat conversation instead (sessions)."""
 
     prompt: str
     max_tokens: int
@@ -51,6 +52,7 @@ class RequestSpec:
     continuous_usage_stats: bool = False
     extra_body: dict[str, Any] = field(default_factory=dict)
     messages: list[dict[str, Any]] | None = None  # api=chat: the whole conversation instead of `prompt`
+    keep_text: bool = False  # return the answer's text (a session resends it as history)
 
     def path(self) -> str:
         return "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
@@ -103,6 +105,10 @@ class Result:
     output_chars: int = 0
     server_chunk_ns: list[int] = field(default_factory=list)  # emission stamps (reference server only)
     server_due_ns: list[int] = field(default_factory=list)  # their scheduled times (reference server only)
+    content_ttft_s: float | None = None  # first chunk carrying answer content (after any reasoning)
+    reasoning_chunks: int = 0  # chunks carrying reasoning_content / reasoning (a separate channel)
+    reasoning_tokens: int | None = None  # usage.completion_tokens_details.reasoning_tokens, when given
+    output_text: str | None = None  # the answer's content, only when RequestSpec.keep_text
 
     @property
     def decode_tps(self) -> float | None:
@@ -142,6 +148,8 @@ class StreamParser:
         self.done = False
         self.usage: dict[str, Any] | None = None
         self._tail = b""  # bytes after the last newline, waiting for the rest of their line
+        self.keep_text = False
+        self.text: list[str] = []
 
     def feed_bytes(self, data: bytes, t_ns: int) -> None:
         """Raw body bytes as they arrive: each line completed by `data` is parsed with `t_ns`
@@ -192,7 +200,16 @@ class StreamParser:
                     if "servelab_due_ns" in obj:
                         self.r.server_due_ns.append(obj["servelab_due_ns"])
                 d = ch.get("delta") or {}
-                self.r.output_chars += len(d.get("content") or d.get("reasoning_content") or d.get("reasoning") or ch.get("text") or "")
+                content = d.get("content") or ch.get("text") or ""
+                reasoning = d.get("reasoning_content") or d.get("reasoning") or ""
+                self.r.output_chars += len(content or reasoning)
+                if reasoning:
+                    self.r.reasoning_chunks += 1
+                if content:
+                    if self.r.content_ttft_s is None:
+                        self.r.content_ttft_s = t_s
+                    if self.keep_text:
+                        self.text.append(content)
             if ch.get("finish_reason"):
                 self.r.finish_reason = ch["finish_reason"]
         if obj.get("usage"):
@@ -248,6 +265,7 @@ async def _stream(client: "StreamClient", spec: RequestSpec, r: Result, t0: int,
             _fail(r, HTTP_STATUS, f"HTTP {resp.status}: {body[:BODY_EXCERPT_CHARS]}")
             return
         p = StreamParser(r, t0)
+        p.keep_text = spec.keep_text
         try:
             async for data in resp.content.iter_any():  # whatever arrived, parsed by lines in feed_bytes
                 p.feed_bytes(data, time.perf_counter_ns())
@@ -266,6 +284,9 @@ async def _stream(client: "StreamClient", spec: RequestSpec, r: Result, t0: int,
         r.output_tokens = p.usage.get("completion_tokens")
         details = p.usage.get("prompt_tokens_details") or {}
         r.cached_tokens = details.get("cached_tokens")
+        r.reasoning_tokens = (p.usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
+    if spec.keep_text:
+        r.output_text = "".join(p.text)
     if r.output_tokens is None:
         _fail(r, NO_USAGE, "stream carried no usage (stream_options.include_usage ignored?)")
         return

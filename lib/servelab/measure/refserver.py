@@ -36,6 +36,7 @@ class Behaviour:
     seed: int = 0
     metrics: bool = True
     tokenize: bool = True
+    reasoning_tokens: int = 0  # the first n tokens stream on the reasoning channel (delta.reasoning_content)
 
 
 @dataclass
@@ -252,7 +253,7 @@ class RefServer:
         t0 = time.perf_counter()
         sent = 0
         k = max(1, self.b.tokens_per_chunk)
-        templates: dict[int, bytes] = {}
+        templates: dict[tuple[int, bool], bytes] = {}
         while sent < n_tok:
             # absolute schedule: token i is due at ttft + i*itl (+ jitter), so delays never accumulate
             due = self.b.ttft_s + (sent + k - 1) * self.b.itl_s
@@ -269,26 +270,30 @@ class RefServer:
             if fault == "malformed" and sent >= n_tok // 2:
                 await event(b"{not json")
             step = min(k, n_tok - sent)
+            thinking = sent < self.b.reasoning_tokens  # a chunk is on one channel: where it starts
             sent += step
-            if step not in templates:
+            if (step, thinking) not in templates:
                 text = " tok" * step
-                choice = ({"index": 0, "delta": {"content": text}, "finish_reason": None} if chat
+                choice = ({"index": 0, "delta": {"reasoning_content" if thinking else "content": text},
+                           "finish_reason": None} if chat
                           else {"index": 0, "text": text, "finish_reason": None})
                 # performance: the bytes json.dumps({**base, "choices": [...], **stamp}) gives,
                 # serialized once per chunk shape; only the two stamps change per chunk
                 body = json.dumps({**base, "choices": [] if fault == "empty_choices" else [choice]})
-                templates[step] = (body[:-1] + ', "servelab_t_ns": %d, "servelab_due_ns": %d}').encode()
+                templates[step, thinking] = (body[:-1] + ', "servelab_t_ns": %d, "servelab_due_ns": %d}').encode()
             # emission time on the machine-wide monotonic clock: the self-check compares it with
             # the client's arrival time, and with the schedule (server lateness)
-            await event(templates[step] % (time.perf_counter_ns(), int((t0 + due) * 1e9)))
+            await event(templates[step, thinking] % (time.perf_counter_ns(), int((t0 + due) * 1e9)))
             self.stats.generation_tokens_total += step
         if fault != "empty_choices":
             fin = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
                    else {"index": 0, "text": "", "finish_reason": "length"})
             await event({**base, "choices": [fin]})
         if include_usage and fault != "no_usage":
-            await event({**base, "choices": [], "usage": {"prompt_tokens": p_tok, "completion_tokens": n_tok,
-                                                           "total_tokens": p_tok + n_tok}})
+            usage: dict[str, Any] = {"prompt_tokens": p_tok, "completion_tokens": n_tok, "total_tokens": p_tok + n_tok}
+            if self.b.reasoning_tokens:
+                usage["completion_tokens_details"] = {"reasoning_tokens": min(n_tok, self.b.reasoning_tokens)}
+            await event({**base, "choices": [], "usage": usage})
         if fault != "no_done":
             await event(b"[DONE]")
         writer.write(b"0\r\n\r\n")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -25,6 +25,7 @@ class Job:
     seq: int
     spec: sc.RequestSpec
     at_s: float | None = None  # open loop: scheduled offset from round start
+    meta: dict[str, Any] = field(default_factory=dict)  # the source's record fields (stay in the driver)
 
 
 class LoopMonitor:
@@ -59,23 +60,28 @@ class LoopMonitor:
                 "loop_lag_max_s": float(lag.max()), "lag_samples": len(self.lags)}
 
 
-async def run_round(http: sc.StreamClient, jobs: list[Job], concurrency: int, timeout_s: float,
+async def run_round(http: sc.StreamClient, jobs: Any, concurrency: int, timeout_s: float,
                     on_result: Callable[[Job, sc.Result, float | None], None], stop: asyncio.Event,
-                    budget: Callable[[], bool] | None = None) -> dict[str, Any]:
+                    budget: Callable[[], bool] | None = None, duration_s: float | None = None) -> dict[str, Any]:
     """Send `jobs`: closed loop with `concurrency` workers, or at their scheduled times (at_s).
 
     `on_result(job, result, send_lag_s)` is called as each request ends. Sending stops when
-    `stop` is set or `budget()` says the failure budget is spent. Returns the client stats.
+    `stop` is set or `budget()` says the failure budget is spent; with `duration_s` (closed
+    loop; `jobs` may then be an endless iterator) no request starts after that many seconds.
+    Returns the client stats.
     """
     with LoopMonitor() as mon:
-        if jobs and jobs[0].at_s is not None:
+        if isinstance(jobs, list) and jobs and jobs[0].at_s is not None:
             await _open_loop(http, jobs, concurrency, timeout_s, on_result, stop, budget)
         else:
-            queue = list(reversed(jobs))
+            it = iter(jobs)
+            end = time.perf_counter() + duration_s if duration_s else None
 
             async def worker() -> None:
-                while queue and not stop.is_set() and not (budget and budget()):
-                    job = queue.pop()
+                while not stop.is_set() and not (budget and budget()) and (end is None or time.perf_counter() < end):
+                    job = next(it, None)
+                    if job is None:
+                        return
                     res = await sc.send(http, job.spec, timeout_s=timeout_s)
                     on_result(job, res, None)
 

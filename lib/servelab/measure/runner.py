@@ -15,7 +15,6 @@ Not for starting engines (`hosts`) or the notebook/report layer.
 from __future__ import annotations
 
 import asyncio
-import random
 import signal
 import sys
 import time
@@ -28,14 +27,14 @@ from tqdm.auto import tqdm
 
 from ..hosts.base import Server
 from ..runfolder import CLIENT_STATS, GPU_METRICS, LEVELS, RECORDS, SERVER_METRICS, JsonlWriter, RunFolder, now_iso, read_jsonl
-from ..schema import Bucket, Workload
+from ..schema import Workload
 from . import client as sc
-from .pools import make_pool, worker_count
-from .rounds import Job, PoolLost, run_round, run_sync
-from .workers import WorkerPool
-from .sources import choose, prompt_sets, target_input_tokens
-from .workload import Calibrated, calibrate, token_counter
 from ..errors import ServelabError
+from .grid import Level, cache_counters, arrival_offsets, levels, make_sources, requests_per_round
+from .pools import make_pool, worker_count
+from .rounds import Job, LoopMonitor, PoolLost, run_round, run_sync
+from .sources import Draft, RoundCtx
+from .workers import WorkerPool
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -53,18 +52,6 @@ class RunAborted(ServelabError, RuntimeError):
 
 
 @dataclass
-class Level:
-    bucket: Bucket
-    concurrency: int  # closed loop: in-flight requests; open loop: the cap
-    rate_rps: float = 0.0  # 0 = closed loop
-
-    @property
-    def label(self) -> str:
-        load = f"rate={self.rate_rps:g}/s" if self.rate_rps else f"c={self.concurrency}"
-        return f"{self.bucket.label} {load}"
-
-
-@dataclass
 class RunResult:
     run_dir: Path
     status: str
@@ -72,39 +59,6 @@ class RunResult:
     summary: Any
     message: str = ""
     calibration: dict[str, Any] = field(default_factory=dict)
-
-
-def levels(wl: Workload) -> list[Level]:
-    if wl.arrival == "concurrency":
-        return [Level(b, c) for b in wl.buckets for c in wl.concurrency]
-    return [Level(b, wl.max_in_flight, r) for b in wl.buckets for r in wl.rates_rps]
-
-
-def requests_per_round(wl: Workload, lv: Level) -> int:
-    if lv.rate_rps:
-        return max(1, round(lv.rate_rps * wl.duration_s))
-    return lv.concurrency * wl.requests_per_round
-
-
-def arrival_offsets(wl: Workload, lv: Level, n: int, seed: int) -> list[float]:
-    """Scheduled send times (s from round start) for open-loop arrivals; seeded for Poisson."""
-    if wl.arrival == "constant":
-        return [i / lv.rate_rps for i in range(n)]
-    rng = random.Random(seed)
-    t, out = 0.0, []
-    for _ in range(n):
-        out.append(t)
-        t += rng.expovariate(lv.rate_rps)
-    return out
-
-
-def calibrate_buckets(server: Server, wl: Workload, warn: Callable[[str], None] = print) -> dict[str, Calibrated]:
-    filler = [b for b in wl.buckets if b.input_tokens is not None]  # prompt-set buckets need no calibration
-    if not filler:
-        return {}
-    counter = token_counter(server.base_url, server.model, wl.api, server.headers, server.tokenizer_dir,
-                            wl.chat_template_kwargs, warn=warn)
-    return {b.label: calibrate(counter, b.input_tokens, wl.prompt_text) for b in filler}
 
 
 async def _server_healthy(c: sc.StreamClient) -> bool:
@@ -150,18 +104,16 @@ class LevelRunner:
     stop signal ends it as "partial" after every finished record is on disk."""
 
     def __init__(self, server: Server, wl: Workload, rf: RunFolder, *, study: str, config_id: str,
-                 prompts: dict[str, Calibrated], progress: bool = True, metrics_interval_s: float | None = 0.5,
+                 sources: dict[str, Any], progress: bool = True, metrics_interval_s: float | None = 0.5,
                  resume: ResumeState | None = None, log: Callable[[str], None] | None = None,
                  gpu_devices: list[int] | None = None) -> None:
         self.server, self.wl, self.rf = server, wl, rf
-        self.study, self.config_id, self.prompts = study, config_id, prompts
+        self.study, self.config_id, self.sources = study, config_id, sources
         self.progress, self.metrics_interval_s = progress, metrics_interval_s
         self.log = log or (lambda m: print(f"[servelab] {m}", file=sys.stderr, flush=True))
         self.gpu_devices = gpu_devices
         self.run_token = uuid.uuid4().hex[:12]
         self.grid = levels(wl)
-        self.sets = prompt_sets(wl)
-        self.prompt_of: dict[int, tuple[str | None, str | None]] = {}  # seq -> (prompt_set, prompt_id)
         done = resume.done_levels if resume else set()
         self.plan = [(li, lv) for li, lv in enumerate(self.grid) if li not in done]
         self.seq = resume.next_seq if resume else 0
@@ -202,41 +154,68 @@ class LevelRunner:
                 signal.signal(sig, prev)
 
     # -- one level ------------------------------------------------------------------------
+    def _ctx(self, li: int, lv: Level, rnd: int, n: int) -> RoundCtx:
+        wl = self.wl
+        offsets = None
+        if lv.rate_rps and lv.bucket.trace is None:
+            offsets = arrival_offsets(wl, lv, n, (wl.seed or 0) + 1000 * li + rnd)
+        return RoundCtx(self.run_token, li, rnd, lv.concurrency, lv.rate_rps, n, offsets, self.seq)
+
+    def _job(self, d: Draft) -> Job:
+        wl = self.wl
+        spec = sc.RequestSpec(
+            prompt=d.prompt, messages=d.messages, max_tokens=d.max_tokens, model=self.server.model, api=wl.api,
+            temperature=wl.temperature, seed=wl.seed,
+            ignore_eos=wl.ignore_eos if d.ignore_eos is None else d.ignore_eos, cache_salt=d.cache_salt,
+            chat_template_kwargs=wl.chat_template_kwargs, continuous_usage_stats=wl.continuous_usage_stats,
+            keep_text=d.keep_text)
+        job = Job(self.seq, spec, d.at_s, d.meta)
+        self.seq += 1
+        return job
+
     def _jobs(self, li: int, lv: Level, rnd: int, n_req: int) -> list[Job]:
-        wl, cal = self.wl, self.prompts.get(lv.bucket.label)
-        offsets = arrival_offsets(wl, lv, n_req, (wl.seed or 0) + 1000 * li + rnd) if lv.rate_rps else None
-        jobs = []
-        for i in range(n_req):
-            salt = None
-            if wl.cache_salt:
-                salt = f"{self.run_token}-{lv.bucket.label}" if lv.bucket.shared_prefix else f"{self.run_token}-{self.seq}"
-            pc = choose(lv.bucket, wl.api, rnd * n_req + i, cal, self.sets)
-            spec = sc.RequestSpec(
-                prompt=pc.prompt, max_tokens=lv.bucket.output_tokens, model=self.server.model, api=wl.api,
-                temperature=wl.temperature, seed=wl.seed, ignore_eos=lv.bucket.ignores_eos(wl.ignore_eos),
-                cache_salt=salt, chat_template_kwargs=wl.chat_template_kwargs,
-                continuous_usage_stats=wl.continuous_usage_stats, messages=pc.messages)
-            if pc.prompt_set:
-                self.prompt_of[self.seq] = (pc.prompt_set, pc.prompt_id)
-            jobs.append(Job(self.seq, spec, offsets[i] if offsets else None))
-            self.seq += 1
-        return jobs
+        return [self._job(d) for d in self.sources[lv.bucket.label].drafts(self._ctx(li, lv, rnd, n_req))]
+
+    def _endless_jobs(self, li: int, lv: Level, rnd: int) -> Any:
+        """Duration-bounded closed loop: drafts planned a concurrency's worth at a time, for ever."""
+        while True:
+            yield from self._jobs(li, lv, rnd, max(1, lv.concurrency))
 
     def _record(self, li: int, lv: Level, rnd: int, warm: bool, job: Job, res: Any, lag: float | None) -> dict[str, Any]:
         d = res if isinstance(res, dict) else res.to_dict()
+        if not job.spec.keep_text:
+            d.pop("output_text", None)
         return {"study": self.study, "config": self.config_id, "level": li, "bucket": lv.bucket.label,
-                "target_input_tokens": target_input_tokens(lv.bucket), "target_output_tokens": lv.bucket.output_tokens,
+                "target_input_tokens": lv.bucket.input_tokens or 0, "target_output_tokens": lv.bucket.output_tokens or 0,
                 "shared_prefix": lv.bucket.shared_prefix, "concurrency": lv.concurrency, "rate_rps": lv.rate_rps,
-                "arrival": self.wl.arrival, "round": rnd, "warmup": warm, "seq": job.seq,
-                "cache_salt": job.spec.cache_salt, "scheduled_s": job.at_s, "send_lag_s": lag,
-                **self._prompt_fields(job.seq), **d}
+                "arrival": "trace" if lv.bucket.trace else self.wl.arrival, "round": rnd, "warmup": warm,
+                "seq": job.seq, "cache_salt": job.spec.cache_salt, "scheduled_s": job.at_s, "send_lag_s": lag,
+                **job.meta, **d}
 
-    def _prompt_fields(self, seq: int) -> dict[str, Any]:
-        """prompt_set / prompt_id of a prompt-set request (filler records stay as they were)."""
-        if seq not in self.prompt_of:
-            return {}
-        ps, pid = self.prompt_of.pop(seq)
-        return {"prompt_set": ps, "prompt_id": pid}
+    async def _send_round(self, http: sc.StreamClient, pool: WorkerPool | None, li: int, lv: Level, rnd: int,
+                          n_req: int, on_result: Callable[..., None], budget: Callable[[], bool] | None) -> dict[str, Any]:
+        """One round through the bucket's source: a session round, or jobs (in this process or the pool)."""
+        wl, src = self.wl, self.sources[lv.bucket.label]
+        if not src.independent:
+            if pool:
+                raise RunAborted(f"bucket '{lv.bucket.label}': sessions run in the driver process only "
+                                 "(workload.workers: 1)")
+
+            async def send(d: Draft) -> sc.Result:
+                job = self._job(d)
+                res = await sc.send(http, job.spec, timeout_s=wl.timeout_s)
+                on_result(job, res, None)
+                return res
+
+            with LoopMonitor() as mon:
+                await src.run_round(self._ctx(li, lv, rnd, n_req), send, self.stop, budget)
+            return mon.stats()
+        if pool:
+            return await pool.run_round(self._jobs(li, lv, rnd, n_req), lv.concurrency, wl.timeout_s, on_result)
+        timed = wl.round_duration_s and not lv.rate_rps and lv.bucket.trace is None
+        jobs = self._endless_jobs(li, lv, rnd) if timed else self._jobs(li, lv, rnd, n_req)
+        return await run_round(http, jobs, lv.concurrency, wl.timeout_s, on_result, self.stop, budget,
+                               duration_s=wl.round_duration_s if timed else None)
 
     async def _level(self, http: sc.StreamClient, pool: WorkerPool | None, li: int, lv: Level, w: JsonlWriter,
                      cw: JsonlWriter, lw: JsonlWriter, bar: Any) -> None:
@@ -246,6 +225,7 @@ class LevelRunner:
             s.set_level(lv.label)
         sent = failed = 0
         verdict = "complete"
+        counters0 = None
         t0 = time.monotonic()
         before, t_measured = None, t0
         for rnd in range(n_rounds):
@@ -253,9 +233,9 @@ class LevelRunner:
             if rnd == wl.warmup_rounds:  # the engine's counters over the measured rounds only
                 before, t_measured = await self._counters(), time.monotonic()
             bar.set_description(f"{self.config_id} {lv.label} {'warmup' if warm else 'round'} {rnd + 1}/{n_rounds}")
-            jobs = self._jobs(li, lv, rnd, n_req)
             results: list[dict[str, Any]] = []
-
+            if rnd == wl.warmup_rounds:
+                counters0 = await cache_counters(self.server)
             def on_result(job: Job, res: Any, lag: float | None) -> None:
                 nonlocal sent, failed
                 rec = self._record(li, lv, rnd, warm, job, res, lag)
@@ -269,18 +249,15 @@ class LevelRunner:
             def budget_spent() -> bool:
                 return bool(wl.failure_budget and sent >= 4 and failed / sent > wl.failure_budget)
 
-            if pool:
-                stats = await pool.run_round(jobs, lv.concurrency, wl.timeout_s, on_result)
-            else:
-                task = asyncio.ensure_future(run_round(http, jobs, lv.concurrency, wl.timeout_s, on_result,
-                                                       self.stop, budget_spent if not warm else None))
-                self.in_flight.add(task)
-                try:
-                    stats = await task
-                except asyncio.CancelledError:
-                    stats = {}
-                finally:
-                    self.in_flight.discard(task)
+            task = asyncio.ensure_future(self._send_round(http, pool, li, lv, rnd, n_req, on_result,
+                                                          budget_spent if not warm else None))
+            self.in_flight.add(task)
+            try:
+                stats = await task
+            except asyncio.CancelledError:
+                stats = {}
+            finally:
+                self.in_flight.discard(task)
             cw.write({"level": li, "label": lv.label, "round": rnd, "warmup": warm, "requests": len(results),
                       "workers": worker_count(wl.workers), **stats})
             if self.stop.is_set():
@@ -301,7 +278,10 @@ class LevelRunner:
                 self.message += f"level '{lv.label}': {verdict}. "
                 self.status = "partial"
                 break
-        lw.write({"level": li, "label": lv.label, "status": verdict, "sent": sent, "failed": failed,
+        counters1 = await cache_counters(self.server) if counters0 else None
+        cache = ({"prefix_cache_queries": counters1[0] - counters0[0], "prefix_cache_hits": counters1[1] - counters0[1]}
+                 if counters0 and counters1 else {})
+        lw.write({"level": li, "label": lv.label, "status": verdict, "sent": sent, "failed": failed, **cache,
                   **await self._counter_delta(before, t_measured)})
         k = self.plan.index((li, lv)) + 1
         self.log(f"{self.config_id}: level {k}/{len(self.plan)} {lv.label}: {sent} measured requests, "
@@ -354,7 +334,8 @@ class LevelRunner:
         max_c = max(lv.concurrency for lv in self.grid)
         pool = make_pool(wl.workers, self.server, max_c)
         self.workers = pool.describe() if pool else []
-        total = sum((wl.warmup_rounds + wl.rounds) * requests_per_round(wl, lv) for _, lv in self.plan)
+        total = sum((wl.warmup_rounds + wl.rounds) * requests_per_round(wl, lv)
+                    * (lv.bucket.session.turns if lv.bucket.session else 1) for _, lv in self.plan)
         bar = tqdm(total=total, desc=self.config_id, unit="req", disable=not self.progress, dynamic_ncols=True)
         async with sc.StreamClient(self.server.base_url, concurrency=min(max_c, 4096),
                                    headers=self.server.headers) as http:
@@ -398,9 +379,8 @@ def run_workload(server: Server, wl: Workload, run_dir: Path, *, study: str, con
             raise FileExistsError(f"{rf / RECORDS} exists: runs are immutable; remove the folder or use a new id")
         state = prepare_resume(rf.path)
     rf.path.mkdir(parents=True, exist_ok=True)
-    prompts = calibrate_buckets(server, wl, warn=log)
-    cal = {k: {"target_tokens": v.target_tokens, "tokens": v.tokens, "counter": v.counter, "probes": v.probes,
-               "prompt_chars": len(v.prompt)} for k, v in prompts.items()}
+    sources = make_sources(server, wl, warn=log)
+    cal = {k: v.calibration() for k, v in sources.items()}
     if state and rf.run:
         prev = rf.run
         record.setdefault("resumed", []).extend(prev.get("resumed", []))
@@ -412,7 +392,7 @@ def run_workload(server: Server, wl: Workload, run_dir: Path, *, study: str, con
     rf.write_run(record)
     status, message = "failed", ""
     t0 = now_iso()
-    lr = LevelRunner(server, wl, rf, study=study, config_id=config_id, prompts=prompts, progress=progress,
+    lr = LevelRunner(server, wl, rf, study=study, config_id=config_id, sources=sources, progress=progress,
                      metrics_interval_s=metrics_interval_s, resume=state, log=log, gpu_devices=gpu_devices)
     try:
         _, status, message = run_sync(lr.run())

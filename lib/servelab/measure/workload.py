@@ -86,15 +86,18 @@ class Calibrated:
     probes: int
 
 
-def _words(filler: str, n: int) -> str:
+def _filler_words(filler: str, n: int) -> str:
     base = filler.split()
     reps = n // len(base) + 1
     return " ".join((base * reps)[:n])
 
 
 def calibrate(counter: TokenCounter, target_tokens: int, filler: str,
-              max_probes: int = 80) -> Calibrated:
+              max_probes: int = 80, head: str = "") -> Calibrated:
     """Find the prompt whose token count is closest to `target_tokens` from below, then pad.
+
+    `head`, when given, is a fixed start of every candidate (a shared prefix); the filler
+    words after it are what the search sizes.
 
     Raises ValueError when even a one-word prompt is longer than the target (the chat
     template alone exceeds it).
@@ -105,6 +108,9 @@ def calibrate(counter: TokenCounter, target_tokens: int, filler: str,
         nonlocal probes
         probes += 1
         return counter.count(text)
+
+    def _words(filler: str, n: int) -> str:
+        return head + _filler_words(filler, n)
 
     lo_n, lo_t = 1, n_tokens(_words(filler, 1))
     if lo_t > target_tokens:

@@ -16,6 +16,7 @@ from ..analysis import flatten
 from ..summary import DEFINED_METRICS
 from . import html as rh
 from .load import StudyData, baselines, engine_gpus
+from .workload import extra_definitions
 
 
 def num(x: Any, nd: int | None = None) -> str:
@@ -116,7 +117,8 @@ def method_text(sd: StudyData) -> str:
     first = next(iter(sd.runs.values()), {})
     cal = first.get("calibration", {})
     counter = next(iter(cal.values()), {}).get("counter", "the server's /tokenize")
-    achieved = ", ".join(f"{v['target_tokens']:,} → {v['tokens']:,}" for v in cal.values()) or rh.MISSING
+    achieved = ", ".join(f"{v['target_tokens']:,} → {v['tokens']:,}" for v in cal.values()
+                         if "target_tokens" in v) or rh.MISSING
     api = "/v1/chat/completions" if wl.api == "chat" else "/v1/completions"
     return sd.w("method.body", api=api, temperature=wl.temperature, seed=wl.seed, prompt_text=wl.prompt_text,
                 counter=counter, calibration=achieved, warmup=wl.warmup_rounds, rounds=wl.rounds,
@@ -125,7 +127,7 @@ def method_text(sd: StudyData) -> str:
 
 def definitions_table(sd: StudyData) -> Any:
     cols = sd.w("definitions.columns")
-    rows = [(m, sd.w(f"definition.{m}")) for m in DEFINED_METRICS]
+    rows = [(m, sd.w(f"definition.{m}")) for m in DEFINED_METRICS] + extra_definitions(sd)
     return rh.table(pd.DataFrame(rows, columns=cols), sd.w("definitions.caption"))
 
 

@@ -26,6 +26,7 @@ from .parts import (GPU_AMI_PARAMETER, HOST_KINDS, HOURS_PER_MONTH, AttachHostPa
                     AwsInstanceHostParams, AwsParams, Bucket, Configuration, CostParams, EngineParams, HostParams,
                     LocalHostParams, ModelRef, Slo, Strict, Workload, DeviceParams, PeerRun, StudyTexts,
                     QualityParams)
+from .sources import RampUp, SessionTemplate, TraceSource
 
 class Study(Strict):
     @model_validator(mode="before")
@@ -216,9 +217,7 @@ def _one_of(values: tuple[str, ...]) -> str:
     q = [f"'{v}'" for v in values]
     return ", ".join(q[:-1]) + f" or {q[-1]}"
 
-def load_study(path: str | Path) -> Study:
-    """Read and validate a study file. Raises ParamsError naming file, key and expectation."""
-    path = Path(path)
+def _read_mapping(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise ParamsError(f"{path}: no such params file")
     try:
@@ -229,10 +228,36 @@ def load_study(path: str | Path) -> Study:
         raise ParamsError(f"{path}:{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
     if not isinstance(data, dict):
         raise ParamsError(f"{path}: <top>: expected a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def load_study(path: str | Path) -> Study:
+    """Read and validate a study file. Raises ParamsError naming file, key and expectation."""
+    path = Path(path)
+    data = _read_mapping(path)
     try:
         return Study.model_validate(data)
     except ValidationError as e:
         raise ParamsError(format_errors(path, e)) from None
+
+
+class WorkloadBlock(Strict):
+    """A file holding only a `workload:` block (what `servelab workload from-log` writes)."""
+
+    workload: Workload = Field(..., description="what is sent")
+
+
+def load_params(path: str | Path) -> "Study | WorkloadBlock":
+    """A study file, or a file with only a `workload:` block; ParamsError as `load_study`."""
+    path = Path(path)
+    data = _read_mapping(path)
+    if set(data) != {"workload"}:
+        return load_study(path)
+    try:
+        return WorkloadBlock.model_validate(data)
+    except ValidationError as e:
+        raise ParamsError(format_errors(path, e, WorkloadBlock)) from None
+
 
 FORMAT_VERSION = 2
 """The format of study.json and run.json this code writes (their `format_version`). 1, never
@@ -265,4 +290,5 @@ def study_from_dict(data: dict[str, Any], source: str = "<params>") -> Study:
 __all__ = ["Study", "ParamsError", "FORMAT_VERSION", "load_study", "study_from_dict", "upgrade", "format_errors", "validate_engines",
            "resolve_profile", "resolve_engine", "GPU_AMI_PARAMETER", "HOST_KINDS", "HOURS_PER_MONTH", "AttachHostParams",
            "AttachParams", "AwsEcsHostParams", "AwsInstanceHostParams", "AwsParams", "Bucket", "Configuration",
-           "CostParams", "DeviceParams", "PeerRun", "StudyTexts", "QualityParams", "EngineParams", "HostParams", "LocalHostParams", "ModelRef", "Slo", "Strict", "Workload"]
+           "CostParams", "DeviceParams", "PeerRun", "StudyTexts", "QualityParams", "EngineParams", "HostParams", "LocalHostParams", "ModelRef", "Slo", "Strict", "Workload",
+           "RampUp", "SessionTemplate", "TraceSource", "WorkloadBlock", "load_params"]
