@@ -17,7 +17,7 @@ EXAMPLE = ROOT / "reports" / "local-cpu-workloads"
 
 
 def test_absent_without_workload_data():
-    sd = load_study_data(ROOT / "reports" / "local-cpu")
+    sd = load_study_data(ROOT / "reports" / "local-cpu-kv")
     assert wk.section(sd) == ("", [])
     assert wk.extra_definitions(sd) == []
     assert cache_levels(sd.records).empty  # no cached-token data: no rows, never zeros

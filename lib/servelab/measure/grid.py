@@ -15,7 +15,7 @@ from ..schema import Bucket, Workload
 from . import arrivals
 from .sources import make_source
 from .sources.trace import load as load_trace, mean_rate_rps
-from .workers import run_sync
+from .rounds import run_sync
 from .workload import token_counter
 
 
