@@ -179,4 +179,4 @@ def server_metrics_table(run: RunFolder) -> pd.DataFrame:
 
 
 __all__ = ["provision", "launch", "benchmark", "smoke", "run_dir", "launch_plan", "level_plan", "serve", "stop_served",
-           "RunFolder", "HOST_JSON"]
+           "HOST_JSON"]
