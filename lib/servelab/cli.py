@@ -40,11 +40,15 @@ def cmd_model(a: argparse.Namespace) -> int:
 
 
 def cmd_validate(a: argparse.Namespace) -> int:
+    from .preflight import preflight
+
     bad = 0
     for p in a.params:
         try:
             s = load_study(p)
-            print(f"{p}: ok ({s.study}: {len(s.configurations)} configurations)")
+            warned = preflight(s, p, warn=lambda line: print(line, file=sys.stderr))
+            note = f", {len(warned)} warnings" if warned else ""
+            print(f"{p}: ok ({s.study}: {len(s.configurations)} configurations{note})")
         except ParamsError as e:
             print(str(e), file=sys.stderr)
             bad += 1
