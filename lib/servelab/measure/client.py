@@ -1,7 +1,9 @@
 """Streaming OpenAI-compatible client: one request in, one fully timed record out.
 
 Times come from `time.perf_counter_ns` on the client; token counts come from the server's
-`usage` (never from the requested `max_tokens`). Every failure is classified and returned
+`usage` (never from the requested `max_tokens`). A stream without `usage` keeps its text
+(`output_text`) and fails as `no_usage`; `count_on_client` turns it into a record counted
+with the model's tokenizer (`output_tokens_source: "client"`), which the runner does. Every failure is classified and returned
 as a record, never raised, so a run accounts for every request it sent. This module knows
 nothing about load levels or files; see `runner` for those.
 
@@ -17,7 +19,7 @@ import asyncio
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 import orjson
@@ -102,6 +104,8 @@ class Result:
     output_chars: int = 0
     server_chunk_ns: list[int] = field(default_factory=list)  # emission stamps (reference server only)
     server_due_ns: list[int] = field(default_factory=list)  # their scheduled times (reference server only)
+    output_tokens_source: str | None = None  # "server" (usage) or "client" (counted with the tokenizer)
+    output_text: str | None = None  # the generated text, kept only when the stream carried no usage
 
     @property
     def decode_tps(self) -> float | None:
@@ -140,6 +144,7 @@ class StreamParser:
         self.t0_ns = t0_ns
         self.done = False
         self.usage: dict[str, Any] | None = None
+        self.text: list[str] = []  # generated text, for a client-side count when no usage comes
         self._tail = b""  # bytes after the last newline, waiting for the rest of their line
 
     def feed_bytes(self, data: bytes, t_ns: int) -> None:
@@ -191,7 +196,9 @@ class StreamParser:
                     if "servelab_due_ns" in obj:
                         self.r.server_due_ns.append(obj["servelab_due_ns"])
                 d = ch.get("delta") or {}
-                self.r.output_chars += len(d.get("content") or d.get("reasoning_content") or d.get("reasoning") or ch.get("text") or "")
+                piece = d.get("content") or d.get("reasoning_content") or d.get("reasoning") or ch.get("text") or ""
+                self.r.output_chars += len(piece)
+                self.text.append(piece)
             if ch.get("finish_reason"):
                 self.r.finish_reason = ch["finish_reason"]
         if obj.get("usage"):
@@ -265,9 +272,16 @@ async def _stream(client: "StreamClient", spec: RequestSpec, r: Result, t0: int,
         r.output_tokens = p.usage.get("completion_tokens")
         details = p.usage.get("prompt_tokens_details") or {}
         r.cached_tokens = details.get("cached_tokens")
+        r.output_tokens_source = SERVER
     if r.output_tokens is None:
+        r.output_text = "".join(p.text)
         _fail(r, NO_USAGE, "stream carried no usage (stream_options.include_usage ignored?)")
         return
+    _finish(r)
+
+
+def _finish(r: Result) -> None:
+    """The checks of a stream with its output tokens known (ok, or why not)."""
     if r.output_tokens == 0:
         _fail(r, NO_TOKENS, "server reported 0 completion tokens")
         return
@@ -278,6 +292,24 @@ async def _stream(client: "StreamClient", spec: RequestSpec, r: Result, t0: int,
         return
     r.e2e_s = r.end_s
     r.ok = True
+
+
+SERVER, CLIENT = "server", "client"
+
+
+def count_on_client(d: dict[str, Any], count: Callable[[str], int]) -> dict[str, Any]:
+    """A `no_usage` record (`Result.to_dict()` with its `output_text`) with its output tokens
+    counted by `count(text)` (the model's tokenizer): ok, `output_tokens_source` "client", and
+    the rates recomputed. Other records come back unchanged. Raises what `count` raises."""
+    if d.get("error_kind") != NO_USAGE or d.get("output_text") is None:
+        return d
+    r = Result(**{k: v for k, v in d.items() if k in Result.__dataclass_fields__})
+    r.output_tokens, r.output_tokens_source = count(r.output_text or ""), CLIENT
+    r.ok, r.error_kind, r.error_detail, r.output_text = False, None, None, None
+    r.end_s -= r.start_s  # _finish works on times relative to the start, as the stream does
+    _finish(r)
+    r.end_s += r.start_s
+    return r.to_dict()
 
 
 JSON = {"Content-Type": "application/json"}

@@ -36,6 +36,7 @@ class Behaviour:
     seed: int = 0
     metrics: bool = True
     tokenize: bool = True
+    usage: bool = True  # False: never stream a usage chunk, whatever the request asks (as some servers do)
 
 
 @dataclass
@@ -286,7 +287,7 @@ class RefServer:
             fin = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
                    else {"index": 0, "text": "", "finish_reason": "length"})
             await event({**base, "choices": [fin]})
-        if include_usage and fault != "no_usage":
+        if include_usage and self.b.usage and fault != "no_usage":
             await event({**base, "choices": [], "usage": {"prompt_tokens": p_tok, "completion_tokens": n_tok,
                                                            "total_tokens": p_tok + n_tok}})
         if fault != "no_done":
@@ -309,6 +310,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens-per-chunk", type=int, default=1)
     ap.add_argument("--fault", choices=FAULTS)
     ap.add_argument("--fault-every", type=int, default=0)
+    ap.add_argument("--no-usage", action="store_true", help="never stream a usage chunk")
     ap.add_argument("--uvloop", action="store_true",
                     help="use uvloop if installed (more streams per core, but millisecond timers: gaps jitter ~0.5 ms)")
     a = ap.parse_args(argv)
@@ -320,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
         except ImportError:
             pass
     srv = RefServer(Behaviour(ttft_s=a.ttft, itl_s=a.itl, jitter_s=a.jitter, tokens_per_chunk=a.tokens_per_chunk,
-                              fault=a.fault, fault_every=a.fault_every), a.host, a.port)
+                              fault=a.fault, fault_every=a.fault_every, usage=not a.no_usage), a.host, a.port)
     srv.start()
     print(f"reference server on {srv.url}", flush=True)
     try:

@@ -31,7 +31,7 @@ from ..runfolder import CLIENT_STATS, GPU_METRICS, LEVELS, RECORDS, SERVER_METRI
 from ..schema import Bucket, Workload
 from . import client as sc
 from .workers import Job, PoolLost, WorkerPool, make_pool, run_round, run_sync, worker_count
-from .workload import Calibrated, calibrate, token_counter
+from .workload import Calibrated, TokenCounter, calibrate, token_counter
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -94,10 +94,16 @@ def arrival_offsets(wl: Workload, lv: Level, n: int, seed: int) -> list[float]:
     return out
 
 
-def calibrate_buckets(server: Server, wl: Workload, warn: Callable[[str], None] = print) -> dict[str, Calibrated]:
-    counter = token_counter(server.base_url, server.model, wl.api, server.headers, server.tokenizer_dir,
-                            wl.chat_template_kwargs, warn=warn)
+def calibrate_buckets(server: Server, wl: Workload, warn: Callable[[str], None] = print,
+                      counter: TokenCounter | None = None) -> dict[str, Calibrated]:
+    counter = counter or server_counter(server, wl, warn)
     return {b.label: calibrate(counter, b.input_tokens, wl.prompt_text) for b in wl.buckets}
+
+
+def server_counter(server: Server, wl: Workload, warn: Callable[[str], None] = print) -> TokenCounter:
+    """The token counter of this server and workload (its /tokenize, else the local tokenizer)."""
+    return token_counter(server.base_url, server.model, wl.api, server.headers, server.tokenizer_dir,
+                         wl.chat_template_kwargs, warn=warn)
 
 
 async def _server_healthy(c: sc.StreamClient) -> bool:
@@ -145,8 +151,9 @@ class LevelRunner:
     def __init__(self, server: Server, wl: Workload, rf: RunFolder, *, study: str, config_id: str,
                  prompts: dict[str, Calibrated], progress: bool = True, metrics_interval_s: float | None = 0.5,
                  resume: ResumeState | None = None, log: Callable[[str], None] | None = None,
-                 gpu_devices: list[int] | None = None) -> None:
+                 gpu_devices: list[int] | None = None, counter: TokenCounter | None = None) -> None:
         self.server, self.wl, self.rf = server, wl, rf
+        self.counter = counter  # counts the output of a stream without usage (None: it fails as no_usage)
         self.study, self.config_id, self.prompts = study, config_id, prompts
         self.progress, self.metrics_interval_s = progress, metrics_interval_s
         self.log = log or (lambda m: print(f"[servelab] {m}", file=sys.stderr, flush=True))
@@ -211,6 +218,9 @@ class LevelRunner:
 
     def _record(self, li: int, lv: Level, rnd: int, warm: bool, job: Job, res: Any, lag: float | None) -> dict[str, Any]:
         d = res if isinstance(res, dict) else res.to_dict()
+        if self.counter is not None and d.get("error_kind") == sc.NO_USAGE:
+            d = sc.count_on_client(d, self.counter.count_text)
+        d.pop("output_text", None)
         return {"study": self.study, "config": self.config_id, "level": li, "bucket": lv.bucket.label,
                 "target_input_tokens": lv.bucket.input_tokens, "target_output_tokens": lv.bucket.output_tokens,
                 "shared_prefix": lv.bucket.shared_prefix, "concurrency": lv.concurrency, "rate_rps": lv.rate_rps,
@@ -308,8 +318,20 @@ class LevelRunner:
         wl = self.wl
         have_handlers = self._install_signals()
         max_c = max(lv.concurrency for lv in self.grid)
-        pool = make_pool(wl.workers, self.server, max_c)
-        self.workers = pool.describe() if pool else []
+        pool = None
+        try:
+            pool = make_pool(wl.workers, self.server, max_c)
+            self.workers = pool.describe() if pool else []
+            return await self._run_grid(max_c, pool)
+        finally:  # the pool's workers (Ray actors, processes) end on every exit path
+            if pool:
+                pool.close()
+                self.workers = pool.describe()
+            if have_handlers:
+                self._remove_signals()
+
+    async def _run_grid(self, max_c: int, pool: Any) -> tuple[int, str, str]:
+        wl = self.wl
         total = sum((wl.warmup_rounds + wl.rounds) * requests_per_round(wl, lv) for _, lv in self.plan)
         bar = tqdm(total=total, desc=self.config_id, unit="req", disable=not self.progress, dynamic_ncols=True)
         async with sc.StreamClient(self.server.base_url, concurrency=min(max_c, 4096),
@@ -325,11 +347,6 @@ class LevelRunner:
                 return w.count, "partial", str(e)
             finally:
                 bar.close()
-                if pool:
-                    pool.close()
-                    self.workers = pool.describe()
-                if have_handlers:
-                    self._remove_signals()
                 await self._stop_samplers()
 
 
@@ -364,7 +381,8 @@ def run_workload(server: Server, wl: Workload, run_dir: Path, *, study: str, con
             raise FileExistsError(f"{rf / RECORDS} exists: runs are immutable; remove the folder or use a new id")
         state = prepare_resume(rf.path)
     rf.path.mkdir(parents=True, exist_ok=True)
-    prompts = calibrate_buckets(server, wl, warn=log)
+    counter = server_counter(server, wl, warn=log)
+    prompts = calibrate_buckets(server, wl, warn=log, counter=counter)
     cal = {k: {"target_tokens": v.target_tokens, "tokens": v.tokens, "counter": v.counter, "probes": v.probes,
                "prompt_chars": len(v.prompt)} for k, v in prompts.items()}
     if state and rf.run:
@@ -379,7 +397,8 @@ def run_workload(server: Server, wl: Workload, run_dir: Path, *, study: str, con
     status, message = "failed", ""
     t0 = now_iso()
     lr = LevelRunner(server, wl, rf, study=study, config_id=config_id, prompts=prompts, progress=progress,
-                     metrics_interval_s=metrics_interval_s, resume=state, log=log, gpu_devices=gpu_devices)
+                     metrics_interval_s=metrics_interval_s, resume=state, log=log, gpu_devices=gpu_devices,
+                     counter=counter)
     try:
         _, status, message = run_sync(lr.run())
     except KeyboardInterrupt:
