@@ -33,6 +33,7 @@ class Behaviour:
     tokens_per_chunk: int = 1
     fault: str | None = None  # apply to every request (or use fault_every)
     fault_every: int = 0  # apply `fault` to every n-th request only (1-based count)
+    fault_mix: tuple[str | None, ...] = ()  # request n gets fault_mix[(n - 1) % len] (None: none); overrides fault
     seed: int = 0
     metrics: bool = True
     tokenize: bool = True
@@ -205,11 +206,15 @@ class RefServer:
 
     def _fault_for(self) -> str | None:
         self.stats.requests += 1
-        f = self.b.fault
-        if f and (self.b.fault_every <= 0 or self.stats.requests % self.b.fault_every == 0):
+        if self.b.fault_mix:
+            f = self.b.fault_mix[(self.stats.requests - 1) % len(self.b.fault_mix)]
+        else:
+            f = self.b.fault
+            if f and self.b.fault_every > 0 and self.stats.requests % self.b.fault_every:
+                f = None
+        if f:
             self.stats.faults[f] = self.stats.faults.get(f, 0) + 1
-            return f
-        return None
+        return f
 
     async def _complete(self, path: str, req: dict[str, Any], writer: asyncio.StreamWriter) -> bool:
         chat = path.endswith("chat/completions")
