@@ -30,13 +30,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
-import httpx  # noqa: E402
-import numpy as np  # noqa: E402
-import psutil  # noqa: E402
-
-from servelab.measure import client as sc  # noqa: E402
-from servelab.measure.selfcheck import RefProcess  # noqa: E402
-from servelab.measure.workers import LAG_TICK_S, _run  # noqa: E402
+import httpx
+import numpy as np
+import psutil
+from servelab.measure import client as sc
+from servelab.measure.selfcheck import RefProcess
+from servelab.measure.workers import LAG_TICK_S, run_sync
 
 WARMUP_S = 60.0  # RSS growth is measured from the first sample after this
 
@@ -139,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     out = a.out or ROOT / "benchmarks" / "results" / f"soak-{time.strftime('%Y%m%d-%H%M%S')}.json"
     with RefProcess(ttft_s=a.ttft_s, itl_s=a.itl_s, port=_free_port(), uvloop=True) as ref:
         load0 = os.getloadavg()
-        res = _run(soak(ref.url, streams=a.streams, duration_s=a.duration_s, sample_s=a.sample_s, tokens=a.tokens))
+        res = run_sync(soak(ref.url, streams=a.streams, duration_s=a.duration_s, sample_s=a.sample_s, tokens=a.tokens))
         seen = _generated_tokens(ref.url)
         server_cpu_s = ref.cpu_s()
     lag99 = [s["lag_p99_ms"] for s in res["samples"]]

@@ -9,9 +9,8 @@ import subprocess
 import time
 import uuid
 
-import psutil
-
 import leftovers
+import psutil
 
 
 def _orphan(env: dict[str, str], tag: str) -> int:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from servelab.cli import main
 from servelab.preflight import check_study, preflight
 from servelab.schema import ParamsError, load_study, study_from_dict
@@ -61,7 +60,7 @@ def test_unknown_preset_is_an_error_with_did_you_mean():
 
 
 def test_unknown_preset_without_a_close_one_lists_the_known():
-    (key, reason), = _problems(_study(engine={"model": {"preset": "gpt-17"}}))
+    ((_, reason),) = _problems(_study(engine={"model": {"preset": "gpt-17"}}))
     assert "did you mean" not in reason and reason.startswith("unknown model preset 'gpt-17': known presets: ")
 
 

@@ -20,14 +20,15 @@ import json
 import os
 import re
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from .analysis.kv import kv_capacity, parse_size_bytes
 from .engines import get
 from .engines.flags import get_flag
-from .models import PRESETS, facts_from_config, kv_bytes_per_token, list_presets
+from .models import PRESETS, kv_bytes_per_token, list_presets
 from .schema import LocalHostParams, ParamsError, Study, resolve_profile
 
 # With no context length known (an attached server, a model config not at hand), a prompt
