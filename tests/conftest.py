@@ -5,12 +5,35 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import psutil
 import pytest
 
 from servelab.schema import EngineParams, ModelRef
 from servelab.hosts.process import Engine
 from servelab.measure.refserver import Behaviour, RefServer
 
+import leftovers
+
+_TOKEN = pytest.StashKey[tuple]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Mark every process this session will start (see tests/leftovers.py)."""
+    session.config.stash[_TOKEN] = (leftovers.mark_session(), set(psutil.pids()))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """After every fixture's teardown: fail the session if a process it started is still alive."""
+    token, before = session.config.stash[_TOKEN]
+    left = leftovers.leftovers(token, before)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        msg = f"{len(left)} processes started by this test session were still alive after it (now killed):"
+        if reporter:
+            reporter.write_line(msg, red=True)
+            for line in left:
+                reporter.write_line(f"  {line}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def free_port() -> int:

@@ -136,3 +136,31 @@ def test_failures_are_classified(refserver, fault, kind):
 def test_connect_failure_is_classified():
     (r,) = asyncio.run(_send_many("http://127.0.0.1:9", 1, 5, timeout_s=5))
     assert not r.ok and r.error_kind == sc.CONNECT
+
+
+def test_stream_without_usage_keeps_its_text_and_is_counted_on_the_client(refserver):
+    s = refserver(ttft_s=0.05, itl_s=0.01, usage=False)
+    (r,) = asyncio.run(_send_many(s.url, 1, 12))
+    assert not r.ok and r.error_kind == sc.NO_USAGE and r.output_tokens is None
+    assert r.output_text == " tok" * 12 and r.output_tokens_source is None
+    d = sc.count_on_client(r.to_dict(), lambda text: len(text.split()))
+    assert d["ok"] and d["error_kind"] is None and d["output_tokens"] == 12
+    assert d["output_tokens_source"] == "client" and d["output_text"] is None
+    assert d["e2e_s"] == pytest.approx(r.end_s - r.start_s) and d["e2e_s"] == pytest.approx(0.05 + 11 * 0.01, abs=0.05)
+    assert d["decode_tps"] == pytest.approx(11 / (d["e2e_s"] - d["ttft_s"]))  # recomputed from the count
+    assert d["start_s"] == r.start_s and d["end_s"] == pytest.approx(r.end_s)
+
+
+def test_usage_marks_the_server_as_the_source_and_client_counting_leaves_it_alone(refserver):
+    s = refserver(ttft_s=0.01, itl_s=0.001)
+    (r,) = asyncio.run(_send_many(s.url, 1, 5))
+    assert r.ok and r.output_tokens_source == "server" and r.output_text is None
+    d = r.to_dict()
+    assert sc.count_on_client(d, lambda text: 999) is d
+
+
+def test_client_count_of_zero_tokens_is_still_a_failure():
+    d = sc.Result(ok=False, error_kind=sc.NO_USAGE, error_detail="x", start_s=10.0, end_s=10.5, ttft_s=0.1,
+                  output_text="").to_dict()
+    out = sc.count_on_client(d, lambda text: 0)
+    assert not out["ok"] and out["error_kind"] == sc.NO_TOKENS and out["end_s"] == pytest.approx(10.5)

@@ -8,7 +8,6 @@ import json
 import math
 from pathlib import Path
 
-import pytest
 
 from servelab.analysis.quality import compare
 from servelab.measure.quality import DUMMY_REASON, normalize, run_quality, score_answer, selected_prompts

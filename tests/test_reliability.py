@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 EXPECTED = {"http_429": "http_status", "http_500": "http_status", "http_503": "http_status",
             "reset": "disconnect", "stall": "timeout", "malformed": "malformed_stream",
-            "empty_choices": "no_tokens", "no_usage": "no_usage", "no_done": "malformed_stream"}
+            "empty_choices": "no_tokens", "no_done": "malformed_stream"}  # no_usage: counted on the client
 
 
 @pytest.mark.parametrize("fault", sorted(EXPECTED))
@@ -44,6 +44,26 @@ def test_fault_matrix_accounts_for_every_request(refserver, tmp_path, fault):
     row = res.summary.iloc[0]
     assert row["sent"] == 18 and row["ok"] == 12 and row["failures"] == f"{EXPECTED[fault]}=6"
     print(f"{fault}: sent 18, ok 12, {EXPECTED[fault]} 6")
+
+
+@pytest.mark.parametrize("usage_off,fault_every", [(True, 0), (False, 3)])
+def test_stream_without_usage_is_counted_with_the_tokenizer_not_failed(refserver, tmp_path, usage_off, fault_every):
+    """A server that never streams usage (or drops it every third request): those records are
+    ok, their output tokens counted with the server's /tokenize, marked client-counted."""
+    s = refserver(ttft_s=0.005, itl_s=0.002, usage=not usage_off, fault="no_usage" if fault_every else None,
+                  fault_every=fault_every)
+    wl = Workload(buckets=[Bucket(input_tokens=20, output_tokens=10)], concurrency=[3], warmup_rounds=0, rounds=3,
+                  requests_per_round=2, timeout_s=5.0)
+    res = run_workload(Server(s.url, "ref"), wl, tmp_path / "r", study="t", config_id="r",
+                       record=base_record("t", "r"), progress=False, metrics_interval_s=0)
+    recs = read_jsonl(tmp_path / "r" / "records.jsonl")
+    assert res.status == "complete" and len(recs) == 18 and all(r["ok"] for r in recs)
+    client = [r for r in recs if r["output_tokens_source"] == "client"]
+    assert len(client) == (18 if usage_off else s.stats.faults["no_usage"]) and (usage_off or len(client) == 6)
+    assert {r["output_tokens_source"] for r in recs} == ({"client"} if usage_off else {"client", "server"})
+    assert all(r["output_tokens"] == 10 and r["decode_tps"] > 0 for r in recs)
+    assert all("output_text" not in r for r in recs)  # the text is counted, never written
+    assert res.summary.iloc[0]["ok"] == 18 and res.summary.iloc[0]["failures"] == ""
 
 
 def _study(tmp_path: Path, url: str, rounds: int) -> Path:
@@ -114,3 +134,22 @@ def test_stop_signal_ends_the_run_like_ctrl_c(refserver, tmp_path, sig):
     assert len({r["seq"] for r in recs}) == len(recs)  # nothing written twice
     assert run["headline"]["sent"] == sum(1 for r in recs if not r["warmup"])
     assert p.returncode != 0
+
+
+@pytest.mark.parametrize("lang", ["en", "ja"])
+def test_report_says_which_output_tokens_servelab_counted(lang):
+    import types
+
+    import pandas as pd
+
+    from servelab.report.i18n import words
+    from servelab.report.sections import method_text
+
+    wl = Workload(buckets=[Bucket(input_tokens=20, output_tokens=10)], concurrency=[1])
+    runs = {"a": {"calibration": {"in20-out10": {"target_tokens": 20, "tokens": 20, "counter": "server /tokenize"}}}}
+    recs = pd.DataFrame({"output_tokens_source": ["client"] * 3 + ["server"] * 5})
+    sd = types.SimpleNamespace(study=types.SimpleNamespace(workload=wl), runs=runs, w=words(lang), records=recs)
+    text = method_text(sd)
+    assert text.endswith(words(lang)("tokens.client_counted", n="3", total="8", counter="server /tokenize"))
+    sd.records = recs.assign(output_tokens_source="server")
+    assert "output_tokens_source" not in method_text(sd)

@@ -38,3 +38,18 @@ def test_summary_excludes_warmup_and_computes_rounds():
     assert s["decode_tps_p50"] == pytest.approx(10 / 1.5)  # median of 10/1.5, 10/2.0, 10/1.0
     assert s["itl_p50_s"] == pytest.approx(0.1)
     assert s["prompt_tokens"] == 8
+
+
+def test_terminal_table_says_a_level_failed_instead_of_nan():
+    from servelab.summary import format_table
+
+    rows = [rec(0, 0.0, 2.0, 0.5, c=1), rec(0, 2.0, 4.0, 0.5, c=1)]  # c=1: fine
+    rows += [rec(0, 5.0, 5.1, 0.0, ok=False, err="disconnect", c=2) for _ in range(3)]  # c=2: the engine died
+    rows += [rec(0, 5.0, 5.1, 0.0, ok=False, err="connect", c=2)]
+    text = format_table(summarize(pd.DataFrame(rows)))
+    good, bad = text.splitlines()[1:]
+    assert "NaN" not in text and "nan" not in text and "0.0-0.0" not in text
+    assert "level failed: no successful request (connect=1, disconnect=3)" in bad
+    assert bad.split()[2] == "2" and bad.split()[3:11] == ["-"] * 8  # every measured cell is empty
+    assert bad.split()[11] == "0.0"  # ok %
+    assert good.split()[2] == "1" and "500.0" in good.split() and "failed" not in good

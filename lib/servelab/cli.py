@@ -41,6 +41,8 @@ def cmd_model(a: argparse.Namespace) -> int:
 
 
 def cmd_validate(a: argparse.Namespace) -> int:
+    from .preflight import preflight
+
     bad = 0
     from .schema import WorkloadBlock, load_params
 
@@ -50,7 +52,9 @@ def cmd_validate(a: argparse.Namespace) -> int:
             if isinstance(s, WorkloadBlock):
                 print(f"{p}: ok (a workload block: {len(s.workload.buckets)} buckets)")
                 continue
-            print(f"{p}: ok ({s.study}: {len(s.configurations)} configurations)")
+            warned = preflight(s, p, warn=lambda line: print(line, file=sys.stderr))
+            note = f", {len(warned)} warnings" if warned else ""
+            print(f"{p}: ok ({s.study}: {len(s.configurations)} configurations{note})")
         except ParamsError as e:
             print(str(e), file=sys.stderr)
             bad += 1

@@ -230,7 +230,12 @@ class StageFailed(ServelabError, RuntimeError):
 def run_study(study: Study, params_path: Path, *, only: list[str] | None = None, reduced: bool = False,
               force: bool = False, dry_run: bool = False, notebooks: bool = True, report: bool = True,
               resume: bool = False) -> int:
-    """Measure every (or `only` the named) configuration, then publish the report. Returns an exit status."""
+    """Measure every (or `only` the named) configuration, then publish the report. Returns an exit status.
+    Raises ParamsError, before anything starts, for what the engine, host or model would refuse
+    (`preflight`; its warnings are printed)."""
+    from .preflight import preflight
+
+    preflight(study.reduced_copy() if reduced else study, params_path, warn=_log)
     if dry_run:
         print(describe(study))
         return 0

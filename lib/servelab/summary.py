@@ -190,5 +190,14 @@ def format_table(s: pd.DataFrame) -> str:
     t["ttft_p95_s"] *= 1000
     t["success_rate"] *= 100
     t["agg_range"] = [f"{a:.1f}-{b:.1f}" for a, b in zip(t["aggregate_output_tps_min"], t["aggregate_output_tps_max"])]
-    t = t[list(cols)].rename(columns=cols)
-    return t.to_string(index=False, float_format=lambda v: f"{v:.1f}")
+    failed = (t["ok"] == 0).to_numpy() if "ok" in t else np.zeros(len(t), dtype=bool)
+    t = t[list(cols)].rename(columns=cols).astype(object)
+    for c in t.columns[3:]:  # measured columns: numbers as text, nothing where no request succeeded
+        t[c] = [f"{v:.1f}" if isinstance(v, float) else str(v) for v in t[c]]
+        if c != cols["success_rate"]:
+            t.loc[failed, c] = "-"
+    if failed.any():
+        # a level without one successful request has no metric to show: it says that it failed, and how
+        t["note"] = ["level failed: no successful request (" + (f or "no request sent") + ")" if bad else ""
+                     for bad, f in zip(failed, s["failures"])]
+    return t.to_string(index=False)

@@ -1,7 +1,9 @@
 """Streaming OpenAI-compatible client: one request in, one fully timed record out.
 
 Times come from `time.perf_counter_ns` on the client; token counts come from the server's
-`usage` (never from the requested `max_tokens`). Every failure is classified and returned
+`usage` (never from the requested `max_tokens`). A stream without `usage` keeps its text
+(`output_text`) and fails as `no_usage`; `count_on_client` turns it into a record counted
+with the model's tokenizer (`output_tokens_source: "client"`), which the runner does. Every failure is classified and returned
 as a record, never raised, so a run accounts for every request it sent. This module knows
 nothing about load levels or files; see `runner` for those.
 
@@ -17,7 +19,7 @@ import asyncio
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import aiohttp
 import orjson
@@ -108,7 +110,9 @@ class Result:
     content_ttft_s: float | None = None  # first chunk carrying answer content (after any reasoning)
     reasoning_chunks: int = 0  # chunks carrying reasoning_content / reasoning (a separate channel)
     reasoning_tokens: int | None = None  # usage.completion_tokens_details.reasoning_tokens, when given
-    output_text: str | None = None  # the answer's content, only when RequestSpec.keep_text
+    output_tokens_source: str | None = None  # "server" (usage) or "client" (counted with the tokenizer)
+    # the answer's content when RequestSpec.keep_text; all generated text when the stream carried no usage
+    output_text: str | None = None
 
     @property
     def decode_tps(self) -> float | None:
@@ -147,6 +151,8 @@ class StreamParser:
         self.t0_ns = t0_ns
         self.done = False
         self.usage: dict[str, Any] | None = None
+        self.text: list[str] = []  # generated text, for a client-side count when no usage comes
+        self.content: list[str] = []  # answer content, kept only with keep_text (a session's history)
         self._tail = b""  # bytes after the last newline, waiting for the rest of their line
         self.keep_text = False
         self.text: list[str] = []
@@ -203,13 +209,14 @@ class StreamParser:
                 content = d.get("content") or ch.get("text") or ""
                 reasoning = d.get("reasoning_content") or d.get("reasoning") or ""
                 self.r.output_chars += len(content or reasoning)
+                self.text.append(content or reasoning)
                 if reasoning:
                     self.r.reasoning_chunks += 1
                 if content:
                     if self.r.content_ttft_s is None:
                         self.r.content_ttft_s = t_s
                     if self.keep_text:
-                        self.text.append(content)
+                        self.content.append(content)
             if ch.get("finish_reason"):
                 self.r.finish_reason = ch["finish_reason"]
         if obj.get("usage"):
@@ -285,11 +292,18 @@ async def _stream(client: "StreamClient", spec: RequestSpec, r: Result, t0: int,
         details = p.usage.get("prompt_tokens_details") or {}
         r.cached_tokens = details.get("cached_tokens")
         r.reasoning_tokens = (p.usage.get("completion_tokens_details") or {}).get("reasoning_tokens")
+        r.output_tokens_source = SERVER
     if spec.keep_text:
-        r.output_text = "".join(p.text)
+        r.output_text = "".join(p.content)
     if r.output_tokens is None:
+        r.output_text = "".join(p.text)
         _fail(r, NO_USAGE, "stream carried no usage (stream_options.include_usage ignored?)")
         return
+    _finish(r)
+
+
+def _finish(r: Result) -> None:
+    """The checks of a stream with its output tokens known (ok, or why not)."""
     if r.output_tokens == 0:
         _fail(r, NO_TOKENS, "server reported 0 completion tokens")
         return
@@ -300,6 +314,24 @@ async def _stream(client: "StreamClient", spec: RequestSpec, r: Result, t0: int,
         return
     r.e2e_s = r.end_s
     r.ok = True
+
+
+SERVER, CLIENT = "server", "client"
+
+
+def count_on_client(d: dict[str, Any], count: Callable[[str], int]) -> dict[str, Any]:
+    """A `no_usage` record (`Result.to_dict()` with its `output_text`) with its output tokens
+    counted by `count(text)` (the model's tokenizer): ok, `output_tokens_source` "client", and
+    the rates recomputed. Other records come back unchanged. Raises what `count` raises."""
+    if d.get("error_kind") != NO_USAGE or d.get("output_text") is None:
+        return d
+    r = Result(**{k: v for k, v in d.items() if k in Result.__dataclass_fields__})
+    r.output_tokens, r.output_tokens_source = count(r.output_text or ""), CLIENT
+    r.ok, r.error_kind, r.error_detail, r.output_text = False, None, None, None
+    r.end_s -= r.start_s  # _finish works on times relative to the start, as the stream does
+    _finish(r)
+    r.end_s += r.start_s
+    return r.to_dict()
 
 
 JSON = {"Content-Type": "application/json"}

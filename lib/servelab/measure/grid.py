@@ -16,7 +16,7 @@ from . import arrivals
 from .sources import make_source
 from .sources.trace import load as load_trace, mean_rate_rps
 from .rounds import run_sync
-from .workload import token_counter
+from .workload import TokenCounter, token_counter
 
 
 @dataclass
@@ -61,10 +61,12 @@ def arrival_offsets(wl: Workload, lv: Level, n: int, seed: int) -> list[float]:
     return arrivals.offsets(wl.arrival, lv.rate_rps, n, seed, burstiness=wl.burstiness, ramp=ramp)
 
 
-def make_sources(server: Server, wl: Workload, warn: Callable[[str], None] = print) -> dict[str, Any]:
-    """One calibrated workload source per bucket label (`sources.make_source`)."""
-    counter = token_counter(server.base_url, server.model, wl.api, server.headers, server.tokenizer_dir,
-                            wl.chat_template_kwargs, warn=warn)
+def make_sources(server: Server, wl: Workload, warn: Callable[[str], None] = print,
+                 counter: TokenCounter | None = None) -> dict[str, Any]:
+    """One calibrated workload source per bucket label (`sources.make_source`); `counter` counts
+    tokens on this server (made here when not given)."""
+    counter = counter or token_counter(server.base_url, server.model, wl.api, server.headers, server.tokenizer_dir,
+                                       wl.chat_template_kwargs, warn=warn)
     block = None
     if any(b.prefix_reuse is not None for b in wl.buckets):
         from .metrics import snapshot

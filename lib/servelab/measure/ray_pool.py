@@ -70,13 +70,21 @@ class ClientActor:
         self.skew_s = skew_s
         if niceness is not None:
             _renice(niceness)
-        self._cmds: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # Commands reach the loop through call_soon_threadsafe, never a thread blocked on a queue:
+        # Ray ends an actor whose handles went out of scope gracefully (interpreter exit), and
+        # exit joins every executor thread, so one parked in `queue.get()` for a command that
+        # never comes kept the process alive forever, re-parented to init (`ray::ClientActor`).
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._cmds: asyncio.Queue[Any] | None = None
         self._out: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=run_loop, args=(self._main(base_url, headers, max_c),), daemon=True)
         self._thread.start()
+        self._ready.wait(30.0)
 
     async def _main(self, base_url: str, headers: dict[str, str], max_c: int) -> None:
-        loop = asyncio.get_running_loop()
+        self._loop, self._cmds = asyncio.get_running_loop(), asyncio.Queue()
+        self._ready.set()
         skew = self.skew_s
 
         def emit(job: Job, res: sc.Result, lag: float | None) -> None:
@@ -88,7 +96,7 @@ class ClientActor:
 
         async with sc.StreamClient(base_url, concurrency=max_c, headers=headers) as http:
             while True:
-                cmd = await loop.run_in_executor(None, self._cmds.get)
+                cmd = await self._cmds.get()
                 if cmd is None:
                     return
                 raw, concurrency, timeout_s, start_at_s = cmd
@@ -111,7 +119,8 @@ class ClientActor:
     def start_round(self, jobs: list[tuple[int, dict[str, Any], float | None]], concurrency: int,
                     timeout_s: float, start_at_s: float) -> None:
         """Queue a round that starts at `start_at_s` on this worker's clock."""
-        self._cmds.put((jobs, concurrency, timeout_s, start_at_s - self.skew_s))
+        assert self._loop is not None and self._cmds is not None
+        self._loop.call_soon_threadsafe(self._cmds.put_nowait, (jobs, concurrency, timeout_s, start_at_s - self.skew_s))
 
     def poll(self, wait_s: float) -> list[tuple[str, int | None, dict[str, Any], float | None]]:
         """What finished since the last poll: waits up to `wait_s` for a first item, then
@@ -196,16 +205,20 @@ class RayWorkerPool:
             name = f"servelab-client-{token}-{i}"
             handles.append((name, actor_cls.options(name=name, scheduling_strategy="SPREAD").remote(
                 server.base_url, server.headers, max_c, skews[i], nice)))
+        self.workers: list[_Worker] = []
         try:
             infos = ray.get([h.info.remote() for _, h in handles], timeout=start_timeout_s)
-        except RayError as e:
-            for _, h in handles:
-                ray.kill(h)
-            raise PoolLost(f"{count} Ray client workers did not start within {start_timeout_s:g} s "
-                           f"(cluster resources: {ray.cluster_resources()}): {e}") from e
-        self.workers = [_Worker(i, name, h, info) for i, ((name, h), info) in enumerate(zip(handles, infos))]
+            self.workers = [_Worker(i, name, h, info) for i, ((name, h), info) in enumerate(zip(handles, infos))]
+            for w in self.workers:
+                w.offset_s, w.rtt_s = measure_offset(w.actor)
+        except BaseException as e:  # no actor (nor the Ray this pool started) outlives a failed start
+            have = f"cluster resources: {ray.cluster_resources()}" if isinstance(e, RayError) else ""
+            self._end([h for _, h in handles])
+            if isinstance(e, RayError):
+                raise PoolLost(f"{count} Ray client workers did not start within {start_timeout_s:g} s "
+                               f"({have}): {e}") from e
+            raise
         for w in self.workers:
-            w.offset_s, w.rtt_s = measure_offset(w.actor)
             if w.info["niceness"] > nice:
                 self.log(f"Ray client worker {w.index} ({w.info['node_ip']}) runs at niceness {w.info['niceness']} "
                          f"(this driver: {nice}) and could not lower it: start the cluster with "
@@ -223,8 +236,7 @@ class RayWorkerPool:
                         on_result: Callable[[Job, dict[str, Any], float | None], None]) -> dict[str, Any]:
         live = [w for w in self.workers if w.lost is None]
         if not live:
-            raise PoolLost("every Ray client worker is lost: " + "; ".join(f"worker {w.index}: {w.lost}"
-                                                                          for w in self.workers))
+            raise PoolLost(self._lost_message())
         n = min(len(live), max(1, concurrency))  # never a share without concurrency to send it
         live = live[:n]
         by_seq = {j.seq: j for j in jobs}
@@ -283,7 +295,14 @@ class RayWorkerPool:
             out["result_lag_p50_s"] = result_lag_s[len(result_lag_s) // 2]
             out["result_lag_max_s"] = result_lag_s[-1]
         out["workers_lost"] = sum(w.lost is not None for w in self.workers)
+        if all(w.lost is not None for w in self.workers):
+            # Lost in this round (not only before the next): the level must not be summed up as
+            # finished with a round of worker_lost records; it ends the run and --resume redoes it.
+            raise PoolLost(self._lost_message())
         return out
+
+    def _lost_message(self) -> str:
+        return "every Ray client worker is lost: " + "; ".join(f"worker {w.index}: {w.lost}" for w in self.workers)
 
     def _lose(self, w: _Worker, reason: str, pending: set[int], by_seq: dict[int, Job],
               on_result: Callable[[Job, dict[str, Any], float | None], None], start_at_s: float) -> None:
@@ -313,9 +332,15 @@ class RayWorkerPool:
                     w.offset_end_s, w.rtt_end_s = measure_offset(w.actor)
                 except RayError:
                     pass
+        self._end([w.actor for w in self.workers])
+
+    def _end(self, actors: list[Any]) -> None:
+        """Kill `actors` (a forced kill: nothing of theirs runs on) and shut down the Ray this
+        pool started, if it did."""
+        for a in actors:
             try:
-                ray.kill(w.actor, no_restart=True)
-            except RayError:
+                ray.kill(a, no_restart=True)
+            except (RayError, ValueError):
                 pass
         if self._owns_ray:
             ray.shutdown()

@@ -33,10 +33,12 @@ class Behaviour:
     tokens_per_chunk: int = 1
     fault: str | None = None  # apply to every request (or use fault_every)
     fault_every: int = 0  # apply `fault` to every n-th request only (1-based count)
+    fault_mix: tuple[str | None, ...] = ()  # request n gets fault_mix[(n - 1) % len] (None: none); overrides fault
     seed: int = 0
     metrics: bool = True
     tokenize: bool = True
     reasoning_tokens: int = 0  # the first n tokens stream on the reasoning channel (delta.reasoning_content)
+    usage: bool = True  # False: never stream a usage chunk, whatever the request asks (as some servers do)
 
 
 @dataclass
@@ -205,11 +207,15 @@ class RefServer:
 
     def _fault_for(self) -> str | None:
         self.stats.requests += 1
-        f = self.b.fault
-        if f and (self.b.fault_every <= 0 or self.stats.requests % self.b.fault_every == 0):
+        if self.b.fault_mix:
+            f = self.b.fault_mix[(self.stats.requests - 1) % len(self.b.fault_mix)]
+        else:
+            f = self.b.fault
+            if f and self.b.fault_every > 0 and self.stats.requests % self.b.fault_every:
+                f = None
+        if f:
             self.stats.faults[f] = self.stats.faults.get(f, 0) + 1
-            return f
-        return None
+        return f
 
     async def _complete(self, path: str, req: dict[str, Any], writer: asyncio.StreamWriter) -> bool:
         chat = path.endswith("chat/completions")
@@ -289,7 +295,7 @@ class RefServer:
             fin = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
                    else {"index": 0, "text": "", "finish_reason": "length"})
             await event({**base, "choices": [fin]})
-        if include_usage and fault != "no_usage":
+        if include_usage and self.b.usage and fault != "no_usage":
             usage: dict[str, Any] = {"prompt_tokens": p_tok, "completion_tokens": n_tok, "total_tokens": p_tok + n_tok}
             if self.b.reasoning_tokens:
                 usage["completion_tokens_details"] = {"reasoning_tokens": min(n_tok, self.b.reasoning_tokens)}
@@ -314,6 +320,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens-per-chunk", type=int, default=1)
     ap.add_argument("--fault", choices=FAULTS)
     ap.add_argument("--fault-every", type=int, default=0)
+    ap.add_argument("--no-usage", action="store_true", help="never stream a usage chunk")
     ap.add_argument("--uvloop", action="store_true",
                     help="use uvloop if installed (more streams per core, but millisecond timers: gaps jitter ~0.5 ms)")
     a = ap.parse_args(argv)
@@ -325,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
         except ImportError:
             pass
     srv = RefServer(Behaviour(ttft_s=a.ttft, itl_s=a.itl, jitter_s=a.jitter, tokens_per_chunk=a.tokens_per_chunk,
-                              fault=a.fault, fault_every=a.fault_every), a.host, a.port)
+                              fault=a.fault, fault_every=a.fault_every, usage=not a.no_usage), a.host, a.port)
     srv.start()
     print(f"reference server on {srv.url}", flush=True)
     try:

@@ -35,6 +35,7 @@ from .pools import make_pool, worker_count
 from .rounds import Job, LoopMonitor, PoolLost, run_round, run_sync
 from .sources import Draft, RoundCtx
 from .workers import WorkerPool
+from .workload import TokenCounter, token_counter
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -59,6 +60,12 @@ class RunResult:
     summary: Any
     message: str = ""
     calibration: dict[str, Any] = field(default_factory=dict)
+
+
+def server_counter(server: Server, wl: Workload, warn: Callable[[str], None] = print) -> TokenCounter:
+    """The token counter of this server and workload (its /tokenize, else the local tokenizer)."""
+    return token_counter(server.base_url, server.model, wl.api, server.headers, server.tokenizer_dir,
+                         wl.chat_template_kwargs, warn=warn)
 
 
 async def _server_healthy(c: sc.StreamClient) -> bool:
@@ -106,8 +113,9 @@ class LevelRunner:
     def __init__(self, server: Server, wl: Workload, rf: RunFolder, *, study: str, config_id: str,
                  sources: dict[str, Any], progress: bool = True, metrics_interval_s: float | None = 0.5,
                  resume: ResumeState | None = None, log: Callable[[str], None] | None = None,
-                 gpu_devices: list[int] | None = None) -> None:
+                 gpu_devices: list[int] | None = None, counter: TokenCounter | None = None) -> None:
         self.server, self.wl, self.rf = server, wl, rf
+        self.counter = counter  # counts the output of a stream without usage (None: it fails as no_usage)
         self.study, self.config_id, self.sources = study, config_id, sources
         self.progress, self.metrics_interval_s = progress, metrics_interval_s
         self.log = log or (lambda m: print(f"[servelab] {m}", file=sys.stderr, flush=True))
@@ -183,6 +191,8 @@ class LevelRunner:
 
     def _record(self, li: int, lv: Level, rnd: int, warm: bool, job: Job, res: Any, lag: float | None) -> dict[str, Any]:
         d = res if isinstance(res, dict) else res.to_dict()
+        if self.counter is not None and d.get("error_kind") == sc.NO_USAGE:
+            d = sc.count_on_client(d, self.counter.count_text)
         if not job.spec.keep_text:
             d.pop("output_text", None)
         return {"study": self.study, "config": self.config_id, "level": li, "bucket": lv.bucket.label,
@@ -332,8 +342,20 @@ class LevelRunner:
         wl = self.wl
         have_handlers = self._install_signals()
         max_c = max(lv.concurrency for lv in self.grid)
-        pool = make_pool(wl.workers, self.server, max_c)
-        self.workers = pool.describe() if pool else []
+        pool = None
+        try:
+            pool = make_pool(wl.workers, self.server, max_c)
+            self.workers = pool.describe() if pool else []
+            return await self._run_grid(max_c, pool)
+        finally:  # the pool's workers (Ray actors, processes) end on every exit path
+            if pool:
+                pool.close()
+                self.workers = pool.describe()
+            if have_handlers:
+                self._remove_signals()
+
+    async def _run_grid(self, max_c: int, pool: Any) -> tuple[int, str, str]:
+        wl = self.wl
         total = sum((wl.warmup_rounds + wl.rounds) * requests_per_round(wl, lv)
                     * (lv.bucket.session.turns if lv.bucket.session else 1) for _, lv in self.plan)
         bar = tqdm(total=total, desc=self.config_id, unit="req", disable=not self.progress, dynamic_ncols=True)
@@ -350,11 +372,6 @@ class LevelRunner:
                 return w.count, "partial", str(e)
             finally:
                 bar.close()
-                if pool:
-                    pool.close()
-                    self.workers = pool.describe()
-                if have_handlers:
-                    self._remove_signals()
                 await self._stop_samplers()
 
 
@@ -379,7 +396,8 @@ def run_workload(server: Server, wl: Workload, run_dir: Path, *, study: str, con
             raise FileExistsError(f"{rf / RECORDS} exists: runs are immutable; remove the folder or use a new id")
         state = prepare_resume(rf.path)
     rf.path.mkdir(parents=True, exist_ok=True)
-    sources = make_sources(server, wl, warn=log)
+    counter = server_counter(server, wl, warn=log)
+    sources = make_sources(server, wl, warn=log, counter=counter)
     cal = {k: v.calibration() for k, v in sources.items()}
     if state and rf.run:
         prev = rf.run
@@ -393,7 +411,8 @@ def run_workload(server: Server, wl: Workload, run_dir: Path, *, study: str, con
     status, message = "failed", ""
     t0 = now_iso()
     lr = LevelRunner(server, wl, rf, study=study, config_id=config_id, sources=sources, progress=progress,
-                     metrics_interval_s=metrics_interval_s, resume=state, log=log, gpu_devices=gpu_devices)
+                     metrics_interval_s=metrics_interval_s, resume=state, log=log, gpu_devices=gpu_devices,
+                     counter=counter)
     try:
         _, status, message = run_sync(lr.run())
     except KeyboardInterrupt:

@@ -22,6 +22,8 @@ class TokenCounter(Protocol):
 
     def count(self, prompt: str) -> int: ...
 
+    def count_text(self, text: str) -> int: ...
+
 
 class ServerTokenizer:
     """Counts prompt tokens with the server's /tokenize (chat template applied for api=chat)."""
@@ -44,6 +46,13 @@ class ServerTokenizer:
         else:
             body = {"model": self.model, "prompt": prompt}
         r = self.client.post(self.url, json=body)
+        r.raise_for_status()
+        return int(r.json()["count"])
+
+    def count_text(self, text: str) -> int:
+        """Tokens of generated text as it stands (no template, no special tokens): the output
+        count of a server that streams no usage."""
+        r = self.client.post(self.url, json={"model": self.model, "prompt": text, "add_special_tokens": False})
         r.raise_for_status()
         return int(r.json()["count"])
 
@@ -75,6 +84,10 @@ class LocalTokenizer:
                 ids = ids["input_ids"]
             return len(ids)
         return len(self.tok(prompt)["input_ids"])
+
+    def count_text(self, text: str) -> int:
+        """Tokens of generated text as it stands (no template, no special tokens)."""
+        return len(self.tok(text, add_special_tokens=False)["input_ids"])
 
 
 @dataclass

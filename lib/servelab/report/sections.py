@@ -120,9 +120,14 @@ def method_text(sd: StudyData) -> str:
     achieved = ", ".join(f"{v['target_tokens']:,} → {v['tokens']:,}" for v in cal.values()
                          if "target_tokens" in v) or rh.MISSING
     api = "/v1/chat/completions" if wl.api == "chat" else "/v1/completions"
-    return sd.w("method.body", api=api, temperature=wl.temperature, seed=wl.seed, prompt_text=wl.prompt_text,
+    text = sd.w("method.body", api=api, temperature=wl.temperature, seed=wl.seed, prompt_text=wl.prompt_text,
                 counter=counter, calibration=achieved, warmup=wl.warmup_rounds, rounds=wl.rounds,
                 k=wl.requests_per_round, salt=sd.w("method.salt_on") if wl.cache_salt else sd.w("method.salt_off"))
+    recs = sd.records
+    if "output_tokens_source" in recs and (recs["output_tokens_source"] == "client").any():
+        n = int((recs["output_tokens_source"] == "client").sum())
+        text += " " + sd.w("tokens.client_counted", n=f"{n:,}", total=f"{len(recs):,}", counter=counter)
+    return text
 
 
 def definitions_table(sd: StudyData) -> Any:

@@ -226,6 +226,9 @@ def _read_mapping(path: Path) -> dict[str, Any]:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
         raise ParamsError(f"{path}:{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    if data is None:
+        raise ParamsError(f"{path}: params file is empty (a study needs at least study, title, workload and "
+                          "configurations)")
     if not isinstance(data, dict):
         raise ParamsError(f"{path}: <top>: expected a mapping of keys, got {type(data).__name__}")
     return data
