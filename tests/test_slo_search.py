@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from servelab.measure.slo_search import (SearchSpec, Targets, Trial, interval_verdict, load_verdict, result, state)
 
 T = Targets(ttft_p95_s=1.0, tpot_p95_s=None, error_rate=0.01)
@@ -107,3 +109,13 @@ def test_worst_case_trials_counts_bracket_bisect_and_repeats():
     spec = SearchSpec(start=1.0, max_load=64, precision=0.1, max_repeats=3, max_trials=99)
     # 6 doublings to 64, ceil(log2(1/0.1)) = 4 bisections, 2 x 2 extra repeats, the first trial
     assert spec.worst_case_trials() == 1 + 6 + 4 + 4
+
+
+def test_binomial_tails_match_scipy():
+    from scipy.stats import binom
+
+    from servelab.measure.slo_search import binom_cdf, binom_sf
+
+    for n, k, p in [(30, 0, 0.05), (30, 3, 0.05), (59, 0, 0.05), (400, 31, 0.05), (40, 40, 0.05), (299, 0, 0.01)]:
+        assert binom_cdf(k, n, p) == pytest.approx(binom.cdf(k, n, p), rel=1e-9, abs=1e-15)
+        assert binom_sf(k - 1, n, p) == pytest.approx(binom.sf(k - 1, n, p), rel=1e-9, abs=1e-15)

@@ -19,8 +19,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from scipy.stats import binom
-
 # the SLO's percentile: p95 over the target <=> more than 5 % of requests over it
 SLO_QUANTILE = 0.95
 ALPHA = 0.05  # one-sided level of the binomial interval
@@ -92,6 +90,25 @@ def binding(m: dict[str, float], t: Targets) -> str | None:
     return max(over, key=lambda k: (over[k] if over[k] == over[k] else math.inf))
 
 
+def _binom_pmf(i: int, n: int, p: float) -> float:
+    if p <= 0:
+        return 1.0 if i == 0 else 0.0
+    if p >= 1:
+        return 1.0 if i == n else 0.0
+    return math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                    + i * math.log(p) + (n - i) * math.log1p(-p))
+
+
+def binom_cdf(k: int, n: int, p: float) -> float:
+    """P(X <= k) for X ~ Binomial(n, p) (exact sum; no scipy on the GPU device's image)."""
+    return min(1.0, sum(_binom_pmf(i, n, p) for i in range(0, min(k, n) + 1))) if k >= 0 else 0.0
+
+
+def binom_sf(k: int, n: int, p: float) -> float:
+    """P(X > k)."""
+    return min(1.0, sum(_binom_pmf(i, n, p) for i in range(max(k + 1, 0), n + 1)))
+
+
 def _exceed_share_test(values: list[float], target: float, failed: int, q: float) -> str | None:
     """'pass'/'fail' when an exact one-sided binomial test at ALPHA settles whether more than
     (1-q) of the requests exceed `target` (failed requests count as exceeding), else None."""
@@ -100,9 +117,9 @@ def _exceed_share_test(values: list[float], target: float, failed: int, q: float
         return None
     k = sum(1 for x in values if x > target) + failed
     p = 1 - q
-    if binom.sf(k - 1, n, p) < ALPHA:  # P(X >= k) small: more exceed than a met SLO allows
+    if binom_sf(k - 1, n, p) < ALPHA:  # P(X >= k) small: more exceed than a met SLO allows
         return "fail"
-    if binom.cdf(k, n, p) < ALPHA:  # P(X <= k) small: fewer exceed than the limit
+    if binom_cdf(k, n, p) < ALPHA:  # P(X <= k) small: fewer exceed than the limit
         return "pass"
     return None
 
