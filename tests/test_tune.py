@@ -128,3 +128,17 @@ def test_coordinate_search_keeps_rejects_and_records_failures(tmp_path, monkeypa
         ("serial", None), ("max-num-seqs-16", "serial"), ("num-gpu-blocks-override-40", "max-num-seqs-16"),
         ("num-gpu-blocks-override-128", "max-num-seqs-16")]
     assert RunFolder(tmp_path / "runs" / "local-cpu-tune" / "serial").run["capacity"]["result"]["capacity"] == 0.05
+
+
+def test_start_failure_names_the_root_cause_from_the_engine_log(tmp_path):
+    from servelab.tune import start_failure
+
+    (tmp_path / "engine.log").write_text(
+        "(EngineCore pid=1) ERROR [core.py:1510] ValueError: To serve at least one request ...\n"
+        "Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in <module>\n'
+        "ValueError: To serve at least one request with the model's max seq len (4096), more KV cache is needed\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n")
+    assert start_failure(tmp_path) == ("ValueError: To serve at least one request with the model's max seq len "
+                                       "(4096), more KV cache is needed")
+    assert start_failure(tmp_path / "none", RuntimeError("boom\nmore")) == "boom"

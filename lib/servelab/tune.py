@@ -73,15 +73,20 @@ def worst_case_lines(study: Study) -> list[str]:
             + worst_case_line(worst_case(spec, shape, server_starts=n))]
 
 
-def _start_failure(rdir: Path, err: Exception) -> str:
-    """The engine's own reason: the last error line of its log, else the exception."""
+def start_failure(rdir: Path, err: Exception | None = None) -> str:
+    """The engine's own reason from its log: the first exception line of a traceback (the root
+    cause; vLLM's engine core raises it before the generic 'initialization failed'), else the
+    last error line, else the exception."""
     log = rdir / ENGINE_LOG
     if log.exists():
         lines = [x.strip() for x in log.read_text(errors="replace").splitlines() if x.strip()]
+        roots = [x for x in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception): ", x)]
+        if roots:
+            return roots[0][:300]
         errs = [x for x in lines if re.search(r"Error|error:|Exception", x)]
         if errs:
             return errs[-1][-300:]
-    return str(err).splitlines()[0][:300]
+    return str(err).splitlines()[0][:300] if err else "the engine did not start"
 
 
 class Tuner:
@@ -119,7 +124,12 @@ class Tuner:
         except (StageFailed, EngineError, RunIncomplete, RuntimeError) as e:
             if RunFolder(rdir).run.get("capacity"):
                 return True, ""  # measured, only short of its search's stop rule (budget): use what it found
-            return False, _start_failure(rdir, e)
+            why = start_failure(rdir, e)
+            failed = rdir.with_name(f"{cid}-failed")  # published beside the runs (its engine log)
+            if failed.exists():
+                shutil.rmtree(failed)
+            rdir.rename(failed)
+            return False, why
         return True, ""
 
     def _objective(self, cid: str) -> dict[str, Any]:

@@ -110,7 +110,7 @@ def capacity_line(res: dict[str, Any]) -> str:
     rps, tps, cc = res.get("request_rps"), res.get("output_tps"), res.get("in_flight")
     head = (f"capacity at SLO: {res['capacity']:g} req/s" if res["axis"] == "rate"
             else f"capacity at SLO: {rps:.3g} req/s" if rps else "capacity at SLO: ?")
-    detail = f"{tps:.0f} output tok/s, " if tps else ""
+    detail = f"{tps:.3g} output tok/s, " if tps else ""
     detail += f"{cc:.1f} concurrent" if res["axis"] == "rate" and cc else f"{res['capacity']:g} concurrent"
     br = f"bracket [{lo:g}, {hi:g}] {unit}" if hi is not None else f"bracket [{lo:g}, -] {unit}"
     binds = (f"binds: {res['binding']} ({res['binding_measured']:.3g} > {res['targets'][res['binding']]:g} "

@@ -55,7 +55,7 @@ def capacity_lines(sd: StudyData) -> list[str]:
             out.append(sd.w("capacity.headline_open", label=label, cap=_load(sd, r["axis"], lo)))
         else:
             out.append(sd.w("capacity.headline", label=label, cap=_load(sd, r["axis"], lo),
-                            tps=r.get("output_tps") or math.nan, cc=r.get("in_flight") or math.nan,
+                            tps=_sig(r.get("output_tps")), cc=r.get("in_flight") or math.nan,
                             lo=f"{lo:g}", hi=f"{hi:g}", term=sd.w(f"capacity.term.{r['binding']}")))
     return out
 
@@ -78,7 +78,7 @@ def capacity_section(sd: StudyData) -> tuple[str, Any]:
                      sd.w(f"capacity.term.{r['binding']}") if r.get("binding") else "–", r["trials"],
                      sd.w("yes") if r["settled"] else sd.w("no")])
     t = rh.table(pd.DataFrame(rows, columns=cols), sd.w("capacity.t_capacity"),
-                 formats={cols[3]: "{:,.0f}", cols[4]: "{:,.1f}"})
+                 formats={cols[3]: _sig, cols[4]: "{:,.1f}"})
     return sd.w("capacity.text", slo=slo) + "\n\n" + "\n\n".join(capacity_lines(sd)), t
 
 
