@@ -1,7 +1,7 @@
 """Write the fixed-grid params that check a capacity search: the search study without its
 `capacity:` block, each configuration at rates around the bracket its run found.
 
-    python scripts/capacity_grid.py RUNS_DIR SEARCH_PARAMS OUT_PARAMS
+    python scripts/capacity_grid.py RUNS_DIR SEARCH_PARAMS OUT_PARAMS [STUDY_SUFFIX]
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from servelab.measure.slo_search import grid_around
 from servelab.schema import load_study
 
 
-def main(runs: str, src: str, out: str) -> None:
+def main(runs: str, src: str, out: str, suffix: str = "grid") -> None:
     study = load_study(src)
     data = yaml.safe_load(Path(src).read_text())
     spec, shape = from_params(study.capacity, study.workload.buckets)
     data.pop("capacity")
-    data["study"] = f"{study.study}-grid"
+    data["study"] = f"{study.study}-{suffix}"
     data["title"] = f"{study.title}: the fixed grid around the searched capacity"
     data["workload"].update(duration_s=shape.duration_s, warmup_rounds=shape.warmup_rounds, rounds=shape.rounds)
     for c in data["configurations"]:
@@ -34,4 +34,4 @@ def main(runs: str, src: str, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:4])
+    main(*sys.argv[1:5])

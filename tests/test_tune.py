@@ -51,8 +51,8 @@ def test_candidate_is_one_flag_away_from_the_incumbent():
     assert s.engine_for("max-num-seqs-16").args["num-gpu-blocks-override"] == 136  # the rest of the incumbent
     assert s.engine_for("serial").args["max-num-seqs"] == 1
     assert candidate_id("compilation-config", {"mode": 3}) == "compilation-config-mode-3"
-    assert worst_case_lines(study) == ["tune: 5 engine starts (base + 4 candidates), each a capacity search: worst "
-                                       "case: 5 server start(s) x (7 trials x 24 s) = 840 s (14.0 min)"]
+    assert worst_case_lines(study) == ["tune: 6 engine starts (base + 5 candidates), each a capacity search: worst "
+                                       "case: 6 server start(s) x (7 trials x 24 s) = 1008 s (16.8 min)"]
 
 
 def _write(tmp_path, text: str):
@@ -94,7 +94,7 @@ def test_coordinate_search_keeps_rejects_and_records_failures(tmp_path, monkeypa
     monkeypatch.setenv("SERVELAB_RUNS", str(tmp_path / "runs"))
     monkeypatch.setattr(tune, "runs_root", lambda: tmp_path / "runs")
     brackets = {"serial": [0.05, 0.06], "max-num-seqs-16": [0.8, 0.9], "num-gpu-blocks-override-128": [0.75, 0.85],
-                "num-gpu-blocks-override-2048": [0.3, 0.4]}
+                "num-gpu-blocks-override-2048": [0.3, 0.4], "max-num-seqs-2": [0.1, 0.2]}
     started = []
 
     def fake_measure(self, cid):
@@ -112,13 +112,14 @@ def test_coordinate_search_keeps_rejects_and_records_failures(tmp_path, monkeypa
     rec = t.run()
     steps = [(s["config"], s["verdict"], s.get("why")) for s in rec["steps"]]
     assert steps == [("serial", "base", None), ("max-num-seqs-16", "kept", "beats"),
+                     ("max-num-seqs-2", "rejected", "worse"),
                      ("num-gpu-blocks-override-40", "failed", "start_failed"),
                      ("num-gpu-blocks-override-128", "rejected", "within_noise"),
                      ("num-gpu-blocks-override-2048", "rejected", "worse")]
-    assert rec["steps"][2]["why_values"]["reason"].startswith("ValueError: max seq len")
+    assert rec["steps"][3]["why_values"]["reason"].startswith("ValueError: max seq len")
     # the later candidates change the kept incumbent (one flag at a time), and start at its capacity
-    assert rec["steps"][3]["incumbent"] == "max-num-seqs-16"
-    assert started[1:] == [("max-num-seqs-16", 0.05), ("num-gpu-blocks-override-40", 0.8),
+    assert rec["steps"][4]["incumbent"] == "max-num-seqs-16"
+    assert started[1:] == [("max-num-seqs-16", 0.05), ("max-num-seqs-2", 0.8), ("num-gpu-blocks-override-40", 0.8),
                            ("num-gpu-blocks-override-128", 0.8), ("num-gpu-blocks-override-2048", 0.8)]
     s128 = t.study.engine_for("num-gpu-blocks-override-128").args
     assert (s128["max-num-seqs"], s128["num-gpu-blocks-override"]) == (16, 128)
@@ -127,7 +128,8 @@ def test_coordinate_search_keeps_rejects_and_records_failures(tmp_path, monkeypa
     # the published study lists every candidate, each against its incumbent
     sj = read_json(tmp_path / "runs" / "local-cpu-tune" / "study.json")["study"]
     assert [(c["id"], c.get("baseline")) for c in sj["configurations"]] == [
-        ("serial", None), ("max-num-seqs-16", "serial"), ("num-gpu-blocks-override-40", "max-num-seqs-16"),
+        ("serial", None), ("max-num-seqs-16", "serial"), ("max-num-seqs-2", "max-num-seqs-16"),
+        ("num-gpu-blocks-override-40", "max-num-seqs-16"),
         ("num-gpu-blocks-override-128", "max-num-seqs-16"), ("num-gpu-blocks-override-2048", "max-num-seqs-16")]
     assert RunFolder(tmp_path / "runs" / "local-cpu-tune" / "serial").run["capacity"]["result"]["capacity"] == 0.05
 
