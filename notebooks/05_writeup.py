@@ -26,6 +26,7 @@ from servelab.report import html as rh
 from servelab.report import gpu, levels, money, plots
 from servelab.report import sections as sec
 from servelab.report import workload as wk
+from servelab.report import capacity as cap
 
 sd = load_study_data(study_dir)
 sd = sd.with_language(language) if language else sd
@@ -70,6 +71,19 @@ sets_text, sets_table = levels.prompt_set_table(sd)
 if sets_table is not None:
     display(Markdown(f"{sec.anchor('prompt-sets', w('prompts.title'), 3)}\n\n{sets_text}"))
     display(sets_table)
+
+
+# %%
+tune_text, tune_table = cap.tune_section(sd)  # a `tune:` study: its search is the progression
+if tune_table is not None:
+    display(Markdown(f"{sec.anchor('tune', w('tune.title'), 3)}\n\n{tune_text}"))
+    display(tune_table)
+
+# %%
+cap_text, cap_table = cap.capacity_section(sd)  # shown when the study searched its capacity
+if cap_table is not None:
+    display(Markdown(f"{sec.anchor('capacity', w('capacity.title'), 3)}\n\n{cap_text}"))
+    display(cap_table)
 
 # %%
 Markdown(sec.anchor("figures", w("section.figures")))
@@ -137,8 +151,19 @@ if spec_levels_table is not None:
     display(Markdown(spec_levels_text))
     display(spec_levels_table)
 
+
+# %%
+pred_text, pred_table, pred_evidence = cap.prediction_section(sd)
+Markdown(f"{sec.anchor('prediction', w('capacity.predict_title'), 3)}\n\n{pred_text}")
+
+# %%
+pred_table
+
 # %%
 Markdown(f"{sec.anchor('symptoms', w('section.symptoms'), 3)}\n\n{dg.client_overhead_text(sd)}")
+
+# %%
+Markdown(pred_evidence)  # large prediction errors as evidence
 
 # %%
 Markdown("\n\n".join(dg.symptom_text(sd, cid) for cid in sd.config_ids))

@@ -108,6 +108,11 @@ def cmd_run(a: argparse.Namespace) -> int:
             study = with_url(study, a.url)
         except ValueError as e:
             raise ParamsError(f"{a.params}: {e}") from None
+    if study.tune is not None:  # a search over configurations (servelab.tune)
+        from .tune import run_tune
+
+        return run_tune(study, Path(a.params), force=a.force, resume=a.resume, dry_run=a.dry_run,
+                        report=not a.no_report)
     return run_study(study, Path(a.params), only=a.config, reduced=a.reduced, force=a.force,
                      dry_run=a.dry_run, notebooks=not a.no_notebooks, report=not a.no_report, resume=a.resume)
 
@@ -236,6 +241,10 @@ def parser() -> argparse.ArgumentParser:
                      help="reference server on uvloop (more streams per core, coarser timers)")
     cal.add_argument("--out", help="result JSON (default runs/selfcheck/<timestamp>.json)")
     cal.set_defaults(fn=cmd_calibrate)
+
+    from .cli_capacity import add_parser as add_capacity_parser
+
+    add_capacity_parser(sub)  # servelab capacity URL
 
     try:  # boto3 is a dependency; the GPU device's image lacks it, and needs no aws commands
         from .cli_aws import add_parser as add_aws_parser

@@ -39,6 +39,7 @@ class Behaviour:
     tokenize: bool = True
     reasoning_tokens: int = 0  # the first n tokens stream on the reasoning channel (delta.reasoning_content)
     usage: bool = True  # False: never stream a usage chunk, whatever the request asks (as some servers do)
+    slots: int = 0  # >0: at most this many streams at once, the rest queue (a known capacity)
 
 
 @dataclass
@@ -101,6 +102,7 @@ class RefServer:
         self._thread: threading.Thread | None = None
         self._server: asyncio.base_events.Server | None = None
         self._ready = threading.Event()
+        self._slots: asyncio.Semaphore | None = None
 
     @property
     def url(self) -> str:
@@ -234,12 +236,18 @@ class RefServer:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
                      + close + b"\r\n")
         await writer.drain()
+        if self.b.slots and self._slots is None:
+            self._slots = asyncio.Semaphore(self.b.slots)
+        if self._slots is not None:
+            await self._slots.acquire()  # queued: the TTFT clock has started on the client
         self.stats.running += 1
         self.stats.prompt_tokens_total += p_tok
         try:
             return await self._stream(writer, chat, n_tok, p_tok, include_usage, fault)
         finally:
             self.stats.running -= 1
+            if self._slots is not None:
+                self._slots.release()
 
     async def _stream(self, writer: asyncio.StreamWriter, chat: bool, n_tok: int, p_tok: int,
                       include_usage: bool, fault: str | None) -> bool:
