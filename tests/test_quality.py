@@ -75,3 +75,25 @@ def test_the_stage_on_the_dummy_weight_study_writes_not_measurable(tmp_path):
     off = study.model_copy(update={"quality": study.quality.model_copy(update={"enabled": False})})
     (tmp_path / "quality.json").unlink()
     assert stages.quality(plan_study(off)[cid], tmp_path) is None and not (tmp_path / "quality.json").exists()
+
+
+def _fixture(name: str) -> dict:
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+def test_real_answers_eager_vs_ngram_agree_and_a_changed_token_is_found():
+    eager, ngram = _fixture("eager"), _fixture("ngram")
+    assert eager["score"] == {"correct": sum(p["correct"] is True for p in eager["prompts"]), "total": 16}
+    assert [p["id"] for p in eager["prompts"] if p["set"] == "quality" and p["correct"]][:4] == [
+        "capital-france", "capital-japan", "capital-italy", "capital-germany"]
+    c = compare(ngram, eager)  # n-gram speculation kept both greedy answers token for token
+    assert (c["identical"], c["total"], c["changed"], c["first_divergence"]) == (2, 2, False, [])
+    assert c["score_dropped"] is False  # the n-gram run scored no known-answer task: nothing to drop
+    # the recorded list answer with its 11th token replaced (the same token as the 12th)
+    changed = json.loads(json.dumps(ngram))
+    ids = changed["prompts"][0]["output_token_ids"]
+    assert changed["prompts"][0]["id"] == "fruits" and ids[10] != ids[11]
+    ids[10] = ids[11]
+    c = compare(changed, eager)
+    assert c["changed"] and c["identical"] == 1 and c["identical_share"] == 0.5
+    assert c["first_divergence"] == [{"id": "fruits", "set": "lists", "token_index": 10}]

@@ -32,7 +32,8 @@ def compare(run_q: Mapping[str, Any], baseline_q: Mapping[str, Any]) -> dict[str
 
     Returns {"measurable", "identical", "total", "identical_share", "first_divergence":
     [{"id", "set", "token_index"}] (changed answers only), "score": [correct, total],
-    "baseline_score", "changed", "score_dropped"}. Not measurable (either side: dummy weights)
+    "baseline_score", "changed", "score_dropped"} (score_dropped: a lower share of known answers
+    right; False when either side scored none). Not measurable (either side: dummy weights)
     gives zero counts, NaN share and changed/score_dropped False."""
     measurable = bool(run_q.get("measurable")) and bool(baseline_q.get("measurable"))
     out: dict[str, Any] = {"measurable": measurable, "identical": 0, "total": 0, "identical_share": float("nan"),
@@ -55,5 +56,6 @@ def compare(run_q: Mapping[str, Any], baseline_q: Mapping[str, Any]) -> dict[str
     if out["total"]:
         out["identical_share"] = out["identical"] / out["total"]
     out["changed"] = out["identical"] < out["total"]
-    out["score_dropped"] = out["score"][0] < out["baseline_score"][0]
+    (c, t), (bc, bt) = out["score"], out["baseline_score"]
+    out["score_dropped"] = bool(t and bt and c / t < bc / bt)  # shares: a run may score fewer tasks
     return out

@@ -20,7 +20,8 @@ from typing import Any, Callable
 from ..hosts.base import Server
 from ..runfolder import LEVELS, RECORDS, RunFolder, read_jsonl
 from ..schema import Workload
-from .runner import Level, LevelRunner, finalize, prepare_resume, calibrate_buckets
+from .grid import make_sources
+from .runner import Level, LevelRunner, finalize, prepare_resume, server_counter
 from .slo_search import SearchSpec, Targets, Trial, result, state
 from .workers import run_sync
 
@@ -147,7 +148,8 @@ def run_capacity(server: Server, wl: Workload, run_dir: Path, spec: SearchSpec, 
         rs = prepare_resume(rf.path)
     rf.path.mkdir(parents=True, exist_ok=True)
     wl1 = trial_workload(wl, spec, shape, spec.snap(spec.start))
-    prompts = calibrate_buckets(server, wl1, warn=log)
+    counter = server_counter(server, wl1, warn=log)
+    sources = make_sources(server, wl1, warn=log, counter=counter)
     prev = rf.run if rs else {}
     if prev:
         record["started_at"] = prev.get("started_at", record.get("started_at"))
@@ -156,8 +158,7 @@ def run_capacity(server: Server, wl: Workload, run_dir: Path, spec: SearchSpec, 
             if k in prev:
                 record[k] = prev[k]  # a prediction stays the one stored before the first trial
     record.update({"server": server.info, "model_name": server.model, "workload": wl.model_dump(),
-                   "calibration": {k: {"target_tokens": v.target_tokens, "tokens": v.tokens, "counter": v.counter}
-                                   for k, v in prompts.items()},
+                   "calibration": {k: v.calibration() for k, v in sources.items()},
                    "capacity": {"spec": asdict(spec), "shape": asdict(shape), "targets": targets.terms(),
                                 "bucket": wl1.buckets[0].label, "budget_s": budget_s,
                                 "worst_case": worst_case(spec, shape)},
@@ -182,8 +183,8 @@ def run_capacity(server: Server, wl: Workload, run_dir: Path, spec: SearchSpec, 
                 break
             li = max([tr.level for tr in trials], default=-1) + 1
             wlt = trial_workload(wl, spec, shape, st.next_load)
-            lr = LevelRunner(server, wlt, rf, study=study, config_id=config_id, prompts=prompts, progress=progress,
-                             metrics_interval_s=mi, log=log, gpu_devices=gpu_devices)
+            lr = LevelRunner(server, wlt, rf, study=study, config_id=config_id, sources=sources, progress=progress,
+                             metrics_interval_s=mi, log=log, gpu_devices=gpu_devices, counter=counter)
             lv = Level(wlt.buckets[0], wlt.max_in_flight if spec.axis == "rate" else int(st.next_load),
                        st.next_load if spec.axis == "rate" else 0.0)
             lr.grid, lr.plan, lr.seq = [lv], [(li, lv)], seq

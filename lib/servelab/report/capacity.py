@@ -76,7 +76,7 @@ def capacity_section(sd: StudyData) -> tuple[str, Any]:
                      f"[{lo:g}, {hi:g}]" if lo is not None and hi is not None else sd.w("capacity.open_end"),
                      r.get("output_tps") or math.nan, r.get("in_flight") or math.nan,
                      sd.w(f"capacity.term.{r['binding']}") if r.get("binding") else "–", r["trials"],
-                     sd.w("yes") if r["settled"] else sd.w("no")])
+                     sd.w("capacity.settled.yes") if r["settled"] else sd.w("capacity.settled.no")])
     t = rh.table(pd.DataFrame(rows, columns=cols), sd.w("capacity.t_capacity"),
                  formats={cols[3]: _sig, cols[4]: "{:,.1f}"})
     return sd.w("capacity.text", slo=slo) + "\n\n" + "\n\n".join(capacity_lines(sd)), t

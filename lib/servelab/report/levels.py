@@ -22,16 +22,13 @@ from ..analysis.stats import pct_change as _pct_change
 from ..engines import get as engine_profile
 from . import html as rh
 from .load import StudyData, baselines
-from .progress import quality
+from .progress import compile_s, quality
 from .sections import pct
 
 SPEC_COLUMNS = ["spec_acceptance_rate", "spec_mean_accepted_len", "spec_draft_tokens_per_s",
                 "spec_accepted_per_position"]
 LEVELS_JSONL = "levels.jsonl"
 _LABEL = re.compile(r"^(?P<bucket>.+) c=(?P<conc>\d+)$")
-_COMPILE = re.compile(r"torch\.compile took ([0-9.]+) s in total")
-_CACHE_HIT = re.compile(r"[Dd]irectly load(?:ed)? the compiled graph")
-ENGINE_LOG = "engine.log"
 
 
 def speculates(sd: StudyData, cid: str) -> bool:
@@ -170,18 +167,6 @@ def _iso(s: Any) -> datetime | None:
         return datetime.fromisoformat(str(s))
     except ValueError:
         return None
-
-
-def compile_s(sd: StudyData, cid: str) -> tuple[float, bool]:
-    """(seconds torch.compile took at start-up, whether it loaded graphs from the compile cache)
-    from the engine log vLLM wrote ("torch.compile took 24.31 s in total"); NaN when it did not
-    compile (eager) or the log is not kept."""
-    f = sd.folders.get(cid)
-    if f is None or not f.exists(ENGINE_LOG):
-        return math.nan, False
-    text = (f / ENGINE_LOG).read_text(encoding="utf-8", errors="replace")
-    times = [float(x) for x in _COMPILE.findall(text)]
-    return (sum(times) if times else math.nan), bool(_CACHE_HIT.search(text))
 
 
 def timing_rows(sd: StudyData) -> pd.DataFrame:

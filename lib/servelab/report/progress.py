@@ -12,16 +12,17 @@ Not for the numbers themselves (`analysis`), nor for the other sections (`sectio
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import pandas as pd
 
 from ..analysis import config_diff, goodput, knee, kv_verdict
 from ..analysis.effects import MIN_ROUNDS, few_rounds, level_effects
-from ..runfolder import read_json
+from ..runfolder import ENGINE_LOG, read_json
 from . import html as rh
 from .load import StudyData, baselines
-from .sections import link, num, pct, slo_parts
+from .fmt import link, num, pct, slo_parts
 
 QUALITY_JSON = "quality.json"
 
@@ -65,7 +66,7 @@ def change_text(sd: StudyData, cid: str, base: str) -> str:
     """What changed from the baseline, one lever per item ("args.enforce-eager: True → –")."""
     diffs = settings_changed(sd, cid, base)
     if not diffs:
-        return sd.w("no_change")
+        return sd.w("configs.no_change")
     return "; ".join(f"{k}: {_value(a)} → {_value(b)}" for k, a, b in diffs)
 
 
@@ -79,7 +80,7 @@ def method_text_prompt_sets(sd: StudyData) -> str:
     q = sd.study.quality
     return sd.w("story.method_prompt_sets", api=api, temperature=wl.temperature, seed=wl.seed, sets=sets, stop=stop,
                 warmup=wl.warmup_rounds, rounds=wl.rounds, k=wl.requests_per_round,
-                salt=sd.w("salt_on") if wl.cache_salt else sd.w("salt_off"),
+                salt=sd.w("method.salt_on") if wl.cache_salt else sd.w("method.salt_off"),
                 qsets=", ".join(f"`{x}`" for x in q.sets), qmax=q.max_tokens)
 
 
@@ -277,11 +278,11 @@ def headline(sd: StudyData) -> str:
                         inflight=in_flight(sd, r["goodput_concurrency"]), label=lab.get(r["config"], r["config"]),
                         bucket=r["bucket"]) + " " + link(sd, "saturation"))
     else:
-        out.append(sd.w("h_no_goodput", slo=slo_parts(sd)) + " " + link(sd, "saturation"))
+        out.append(sd.w("headline.no_goodput", slo=slo_parts(sd)) + " " + link(sd, "saturation"))
     limited = [lab.get(c, c) for c in sd.config_ids
                if sd.samples(c) is not None and kv_verdict(sd.samples(c))["limited"]]
     if limited:
-        out.append(sd.w("h_kv", configs=", ".join(limited)) + " " + link(sd, "kv"))
+        out.append(sd.w("headline.kv_limited", configs=", ".join(limited)) + " " + link(sd, "kv"))
     out.extend(_engines_and_cost(sd))
     return "\n".join(f"- {x}" for x in out if x)
 
@@ -314,7 +315,7 @@ def _engines_and_cost(sd: StudyData) -> list[str]:
         other = cmp_[cmp_["config"] != ref]
         best = other.groupby("config", sort=False)["aggregate_vs_reference"].median().idxmax()
         r = other[other["config"] == best]["aggregate_vs_reference"]
-        out.append(sd.w("h_engines", other=lab.get(best, best), ref=lab.get(ref, ref), n=len(r),
+        out.append(sd.w("headline.engines", other=lab.get(best, best), ref=lab.get(ref, ref), n=len(r),
                         lo=pct((r.min() - 1) * 100), hi=pct((r.max() - 1) * 100)) + " " + link(sd, "gpu"))
     out.append(cost_sentence(sd) + " " + link(sd, "cost"))
     return out
@@ -327,8 +328,6 @@ def startup_s(sd: StudyData, cid: str) -> float:
 
 
 def _startup_cell(sd: StudyData, cid: str, base: str) -> str:
-    from .levels import compile_s
-
     a, b = startup_s(sd, base), startup_s(sd, cid)
     if not (math.isfinite(a) and math.isfinite(b)):
         return rh.MISSING
@@ -362,3 +361,19 @@ def progression_table(sd: StudyData) -> Any:
     t = pd.DataFrame(rows, columns=cols)
     notes = {"†": sd.w("story.multi_change")} if multi else None
     return rh.table(t, sd.w("story.progression_caption"), notes=notes)
+
+
+_COMPILE = re.compile(r"torch\.compile took ([0-9.]+) s in total")
+_CACHE_HIT = re.compile(r"[Dd]irectly load(?:ed)? the compiled graph")
+
+
+def compile_s(sd: StudyData, cid: str) -> tuple[float, bool]:
+    """(seconds torch.compile took at start-up, whether it loaded graphs from the compile cache)
+    from the engine log vLLM wrote ("torch.compile took 24.31 s in total"); NaN when it did not
+    compile (eager) or the log is not kept."""
+    f = sd.folders.get(cid)
+    if f is None or not f.exists(ENGINE_LOG):
+        return math.nan, False
+    text = (f / ENGINE_LOG).read_text(encoding="utf-8", errors="replace")
+    times = [float(x) for x in _COMPILE.findall(text)]
+    return (sum(times) if times else math.nan), bool(_CACHE_HIT.search(text))

@@ -6,7 +6,6 @@ Tables come back as reading-ready HTML (`report.html.table`); prose as Markdown 
 
 from __future__ import annotations
 
-import math
 import shlex
 from typing import Any
 
@@ -15,41 +14,9 @@ import pandas as pd
 from ..analysis import flatten
 from ..summary import DEFINED_METRICS
 from . import html as rh
+from .fmt import anchor, dash_note, link, num, pct, slo_parts, span  # noqa: F401  (the notebooks' sec.anchor etc.)
 from .load import StudyData, baselines, engine_gpus
 from .workload import extra_definitions
-
-
-def num(x: Any, nd: int | None = None) -> str:
-    """A number for prose: thousands separators; `nd` decimals (default by magnitude)."""
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return rh.MISSING
-    if nd is None:
-        return rh.format_number(x)
-    return f"{x:,.{nd}f}"
-
-
-def pct(x: float) -> str:
-    return rh.MISSING if not math.isfinite(x) else f"{x:+.1f} %"
-
-
-def anchor(key: str, title: str, level: int = 2) -> str:
-    """A heading with a stable anchor (the same in both languages), for the headline's links."""
-    return f'<a id="{key}"></a>\n\n{"#" * level} {title}'
-
-
-def link(sd: StudyData, key: str) -> str:
-    return f"([{sd.w('page.see')}: {sd.w('section.' + key)}](#{key}))"
-
-
-def slo_parts(sd: StudyData) -> str:
-    slo = sd.study.slo
-    parts = []
-    if slo.ttft_p95_s:
-        parts.append(f"p95 TTFT ≤ {slo.ttft_p95_s * 1000:,.0f} ms")
-    if slo.tpot_p95_s:
-        parts.append(f"p95 TPOT ≤ {slo.tpot_p95_s * 1000:,.0f} ms")
-    parts.append(f"error rate ≤ {slo.error_rate * 100:.1f} %")
-    return ", ".join(parts)
 
 
 def change_text(sd: StudyData, cid: str, base: str) -> str:
@@ -57,16 +24,6 @@ def change_text(sd: StudyData, cid: str, base: str) -> str:
     from .progress import change_text as levers
 
     return levers(sd, cid, base)
-
-
-def dash_note(df: pd.DataFrame, text: str) -> dict[str, str] | None:
-    """The en-dash footnote, only when a cell of `df` is missing."""
-    return {rh.MISSING: text} if df.isna().to_numpy().any() or (df == rh.MISSING).to_numpy().any() else None
-
-
-def span(lo: float, hi: float) -> str:
-    nd = 0 if min(abs(lo), abs(hi)) >= 100 else 1
-    return f"{num(lo, nd)}–{num(hi, nd)}"
 
 
 # -- headline -----------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from .parts import FlagValue, Strict
+from .common import FlagValue, Strict
 
 
 class CapacityParams(Strict):

@@ -13,16 +13,14 @@ from pydantic_core import PydanticCustomError
 
 from ..prices import PriceError, resolve_managed
 from ..secrets import SECRET_FLAG, SECRET_HEADER, SECRET_NAME
+from .capacity import CapacityParams
+from .common import FlagValue, Strict
 from .sources import RampUp, SessionTemplate, TraceSource
 
 HOURS_PER_MONTH = 730.0
 
 GPU_AMI_PARAMETER = "/aws/service/ecs/optimized-ami/amazon-linux-2023/gpu/recommended/image_id"
 
-FlagValue = str | int | float | bool | list[Any] | dict[str, Any] | None
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 class ModelRef(Strict):
     preset: str | None = Field(None, description="servelab model preset built offline (e.g. cpu-tiny)")
@@ -476,6 +474,5 @@ class Configuration(Strict):
         return self
 
 
-from .capacity import CapacityParams  # noqa: E402  (capacity.py builds on Strict above)
 
 Configuration.model_rebuild()
