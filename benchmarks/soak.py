@@ -35,7 +35,7 @@ import numpy as np
 import psutil
 from servelab.measure import client as sc
 from servelab.measure.selfcheck import RefProcess
-from servelab.measure.workers import LAG_TICK_S, run_sync
+from servelab.measure.rounds import LAG_TICK_S, run_sync
 
 WARMUP_S = 60.0  # RSS growth is measured from the first sample after this
 

@@ -363,7 +363,7 @@ def test_workers_lost_inside_a_round_raise_pool_lost_with_every_job_recorded_onc
     pytest.importorskip("ray")
     from servelab.measure import ray_pool
     from servelab.measure.ray_pool import RayWorkerPool, _Worker
-    from servelab.measure.workers import PoolLost
+    from servelab.measure.rounds import PoolLost
 
     monkeypatch.setattr(ray_pool.ray, "kill", lambda *a, **k: None)
     pool = object.__new__(RayWorkerPool)

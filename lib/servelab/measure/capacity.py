@@ -23,7 +23,7 @@ from ..schema import Workload
 from .grid import make_sources
 from .runner import Level, LevelRunner, finalize, prepare_resume, server_counter
 from .slo_search import SearchSpec, Targets, Trial, result, state
-from .workers import run_sync
+from .rounds import run_sync
 
 DRAIN_FACTOR = 1.5  # a trial's wall time over its nominal duration, for the budget (overload drains)
 
