@@ -15,7 +15,7 @@ from servelab.preflight import check_study, preflight
 from servelab.schema import ParamsError, load_study, study_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCAL = yaml.safe_load((ROOT / "params" / "local-cpu.yaml").read_text())
+LOCAL = yaml.safe_load((ROOT / "params" / "local-cpu-kv.yaml").read_text())
 
 
 def _free_port() -> int:
@@ -28,7 +28,7 @@ LOCAL["engine"]["port"] = _free_port()  # the study's own 8011 may be held by a 
 
 
 def _study(engine=None, workload=None, host=None, configurations=None, **top):
-    """The default study (local-cpu) with one roomy configuration and these changes."""
+    """The KV study (local-cpu-kv) with one roomy configuration and these changes."""
     d = copy.deepcopy(LOCAL)
     d["configurations"] = configurations or [{"id": "only"}]
     d["engine"].update(engine or {})
@@ -44,7 +44,7 @@ def _problems(study, level=None):
 
 
 def test_default_study_has_no_error_and_warns_only_where_kv_tight_overflows_on_purpose():
-    problems = [p for p in check_study(load_study(ROOT / "params" / "local-cpu.yaml")) if p.key != "engine.port"]
+    problems = [p for p in check_study(load_study(ROOT / "params" / "local-cpu-kv.yaml")) if p.key != "engine.port"]
     assert [p.level for p in problems] == ["warning", "warning"]
     assert all(p.key.startswith("configurations[1] (kv-tight): workload.buckets[") for p in problems)
     assert "from concurrency 4 on, 4 x 2,176 tokens exceed the KV cache (4,352 tokens" in problems[1].reason
@@ -219,7 +219,7 @@ def test_cli_validate_errors_exit_nonzero_warnings_exit_zero(tmp_path, capsys):
     assert main(["validate", str(warned)]) == 0
     out = capsys.readouterr()
     assert out.err.startswith(f"{warned}: warning: engine.args.max-num-seqs: 8 < concurrency 16")
-    assert out.out.strip() == f"{warned}: ok (local-cpu: 1 configurations, 1 warnings)"
+    assert out.out.strip() == f"{warned}: ok (local-cpu-kv: 1 configurations, 1 warnings)"
 
 
 def test_cli_dry_run_refuses_an_unknown_preset_before_printing_commands(tmp_path, capsys):

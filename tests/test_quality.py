@@ -97,3 +97,17 @@ def test_real_answers_eager_vs_ngram_agree_and_a_changed_token_is_found():
     c = compare(changed, eager)
     assert c["changed"] and c["identical"] == 1 and c["identical_share"] == 0.5
     assert c["first_divergence"] == [{"id": "fruits", "set": "lists", "token_index": 10}]
+
+
+def test_a_quality_check_that_cannot_reach_the_server_is_recorded_not_raised(tmp_path):
+    from servelab import stages
+    from servelab.plan import plan_study
+    from servelab.runfolder import ENGINE_JSON, write_json
+    from servelab.schema import load_study
+
+    study = load_study("params/local-cpu.yaml")  # real weights: the check would send requests
+    cid = study.configurations[0].id
+    write_json(tmp_path / ENGINE_JSON, {"base_url": "http://127.0.0.1:9", "model": "m", "info": {}})
+    q = stages.quality(plan_study(study)[cid], tmp_path)
+    assert q["measurable"] is False and q["reason"].startswith("the quality check failed: ")
+    assert json.loads((tmp_path / "quality.json").read_text())["reason"] == q["reason"]

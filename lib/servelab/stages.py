@@ -122,9 +122,13 @@ def quality(plan: ConfigPlan, rdir: Path) -> dict[str, Any] | None:
     h = read_json(rdir / ENGINE_JSON)
     server = host.server(plan.config_id, h)
     dummy = host.weights_known(h) and plan.engine.load_format == "dummy"
-    return run_quality(server.base_url, server.model, sets=qp.sets, prompts_per_set=qp.prompts_per_set,
-                       max_tokens=qp.max_tokens, headers=server.headers, measurable=not dummy,
-                       reason=DUMMY_REASON if dummy else None, out_dir=rdir)
+    kw = dict(sets=qp.sets, prompts_per_set=qp.prompts_per_set, max_tokens=qp.max_tokens, headers=server.headers)
+    try:
+        return run_quality(server.base_url, server.model, measurable=not dummy,
+                           reason=DUMMY_REASON if dummy else None, out_dir=rdir, **kw)
+    except Exception as e:  # the check is a record, never a reason to lose the measured run
+        return run_quality(server.base_url, server.model, measurable=False, out_dir=rdir,
+                           reason=f"the quality check failed: {type(e).__name__}: {str(e)[:200]}", **kw)
 
 
 # -- views the stage notebooks show ------------------------------------------------------------
