@@ -5,7 +5,10 @@ runs/<study>/<config>/recorded/, measure it with `servelab run --config` (GPU te
 sampled by the benchmark stage wherever nvidia-smi exists), run the peer tools of
 `device.peers[config]` on the same server (`analysis.peers.peer_command`), stop the engine, next.
 Configurations whose resolved engine is identical share one server. Lanes run side by side, one
-GPU each; `device.all_gpus` configurations run after them on every GPU. Progress goes to
+GPU each; `device.all_gpus` configurations run after them on every GPU. With `device.groups`
+instead, one GPU holds several servers: a group's servers start at once (`device.stagger_s`
+apart; port = engine.port + place in the group), the group is measured one configuration at a
+time once every server answers (or failed), and a server stops after its last configuration. Progress goes to
 runs/<study>/device-progress.log; a configuration whose run.json says complete is skipped, so a
 later call continues where time ran out.
 
@@ -196,6 +199,93 @@ def run_lane(params: Path, configs: list[str], gpus: str, port: int, deadline: f
         stop(params, served[0])
 
 
+def start_server(params: Path, study, cid: str, port: int, gpus: str, deadline: float) -> bool:
+    """`servelab serve` for one configuration (blocks until /health answers); logs its start-up time."""
+    eng = resolve_profile(study, cid)
+    env = [f"CUDA_VISIBLE_DEVICES={gpus}"] + [f"{k}={v}" for k, v in site_env(study.device.site.get(eng.kind)).items()]
+    args = [sys.executable, "-m", "servelab.cli", "serve", str(params), "--config", cid, "--port", str(port)]
+    for e in env:
+        args += ["--env", e]
+    t0 = time.monotonic()
+    r = sh(args, timeout=deadline - time.monotonic())
+    log(study.study, f"[{cid}] serve {eng.kind} port {port}: exit {r.returncode} in {time.monotonic() - t0:.0f} s "
+                     f"{r.stdout.strip()[-200:]} {r.stderr.strip()[-900:] if r.returncode else ''}")
+    if r.returncode != 0:
+        stop(params, cid)
+    return r.returncode == 0
+
+
+def measure(params: Path, study, cid: str, base: str, deadline: float, reduced: bool) -> None:
+    """Record the server's answers, run the configuration's workload, then its peer tools."""
+    sid = study.study
+    handle = json.loads((ROOT / "runs" / sid / ".served" / f"{cid}.json").read_text())
+    rec = record_server(base, handle["model_dir"])
+    t0 = time.monotonic()
+    cmd = [sys.executable, "-m", "servelab.cli", "run", str(params), "--config", cid, "--url", base,
+           "--no-report", "--force"] + (["--reduced"] if reduced else [])
+    r = sh(cmd, timeout=deadline - time.monotonic())
+    rec["metrics-after.txt"] = http(base + "/metrics")
+    save_recorded(sid, cid, rec)
+    gm = ROOT / "runs" / sid / cid / "gpu_metrics.jsonl"
+    nlines = len(gm.read_text().splitlines()) if gm.exists() else 0
+    log(sid, f"[{cid}] run: exit {r.returncode} in {time.monotonic() - t0:.0f} s, gpu_metrics.jsonl "
+             f"{nlines} samples {r.stderr.strip()[-600:] if r.returncode else ''}")
+    if study.device.peers.get(cid):
+        peers(study, cid, base, handle["model_dir"], deadline)
+        save_recorded(sid, cid, {"metrics-after-peers.txt": http(base + "/metrics")})
+
+
+def run_group(params: Path, group: list[str], deadline: float, reduced: bool) -> None:
+    """One GPU, several servers: start them together, measure one at a time, stop each when done."""
+    from servelab.hosts.local import model_dir_for
+
+    study = load_study(params)
+    sid = study.study
+    todo = [c for c in group if not complete(sid, c)]
+    for c in sorted(set(group) - set(todo), key=group.index):
+        log(sid, f"[{c}] complete, skipped")
+    servers: dict[str, tuple[str, int]] = {}  # engine key -> (configuration that starts it, port)
+    key_of: dict[str, str] = {}
+    for cid in todo:
+        key = json.dumps(resolve_profile(study, cid).model_dump(), sort_keys=True, default=str)
+        key_of[cid] = key
+        if key not in servers:
+            servers[key] = (cid, study.engine.port + group.index(cid))
+    if time.monotonic() > deadline - SERVE_MIN_S:
+        log(sid, f"group {group}: not started: deadline ({deadline - time.monotonic():.0f} s left)")
+        return
+    for cid, _ in servers.values():  # model directories first, one at a time (a shared cache folder)
+        model_dir_for(resolve_profile(study, cid))
+    ok: dict[str, bool] = {}
+    threads = []
+    for i, (cid, port) in enumerate(servers.values()):
+        if i and study.device.stagger_s:
+            time.sleep(study.device.stagger_s)
+
+        def start(cid: str = cid, port: int = port) -> None:
+            ok[cid] = start_server(params, study, cid, port, "0", deadline)
+
+        threads.append(threading.Thread(target=start))
+        threads[-1].start()
+    for t in threads:
+        t.join()
+    log(sid, f"group {group}: servers up {sorted(c for c, v in ok.items() if v)}, failed "
+             f"{sorted(c for c, v in ok.items() if not v)}")
+    for n, cid in enumerate(todo):
+        first, port = servers[key_of[cid]]
+        if ok.get(first):
+            if first != cid:
+                src = ROOT / "runs" / sid / ".served" / f"{first}.json"
+                (ROOT / "runs" / sid / ".served" / f"{cid}.json").write_text(src.read_text())
+            if time.monotonic() > deadline - RUN_MIN_S:
+                log(sid, f"[{cid}] not measured: deadline")
+            else:
+                measure(params, study, cid, f"http://127.0.0.1:{port}", deadline, reduced)
+        if all(key_of[c] != key_of[cid] for c in todo[n + 1:]) and ok.get(first):
+            stop(params, first)
+            log(sid, f"[{first}] server stopped")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("params", type=Path)
@@ -210,9 +300,12 @@ def main() -> None:
         sys.exit(f"{a.params}: no device: block")
     all_gpus = ",".join(str(i) for i in range(dev.gpus))
     lanes = dev.lanes or [[c.id for c in study.configurations if c.id not in dev.all_gpus]]
-    log(study.study, f"drive start: {dev.gpus} GPU(s), lanes {lanes}, all GPUs {dev.all_gpus}, "
+    log(study.study, f"drive start: {dev.gpus} GPU(s), lanes {lanes}, all GPUs {dev.all_gpus}, groups {dev.groups}, "
                      f"deadline {a.deadline_s:.0f} s, sites {dev.site}")
-    if a.only:
+    if dev.groups and not a.only:
+        for group in dev.groups:
+            run_group(a.params, group, deadline, a.reduced)
+    elif a.only:
         run_lane(a.params, a.only.split(","), all_gpus, study.engine.port, deadline, a.reduced)
     else:
         if len(lanes) > dev.gpus:

@@ -338,10 +338,20 @@ class DeviceParams(Strict):
                                    "on one GPU each; lanes run side by side (default: one lane of every configuration "
                                    "not in all_gpus)")
     all_gpus: list[str] = Field(default_factory=list, description="configurations that use every GPU, after the lanes")
+    groups: list[list[str]] = Field(default_factory=list, description="one GPU shared by several servers: each group's "
+                                    "servers start at once (port = engine.port + place in the group), then are measured "
+                                    "one at a time in this order, each stopped once measured; groups run one after "
+                                    "another (instead of lanes)")
     peers: dict[str, list[PeerRun]] = Field(default_factory=dict,
                                             description="configuration id -> peer tool runs on its server")
     site: dict[str, str] = Field(default_factory=dict, description="engine kind -> PYTHONPATH of its wheels on the "
                                  "device (engines whose pins differ need separate site folders)")
+
+    @model_validator(mode="after")
+    def _groups_or_lanes(self) -> "DeviceParams":
+        if self.groups and (self.lanes or self.all_gpus):
+            raise ValueError("device: groups replace lanes and all_gpus; give one or the other")
+        return self
 
 
 class Configuration(Strict):
