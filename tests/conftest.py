@@ -52,9 +52,19 @@ def cpu_model_dir() -> Path:
     return make_model("cpu-tiny")
 
 
-def start_engine(model_dir: Path, workdir: Path, port: int, **extra_args) -> Engine:
+@pytest.fixture(scope="session")
+def real_model_dir() -> Path:
+    """SmolLM2-135M-Instruct with real weights (built once into the servelab cache, ~1 min)."""
+    from servelab.models import make_model
+
+    return make_model("smollm2-135m")
+
+
+def start_engine(model_dir: Path, workdir: Path, port: int, load_format: str | None = "dummy",
+                 startup_timeout_s: float = 300, **extra_args) -> Engine:
     params = EngineParams(kind="vllm", model=ModelRef(path=str(model_dir)), port=port,
-                          args={**CPU_ARGS, **extra_args}, startup_timeout_s=300)
+                          args={**CPU_ARGS, **extra_args}, startup_timeout_s=startup_timeout_s,
+                          load_format=load_format)
     return Engine(params, str(model_dir), workdir).start()
 
 

@@ -206,6 +206,10 @@ def parser() -> argparse.ArgumentParser:
     cal.add_argument("--out", help="result JSON (default runs/selfcheck/<timestamp>.json)")
     cal.set_defaults(fn=cmd_calibrate)
 
+    from .cli_capacity import add_parser as add_capacity_parser
+
+    add_capacity_parser(sub)  # servelab capacity URL
+
     try:  # boto3 is a dependency; the GPU device's image lacks it, and needs no aws commands
         from .cli_aws import add_parser as add_aws_parser
     except ImportError:

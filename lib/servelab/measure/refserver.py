@@ -36,6 +36,7 @@ class Behaviour:
     seed: int = 0
     metrics: bool = True
     tokenize: bool = True
+    slots: int = 0  # >0: at most this many streams at once, the rest queue (a known capacity)
 
 
 @dataclass
@@ -98,6 +99,7 @@ class RefServer:
         self._thread: threading.Thread | None = None
         self._server: asyncio.base_events.Server | None = None
         self._ready = threading.Event()
+        self._slots: asyncio.Semaphore | None = None
 
     @property
     def url(self) -> str:
@@ -227,12 +229,18 @@ class RefServer:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
                      + close + b"\r\n")
         await writer.drain()
+        if self.b.slots and self._slots is None:
+            self._slots = asyncio.Semaphore(self.b.slots)
+        if self._slots is not None:
+            await self._slots.acquire()  # queued: the TTFT clock has started on the client
         self.stats.running += 1
         self.stats.prompt_tokens_total += p_tok
         try:
             return await self._stream(writer, chat, n_tok, p_tok, include_usage, fault)
         finally:
             self.stats.running -= 1
+            if self._slots is not None:
+                self._slots.release()
 
     async def _stream(self, writer: asyncio.StreamWriter, chat: bool, n_tok: int, p_tok: int,
                       include_usage: bool, fault: str | None) -> bool:

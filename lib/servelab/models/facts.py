@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .gguf import manifest_of
+
 # Bytes per element of a KV-cache dtype (vLLM --kv-cache-dtype values and torch names).
 KV_DTYPE_BYTES: dict[str, int] = {
     "float32": 4, "fp32": 4, "float": 4,
@@ -200,4 +202,9 @@ def facts_from_config(cfg: dict[str, Any], *, vocab_size: int | None = None) -> 
 def model_facts(model_dir: Path, *, vocab_size: int | None = None) -> dict[str, Any]:
     """`facts_from_config` of ``model_dir/config.json`` (see there for `vocab_size`)."""
     cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    return facts_from_config(cfg, vocab_size=vocab_size)
+    facts = facts_from_config(cfg, vocab_size=vocab_size)
+    manifest = manifest_of(Path(model_dir))
+    facts["real_weights"] = bool(manifest.get("real_weights"))  # dummy presets: served with random weights
+    if manifest.get("source", {}).get("description"):
+        facts["description"] = manifest["source"]["description"]
+    return facts

@@ -217,5 +217,8 @@ PRESET_TOKENIZER_VOCAB_SIZE: dict[str, int] = {
 
 
 def list_presets() -> list[str]:
-    """Names accepted by `make_model`, CPU default first."""
-    return list(PRESETS)
+    """Names accepted by `make_model`, CPU default first, then the real-weights presets
+    (`models.gguf`)."""
+    from .gguf import GGUF_PRESETS
+
+    return list(PRESETS) + list(GGUF_PRESETS)

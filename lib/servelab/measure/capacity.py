@@ -1,0 +1,206 @@
+"""The capacity-at-SLO search driver: runs one trial level at a time with the ordinary runner.
+
+Each trial is a single load level (`runner.LevelRunner` with a one-level plan) appended to the
+run folder like any level: its records in records.jsonl, its end in levels.jsonl, level index =
+trial number. `slo_search.state` reads the finished trials and names the next load; the driver
+runs it, until the search stops, its trial count is spent or the time budget would be passed
+(then the best result so far stands, and `resume=True` continues from the finished trials).
+run.json carries the search's spec and targets from the start and its result at the end
+(`capacity`). Not for the search rules (`slo_search`) or the write-up (`analysis.capacity`).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from ..hosts.base import Server
+from ..runfolder import LEVELS, RECORDS, RunFolder, read_jsonl
+from ..schema import Workload
+from .runner import Level, LevelRunner, finalize, prepare_resume, calibrate_buckets
+from .slo_search import SearchSpec, Targets, Trial, result, state
+from .workers import run_sync
+
+DRAIN_FACTOR = 1.5  # a trial's wall time over its nominal duration, for the budget (overload drains)
+
+
+@dataclass
+class TrialShape:
+    """What one trial sends besides its load (from the workload and the `capacity:` block)."""
+
+    duration_s: float = 10.0  # open loop: seconds of arrivals per round
+    warmup_rounds: int = 0
+    rounds: int = 1
+    requests_per_round: int = 4  # closed loop: requests per round as a multiple of the concurrency
+    bucket: int = 0  # index into the workload's buckets
+
+
+def trial_workload(wl: Workload, spec: SearchSpec, shape: TrialShape, load: float) -> Workload:
+    """The workload of one trial: one bucket, one level at `load`."""
+    d = wl.model_dump()
+    d.update(buckets=[d["buckets"][shape.bucket]], warmup_rounds=shape.warmup_rounds, rounds=shape.rounds)
+    if spec.axis == "rate":
+        arrival = d["arrival"] if d["arrival"] != "concurrency" else "constant"
+        d.update(arrival=arrival, rates_rps=[load], duration_s=shape.duration_s)
+    else:
+        d.update(arrival="concurrency", concurrency=[int(load)], requests_per_round=shape.requests_per_round)
+    return Workload.model_validate(d)
+
+
+def trial_nominal_s(spec: SearchSpec, shape: TrialShape, est_request_s: float = 0.0) -> float:
+    """A trial's expected wall time (open loop: its arrivals plus a drain; closed loop: unknown
+    without a request time, `est_request_s`)."""
+    n = shape.warmup_rounds + shape.rounds
+    if spec.axis == "rate":
+        return n * shape.duration_s * DRAIN_FACTOR
+    return n * shape.requests_per_round * max(est_request_s, 1.0)
+
+
+def worst_case(spec: SearchSpec, shape: TrialShape, server_starts: int = 1, startup_s: float = 0.0) -> dict[str, Any]:
+    """The search's worst-case cost, stated before it runs."""
+    trials = spec.worst_case_trials()
+    per = trial_nominal_s(spec, shape)
+    total = server_starts * (startup_s + trials * per)
+    return {"server_starts": server_starts, "trials": trials, "trial_s": per, "startup_s": startup_s,
+            "total_s": total}
+
+
+def worst_case_line(wc: dict[str, Any]) -> str:
+    start = f" + {wc['startup_s']:.0f} s start" if wc["startup_s"] else ""
+    return (f"worst case: {wc['server_starts']} server start(s) x ({wc['trials']} trials x {wc['trial_s']:.0f} s"
+            f"{start}) = {wc['total_s']:.0f} s ({wc['total_s'] / 60:.1f} min)")
+
+
+def trial_of(recs: list[dict[str, Any]], level: int, axis: str) -> Trial:
+    """One finished trial from its records (measured rounds only)."""
+    m = [r for r in recs if r.get("level") == level and not r.get("warmup")]
+    ok = [r for r in m if r.get("ok")]
+    load = float(m[0]["rate_rps"] if axis == "rate" else m[0]["concurrency"]) if m else float("nan")
+    walls = {}
+    for r in m:
+        lo, hi = walls.get(r["round"], (r["start_s"], r["end_s"]))
+        walls[r["round"]] = (min(lo, r["start_s"]), max(hi, r["end_s"]))
+    wall = sum(hi - lo for lo, hi in walls.values())
+    busy = sum(r.get("e2e_s") or 0.0 for r in ok)
+    toks = sum(r.get("output_tokens") or 0 for r in ok)
+    nan = float("nan")
+    return Trial(level, load, [r["ttft_s"] for r in ok if r.get("ttft_s") is not None],
+                 [r["tpot_s"] for r in ok if r.get("tpot_s") is not None], len(m), len(m) - len(ok),
+                 output_tps=toks / wall if wall > 0 else nan, request_rps=len(ok) / wall if wall > 0 else nan,
+                 in_flight=busy / wall if wall > 0 else nan)
+
+
+def trials_in(run_dir: Path, axis: str) -> list[Trial]:
+    """The finished trials of a run folder (levels.jsonl), in the order they ran."""
+    rf = RunFolder(run_dir)
+    recs = read_jsonl(rf.path / RECORDS)
+    done = sorted({int(x["level"]) for x in read_jsonl(rf.path / LEVELS)})
+    return [trial_of(recs, li, axis) for li in done]
+
+
+def capacity_line(res: dict[str, Any]) -> str:
+    """The one-line answer: 'capacity at SLO: X req/s (Y output tok/s, Z concurrent), bracket [a, b]'."""
+    unit = "req/s" if res["axis"] == "rate" else "concurrent"
+    lo, hi = res["bracket"]
+    if res["capacity"] is None:
+        return f"capacity at SLO: below {hi:g} {unit} (no load searched meets the SLO; {res['reason']})"
+    rps, tps, cc = res.get("request_rps"), res.get("output_tps"), res.get("in_flight")
+    head = (f"capacity at SLO: {res['capacity']:g} req/s" if res["axis"] == "rate"
+            else f"capacity at SLO: {rps:.3g} req/s" if rps else "capacity at SLO: ?")
+    detail = f"{tps:.0f} output tok/s, " if tps else ""
+    detail += f"{cc:.1f} concurrent" if res["axis"] == "rate" and cc else f"{res['capacity']:g} concurrent"
+    br = f"bracket [{lo:g}, {hi:g}] {unit}" if hi is not None else f"bracket [{lo:g}, -] {unit}"
+    binds = (f"binds: {res['binding']} ({res['binding_measured']:.3g} > {res['targets'][res['binding']]:g} "
+             f"at {hi:g})" if res.get("binding") and res.get("binding_measured") is not None
+             else "binds: none up to the highest load searched")
+    settled = "" if res["settled"] else "; an end is within run-to-run noise"
+    return f"{head} ({detail}), {br}; {binds}{settled} [{res['reason']}]"
+
+
+@dataclass
+class CapacityRun:
+    run_dir: Path
+    status: str
+    result: dict[str, Any]
+    line: str
+    message: str = ""
+
+
+def run_capacity(server: Server, wl: Workload, run_dir: Path, spec: SearchSpec, targets: Targets, *,
+                 shape: TrialShape | None = None, study: str, config_id: str, record: dict[str, Any],
+                 budget_s: float | None = None, resume: bool = False, progress: bool = False,
+                 log: Callable[[str], None] | None = None, metrics_interval_s: float | None = None,
+                 gpu_devices: list[int] | None = None,
+                 before_final: Callable[[dict[str, Any]], None] | None = None) -> CapacityRun:
+    """Search the highest load meeting `targets`; every trial an ordinary level in `run_dir`.
+    Raises FileExistsError when the folder has records and `resume` is off."""
+    shape = shape or TrialShape()
+    log = log or (lambda m: print(f"[servelab] {m}", file=sys.stderr, flush=True))
+    rf = RunFolder(run_dir)
+    rs = None
+    if rf.exists(RECORDS):
+        if not resume:
+            raise FileExistsError(f"{rf / RECORDS} exists: runs are immutable; remove the folder or use --resume")
+        rs = prepare_resume(rf.path)
+    rf.path.mkdir(parents=True, exist_ok=True)
+    wl1 = trial_workload(wl, spec, shape, spec.snap(spec.start))
+    prompts = calibrate_buckets(server, wl1, warn=log)
+    prev = rf.run if rs else {}
+    if prev:
+        record["started_at"] = prev.get("started_at", record.get("started_at"))
+        record["resumed"] = [*prev.get("resumed", []), {"previous_status": prev.get("status")}]
+        for k in ("prediction",):
+            if k in prev and k not in record:
+                record[k] = prev[k]  # a prediction stays the one stored before the first trial
+    record.update({"server": server.info, "model_name": server.model, "workload": wl.model_dump(),
+                   "calibration": {k: {"target_tokens": v.target_tokens, "tokens": v.tokens, "counter": v.counter}
+                                   for k, v in prompts.items()},
+                   "capacity": {"spec": asdict(spec), "shape": asdict(shape), "targets": targets.terms(),
+                                "bucket": wl1.buckets[0].label, "budget_s": budget_s,
+                                "worst_case": worst_case(spec, shape)},
+                   "status": "running"})
+    rf.write_run(record)
+    mi = wl.metrics_interval_s if metrics_interval_s is None else metrics_interval_s
+    seq = rs.next_seq if rs else 0
+    t0 = time.monotonic()
+    status, message = "complete", ""
+    trials = trials_in(rf.path, spec.axis) if rs else []
+    try:
+        while True:
+            st = state(trials, targets, spec)
+            if st.done:
+                break
+            nominal = trial_nominal_s(spec, shape)
+            if budget_s is not None and time.monotonic() - t0 + nominal > budget_s:
+                status, message = "partial", (f"time budget {budget_s:.0f} s reached after {len(trials)} trials: "
+                                              "best result so far (continue with --resume)")
+                break
+            li = max([tr.level for tr in trials], default=-1) + 1
+            wlt = trial_workload(wl, spec, shape, st.next_load)
+            lr = LevelRunner(server, wlt, rf, study=study, config_id=config_id, prompts=prompts, progress=progress,
+                             metrics_interval_s=mi, log=log, gpu_devices=gpu_devices)
+            lv = Level(wlt.buckets[0], wlt.max_in_flight if spec.axis == "rate" else int(st.next_load),
+                       st.next_load if spec.axis == "rate" else 0.0)
+            lr.grid, lr.plan, lr.seq = [lv], [(li, lv)], seq
+            log(f"{config_id}: trial {li + 1} at {st.next_load:g} ({st.reason})")
+            _, tstatus, tmsg = run_sync(lr.run())
+            seq = lr.seq
+            if tstatus != "complete" and "failure budget" not in tmsg:
+                status, message = "partial", tmsg
+                break
+            trials = trials_in(rf.path, spec.axis)
+    except KeyboardInterrupt:
+        status, message = "partial", "interrupted by the user (Ctrl-C)"
+        raise
+    finally:
+        st = state(trials, targets, spec)
+        res = result(st, targets, spec)
+        line = capacity_line(res) if trials else "capacity at SLO: no trial finished"
+        record["capacity"].update(result=res, line=line)
+        if before_final:
+            before_final(record)
+        finalize(rf, record, status=status, message=message)
+    return CapacityRun(rf.path, status, res, line, message)

@@ -1,0 +1,131 @@
+"""The capacity search driver (measure.capacity) on the reference server with a known capacity:
+`slots` streams at once, each held for a programmed time, so open-loop arrivals above
+slots / service time queue and TTFT grows without bound. The search must bracket that load;
+its trials are ordinary levels (records, levels.jsonl), a time budget stops it early with the
+best result so far, and resume continues from the finished trials."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from servelab.cli import main
+from servelab.measure.capacity import TrialShape, run_capacity, trials_in
+from servelab.measure.refserver import Behaviour, RefServer
+from servelab.measure.runinfo import base_record
+from servelab.measure.slo_search import SearchSpec, Targets
+from servelab.runfolder import RunFolder, read_jsonl
+from servelab.schema import AttachParams, Bucket, Workload
+from servelab.hosts.attach import attach
+
+SLOTS, TTFT_S, ITL_S, TOKENS = 4, 0.05, 0.01, 16
+SERVICE_S = TTFT_S + (TOKENS - 1) * ITL_S  # 0.2 s a stream holds its slot
+CAPACITY_RPS = SLOTS / SERVICE_S  # 20 req/s: above it the queue grows for the whole trial
+DURATION_S = 2.0
+TARGET_TTFT_S = 0.25
+
+
+def _threshold_rps() -> float:
+    """The highest constant rate whose p95 TTFT stays under the target in a D/D/N queue of one
+    trial (exact for the programmed server: arrivals i/r, service SERVICE_S, SLOTS servers)."""
+    import numpy as np
+
+    def p95_ttft(r: float) -> float:
+        n = max(1, round(r * DURATION_S))
+        free = [0.0] * SLOTS
+        ttft = []
+        for i in range(n):
+            t = i / r
+            k = min(range(SLOTS), key=lambda j: free[j])
+            start = max(t, free[k])
+            free[k] = start + SERVICE_S
+            ttft.append(start - t + TTFT_S)
+        return float(np.percentile(ttft, 95))
+
+    lo, hi = 1.0, 200.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if p95_ttft(mid) <= TARGET_TTFT_S else (lo, mid)
+    return lo
+
+
+def _workload() -> Workload:
+    return Workload(buckets=[Bucket(input_tokens=16, output_tokens=TOKENS)], concurrency=[1], arrival="constant",
+                    rates_rps=[1.0], metrics_interval_s=0)
+
+
+SPEC = SearchSpec(start=4.0, max_load=128, precision=0.1, repeats=2, max_repeats=3, max_trials=14)
+TARGETS = Targets(ttft_p95_s=TARGET_TTFT_S, tpot_p95_s=None, error_rate=0.01)
+SHAPE = TrialShape(duration_s=DURATION_S)
+
+
+@pytest.fixture(scope="module")
+def ref():
+    with RefServer(Behaviour(ttft_s=TTFT_S, itl_s=ITL_S, slots=SLOTS)) as s:
+        yield s
+
+
+def test_known_capacity_lies_in_the_bracket(ref, tmp_path):
+    srv = attach(AttachParams(url=ref.url))
+    out = run_capacity(srv, _workload(), tmp_path / "cap", SPEC, TARGETS, shape=SHAPE, study="t", config_id="cap",
+                       record=base_record("t", "cap"))
+    res = out.result
+    lo, hi = res["bracket"]
+    thr = _threshold_rps()
+    assert 20.0 < thr < 23.0  # the programmed server's own number (queueing starts at 20 req/s)
+    # the client and server add a little per request on a busy machine: 5 % slack on either side
+    assert lo <= thr * 1.05 and hi >= CAPACITY_RPS * 0.95, (res, thr)
+    assert (hi - lo) / lo <= SPEC.precision
+    assert res["binding"] == "ttft_p95_s" and res["settled"]
+    assert out.status == "complete" and out.line.startswith(f"capacity at SLO: {lo:g} req/s (")
+    # every trial is an ordinary level: records and levels.jsonl, one level index per trial
+    levels = read_jsonl(out.run_dir / "levels.jsonl")
+    assert [x["level"] for x in levels] == list(range(res["trials"]))
+    run = RunFolder(out.run_dir).run
+    assert run["capacity"]["result"]["bracket"] == [lo, hi] and run["status"] == "complete"
+    assert set(RunFolder(out.run_dir).summary["rate_rps"]) == {v["load"] for v in res["loads"]}
+    # Little's law at the capacity: rate x mean e2e, which is at least the service time and at
+    # most the service time plus the TTFT target (queueing included)
+    assert lo * SERVICE_S * 0.95 <= res["in_flight"] <= lo * (SERVICE_S + TARGET_TTFT_S)
+
+
+def test_budget_stops_early_and_resume_continues(ref, tmp_path):
+    srv = attach(AttachParams(url=ref.url))
+    rdir = tmp_path / "cap"
+    first = run_capacity(srv, _workload(), rdir, SPEC, TARGETS, shape=SHAPE, study="t", config_id="cap",
+                         record=base_record("t", "cap"), budget_s=2 * DURATION_S * 1.5 + 0.5)
+    assert first.status == "partial" and "time budget" in first.message
+    assert first.result["trials"] == 2 and first.result["bracket"] == [8.0, None]  # 4 and 8 pass: best so far
+    with pytest.raises(FileExistsError):
+        run_capacity(srv, _workload(), rdir, SPEC, TARGETS, shape=SHAPE, study="t", config_id="cap",
+                     record=base_record("t", "cap"))
+    again = run_capacity(srv, _workload(), rdir, SPEC, TARGETS, shape=SHAPE, study="t", config_id="cap",
+                         record=base_record("t", "cap"), resume=True)
+    assert again.status == "complete"
+    loads = [t.load for t in trials_in(rdir, "rate")]
+    assert loads[:3] == [4.0, 8.0, 16.0]  # the finished trials were kept, the search went on from them
+    assert again.result["bracket"][0] <= _threshold_rps() * 1.05
+    assert RunFolder(rdir).run["resumed"][0]["previous_status"] == "partial"
+
+
+def test_cli_dry_run_states_worst_case(capsys):
+    assert main(["capacity", "http://127.0.0.1:9", "--slo-ttft-p95-s", "1", "--max", "64", "--duration", "10",
+                 "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    # 6 doublings + 4 bisections + 2 x 2 repeats + the first trial, each 10 s x 1.5 drain
+    assert out.strip() == "worst case: 1 server start(s) x (15 trials x 15 s) = 225 s (3.8 min)"
+
+
+def test_cli_against_the_reference_server(ref, tmp_path, capsys):
+    rc = main(["capacity", ref.url, "--input", "16", "--output", str(TOKENS), "--slo-ttft-p95-s", str(TARGET_TTFT_S),
+               "--arrival", "constant", "--start", "4", "--max", "128", "--duration", str(DURATION_S),
+               "--metrics-interval", "0", "--max-trials", "3", "--out", str(tmp_path / "c")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    line = next(x for x in out.splitlines() if x.startswith("capacity at SLO:"))
+    res = json.loads((tmp_path / "c" / "run.json").read_text())["capacity"]["result"]
+    # three trials (4, 8, 16 req/s) all under the known capacity: the best so far, no upper end yet
+    assert [v["load"] for v in res["loads"]] == [4.0, 8.0, 16.0] and res["bracket"] == [16.0, None]
+    assert line.startswith("capacity at SLO: 16 req/s (") and "bracket [16, -] req/s" in line
+    assert "trial budget spent (3 trials)" in line
