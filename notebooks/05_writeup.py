@@ -23,7 +23,7 @@ from IPython.display import Markdown, display
 from servelab.report import load_study_data
 from servelab.report import diagnosis as dg
 from servelab.report import html as rh
-from servelab.report import gpu, money, plots
+from servelab.report import checks, gpu, money, plots
 from servelab.report import sections as sec
 
 sd = load_study_data(study_dir)
@@ -151,6 +151,10 @@ Markdown(f"{sec.anchor('peer', w('peer'))}\n\n{peer_text}")
 
 # %%
 peer_table
+
+# %%
+for item in checks.sections(sd):
+    display(item)
 
 # %%
 Markdown(sec.anchor("repro", w("repro")))

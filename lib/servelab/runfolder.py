@@ -38,6 +38,10 @@ STUDY_JSON = "study.json"  # beside the configurations: the study as run, device
 # What a published report keeps of each configuration's run folder.
 PUBLISHED_FILES = (RECORDS, RUN_JSON, SERVER_METRICS, GPU_METRICS, ENGINE_LOG, CLIENT_STATS, LEVELS)
 
+# What a GPU study's real-weights checks leave in a configuration's folder (scripts/device/real_checks.py),
+# published beside (or instead of) the workload's files.
+CHECK_FILES = ("quality.json", "speculative.jsonl")
+
 
 def now_iso(timespec: str = "seconds") -> str:
     """Current UTC time as ISO 8601 (`timespec` as datetime.isoformat: seconds, milliseconds)."""

@@ -12,9 +12,9 @@ Usage (here, from the repository root):
   -> .gpu/packed/v.tar.zst, s.tar.zst and MANIFEST.json (wheel names per stream; a wheel already in
      an earlier stream is not packed again and is listed under "shared"); split them just before
      the hold with split-parts (the size that fits depends on the working tree then).
-  python3 scripts/device/pack.py .gpu/packed --split PART_MIB
+  python3 scripts/device/pack.py .gpu/packed --split PART_MIB [--first-mib M --order v,s]
   -> .gpu/packed/parts/v00 v01 ... s00 ... (one per device call) and SHA256 (of each whole stream)
-On the device: scripts/device/unpack.sh STREAM PARTS_DIR DEST (zstd, or Python's zstandard).
+On the device: scripts/device/step.sh joins, checks, unpacks (zstd, or Python's zstandard) and installs.
 """
 
 from __future__ import annotations
@@ -35,14 +35,6 @@ def store(src: Path, dst: Path) -> None:
     with zipfile.ZipFile(src) as zi, zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as zo:
         for info in zi.infolist():
             zo.writestr(info, zi.read(info), compress_type=zipfile.ZIP_STORED)
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def pack(out: Path, streams: list[list[str]]) -> None:
@@ -71,15 +63,23 @@ def pack(out: Path, streams: list[list[str]]) -> None:
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
-def split(out: Path, part_mib: float) -> None:
+def split(out: Path, part_mib: float, first_mib: float | None = None, order: list[str] | None = None) -> None:
+    """Parts NAME00, NAME01, ... of `part_mib` MiB; the very first part (of the first stream in
+    `order`) only `first_mib` (that call also carries the boot wheel)."""
     parts = out / "parts"
     shutil.rmtree(parts, ignore_errors=True)
     parts.mkdir()
     sums = []
-    for z in sorted(out.glob("*.tar.zst")):
-        name = z.name.split(".")[0]
-        subprocess.run(["split", "-b", f"{int(part_mib * 2**20)}", "-d", "-a", "2", str(z), str(parts / name)], check=True)
-        sums.append(f"{sha256(z)}  {name}")
+    names = order or sorted(z.name.split(".")[0] for z in out.glob("*.tar.zst"))
+    for i, name in enumerate(names):
+        data = (out / f"{name}.tar.zst").read_bytes()
+        sizes = [int((first_mib if (i == 0 and first_mib) else part_mib) * 2**20)]
+        pos, n = 0, 0
+        while pos < len(data):
+            size = sizes[0] if n == 0 else int(part_mib * 2**20)
+            (parts / f"{name}{n:02d}").write_bytes(data[pos:pos + size])
+            pos, n = pos + size, n + 1
+        sums.append(f"{hashlib.sha256(data).hexdigest()}  {name}")
     (parts / "SHA256").write_text("\n".join(sums) + "\n")
     shutil.copy(out / "MANIFEST.json", parts / "MANIFEST.json")
     for p in sorted(parts.iterdir()):
@@ -92,11 +92,13 @@ def main() -> None:
     ap.add_argument("--stream", nargs="+", action="append", metavar=("NAME", "FOLDER"), default=[],
                     help="a stream's name and the folders of its wheels (repeatable, in install order)")
     ap.add_argument("--split", type=float, metavar="PART_MIB", help="split the packed streams into parts")
+    ap.add_argument("--first-mib", type=float, help="size of the first part (its call carries more)")
+    ap.add_argument("--order", help="streams in the order they travel, e.g. v,s (the first gets --first-mib)")
     a = ap.parse_args()
     if a.stream:
         pack(a.out, a.stream)
     if a.split:
-        split(a.out, a.split)
+        split(a.out, a.split, a.first_mib, a.order.split(",") if a.order else None)
 
 
 if __name__ == "__main__":

@@ -76,7 +76,8 @@ class Study(Strict):
                 raise ValueError(f"configurations[{i}].engine.{where}: {first['msg']}") from None
         if self.device is not None:
             named = [*(c for lane in self.device.lanes for c in lane), *(c for g in self.device.groups for c in g),
-                     *self.device.all_gpus, *self.device.peers]
+                     *self.device.all_gpus, *self.device.peers, *self.device.checks,
+                     *self.device.capacity]
             bad = sorted(set(named) - set(ids))
             if bad:
                 raise ValueError(f"device: unknown configuration(s) {bad}; have {ids}")

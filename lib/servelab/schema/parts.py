@@ -344,6 +344,14 @@ class DeviceParams(Strict):
                                     "another (instead of lanes)")
     peers: dict[str, list[PeerRun]] = Field(default_factory=dict,
                                             description="configuration id -> peer tool runs on its server")
+    stagger_s: float = Field(0.0, ge=0, description="seconds between the starts of a group's servers (an engine "
+                             "that sizes its KV cache from the free memory it sees needs the others' allocations done)")
+    capacity: dict[str, list[str]] = Field(
+        default_factory=dict, description="configuration id -> `servelab capacity` options run on its server after its "
+        "workload (run folder <id>-capacity)")
+    checks: dict[str, list[Literal["quality", "speculative"]]] = Field(
+        default_factory=dict, description="configuration id -> real-weights checks run on its server instead of the "
+        "workload (scripts/device/real_checks.py: quality.json, speculative.jsonl)")
     site: dict[str, str] = Field(default_factory=dict, description="engine kind -> PYTHONPATH of its wheels on the "
                                  "device (engines whose pins differ need separate site folders)")
 
