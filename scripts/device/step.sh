@@ -29,7 +29,9 @@ say() { echo "[$(date -u +%H:%M:%S) +$(elapsed)s] $*"; }
 
 take_parts() {
   shopt -s nullglob
-  for f in "$repo"/.gpu/parts/*; do cp -f "$f" $R/parts/ && say "part $(basename "$f") $(stat -c %s "$f") B"; done
+  for f in "$repo"/.gpu/parts/*; do  # never rewrite a part already there: a detached install may be reading it
+    [ -f "$R/parts/$(basename "$f")" ] || { cp "$f" $R/parts/ && say "part $(basename "$f") $(stat -c %s "$f") B"; }
+  done
   for f in "$repo"/.gpu/boot/*.whl; do mkdir -p $R/boot-whl && cp -f "$f" $R/boot-whl/; done
   shopt -u nullglob
   cp -f "$here/step.sh" "$here/hold.env" $R/  # the detached installs run these copies (a call replaces .gpu)

@@ -39,6 +39,13 @@ def speculative_of(sd: StudyData, cid: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
 
 
+def checks_of(sd: StudyData, cid: str) -> list[str]:
+    """The check files a configuration published (its measurements when it ran no workload)."""
+    from ..runfolder import CHECK_FILES
+
+    return [f for f in CHECK_FILES if (data_dir(sd) / cid / f).exists()]
+
+
 def compare_quality(run_q: dict[str, Any], base_q: dict[str, Any]) -> dict[str, Any]:
     """Greedy outputs of one configuration against its baseline's, prompt by prompt (same ids):
     identical token ids, the first token index where they differ, and both task scores."""
@@ -167,8 +174,13 @@ def capacity_section(sd: StudyData) -> tuple[str, Any | None]:
 def startup_table(sd: StudyData) -> Any | None:
     """Seconds from `servelab serve` to a healthy server, per configuration, from the device sessions."""
     w, labels = sd.w, sd.labels()
-    rows = [[labels.get(cid, cid), d.get("date"), s, (d.get("startup_group") or {}).get(cid, "–")]
-            for d in sd.meta.get("device") or [] for cid, s in (d.get("startup_s") or {}).items()]
+    rows = []
+    for d in sd.meta.get("device") or []:
+        groups = d.get("startup_group") or {}  # configuration -> number of the group it started with
+        for cid, s in (d.get("startup_s") or {}).items():
+            g = groups.get(cid)
+            together = w("checks.group", n=g, k=sum(1 for x in groups.values() if x == g)) if g else rh.MISSING
+            rows.append([labels.get(cid, cid), d.get("date"), s, together])
     if not rows:
         return None
     cols = w("checks.startup_columns")

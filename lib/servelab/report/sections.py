@@ -128,7 +128,7 @@ def headline(sd: StudyData) -> str:
     cmp_ = engine_comparison_table(sd)
     if len(cmp_):
         ref = cmp_["reference"].iloc[0]
-        other = cmp_[cmp_["config"] != ref]
+        other = cmp_[cmp_["engine"] != cmp_.loc[cmp_["config"] == ref, "engine"].iloc[0]]  # the other engine's
         best = other.groupby("config", sort=False)["aggregate_vs_reference"].median().idxmax()
         r = other[other["config"] == best]["aggregate_vs_reference"]
         out.append(sd.w("h_engines", other=lab.get(best, best), ref=lab.get(ref, ref), n=len(r),
@@ -147,7 +147,11 @@ def config_table(sd: StudyData) -> Any:
     cols = sd.w("sections_147")
     for c in sd.study.configurations:
         if c.id not in sd.folders:
-            rows.append([c.id, c.label or c.id, rh.MISSING, rh.MISSING, w("not_measured")])
+            from .checks import checks_of
+
+            done = checks_of(sd, c.id)
+            rows.append([c.id, c.label or c.id, rh.MISSING, c.baseline or rh.MISSING,
+                         w("checks.checks_only", checks=", ".join(done)) if done else w("not_measured")])
             continue
         run = sd.runs[c.id]
         eng = f"{(run.get('engine_params') or {}).get('kind', '?')} {run.get('server', {}).get('version') or ''}".strip()
