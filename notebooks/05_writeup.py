@@ -25,6 +25,7 @@ from servelab.report import diagnosis as dg
 from servelab.report import html as rh
 from servelab.report import checks, gpu, money, plots
 from servelab.report import sections as sec
+from servelab.report import capacity as cap
 
 sd = load_study_data(study_dir)
 sd = sd.with_language(language) if language else sd
@@ -63,6 +64,18 @@ Markdown(f"{sec.anchor('progression', w('progression'))}\n\n{w('progression_text
 
 # %%
 sec.progression_table(sd)
+
+# %%
+tune_text, tune_table = cap.tune_section(sd)  # a `tune:` study: its search is the progression
+if tune_table is not None:
+    display(Markdown(f"{sec.anchor('tune', w('tune.title'), 3)}\n\n{tune_text}"))
+    display(tune_table)
+
+# %%
+cap_text, cap_table = cap.capacity_section(sd)  # shown when the study searched its capacity
+if cap_table is not None:
+    display(Markdown(f"{sec.anchor('capacity', w('capacity.title'), 3)}\n\n{cap_text}"))
+    display(cap_table)
 
 # %%
 Markdown(sec.anchor("figures", w("figures")))
@@ -125,7 +138,17 @@ Markdown(f"{sec.anchor('speculative', w('speculative'), 3)}\n\n{spec_text}")
 spec_table
 
 # %%
+pred_text, pred_table, pred_evidence = cap.prediction_section(sd)
+Markdown(f"{sec.anchor('prediction', w('capacity.predict_title'), 3)}\n\n{pred_text}")
+
+# %%
+pred_table
+
+# %%
 Markdown(f"{sec.anchor('symptoms', w('symptoms'), 3)}\n\n{dg.client_overhead_text(sd)}")
+
+# %%
+Markdown(pred_evidence)  # large prediction errors as evidence
 
 # %%
 Markdown("\n\n".join(dg.symptom_text(sd, cid) for cid in sd.config_ids))

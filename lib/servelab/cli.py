@@ -86,6 +86,11 @@ def cmd_run(a: argparse.Namespace) -> int:
             study = with_url(study, a.url)
         except ValueError as e:
             raise ParamsError(f"{a.params}: {e}") from None
+    if study.tune is not None:  # a search over configurations (servelab.tune)
+        from .tune import run_tune
+
+        return run_tune(study, Path(a.params), force=a.force, resume=a.resume, dry_run=a.dry_run,
+                        report=not a.no_report)
     return run_study(study, Path(a.params), only=a.config, reduced=a.reduced, force=a.force,
                      dry_run=a.dry_run, notebooks=not a.no_notebooks, report=not a.no_report, resume=a.resume)
 

@@ -142,6 +142,9 @@ def describe(study: Study) -> str:
             if eng.env:
                 lines.append(f"[{c.id}] env " + " ".join(shlex.quote(f"{k}={v}") for k, v in eng.env.items()))
     lines += host.plan_lines()
+    from .measure.capacity import study_worst_case_lines
+
+    lines += study_worst_case_lines(study)
     lines += cost_estimate_lines(study)
     return "\n".join(lines)
 
@@ -312,7 +315,7 @@ def publish(study_id: str, run_root: Path, *, force: bool = False) -> Path:
             raise PublishedReportExists(f"{pub}/index.html is published: pass --force to replace it")
         shutil.rmtree(data)
     data.mkdir(parents=True)
-    for f in ("params.yaml", STUDY_JSON):
+    for f in ("params.yaml", STUDY_JSON, "tune.json"):  # tune.json: a `tune:` study's search (servelab.tune)
         if (run_root / f).exists():
             shutil.copy(run_root / f, data / f)
     for failed in run_root.glob("*-failed"):  # logs of configurations that could not be measured

@@ -84,6 +84,7 @@ def benchmark(study: Study, config_id: str, rdir: Path, *, progress: bool = True
         from .measure.probe import measure_cpu_bandwidth
 
         rec["hardware_measured"] = measure_cpu_bandwidth(seconds=1.0)
+    rec.update(_prediction(study, config_id, rec))
 
     def add_rss(record: dict[str, Any]) -> None:
         if rss:
@@ -91,9 +92,27 @@ def benchmark(study: Study, config_id: str, rdir: Path, *, progress: bool = True
             info = record.setdefault("server", {})
             info["peak_rss_bytes"] = max(rss.peak_bytes, info.get("peak_rss_bytes") or 0)
 
-    return run_workload(server, study.workload_for(config_id), rdir, study=study.study, config_id=config_id,
-                        record=rec, progress=progress, log=log, resume=resume,
-                        gpu_devices=[g["index"] for g in gpus] if gpus else None, before_final=add_rss)
+    kw = dict(study=study.study, config_id=config_id, record=rec, progress=progress, log=log, resume=resume,
+              gpu_devices=[g["index"] for g in gpus] if gpus else None, before_final=add_rss)
+    cap = study.capacity_for(config_id)
+    if cap is not None:  # the search chooses the levels; each trial is an ordinary level
+        from .measure.capacity import run_capacity_study
+
+        return run_capacity_study(server, study.workload_for(config_id), rdir, cap, study.slo, **kw)
+    return run_workload(server, study.workload_for(config_id), rdir, **kw)
+
+
+def _prediction(study: Study, config_id: str, rec: dict[str, Any]) -> dict[str, Any]:
+    """What the model facts and the hardware table predict, stored before the first request so
+    it can never be fitted to the result it is compared with ({} when nothing is known)."""
+    from .analysis.capacity import stored_prediction
+    from .runfolder import now_iso
+
+    try:
+        pred = stored_prediction(rec, study.workload_for(config_id).buckets, study.slo, now_iso())
+    except (KeyError, ValueError, TypeError, ZeroDivisionError) as e:  # a prediction never stops a run
+        return {"prediction_error": f"{type(e).__name__}: {e}"}
+    return {"prediction": pred} if pred else {}
 
 
 # -- views the stage notebooks show ------------------------------------------------------------

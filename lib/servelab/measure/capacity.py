@@ -110,7 +110,7 @@ def capacity_line(res: dict[str, Any]) -> str:
     rps, tps, cc = res.get("request_rps"), res.get("output_tps"), res.get("in_flight")
     head = (f"capacity at SLO: {res['capacity']:g} req/s" if res["axis"] == "rate"
             else f"capacity at SLO: {rps:.3g} req/s" if rps else "capacity at SLO: ?")
-    detail = f"{tps:.0f} output tok/s, " if tps else ""
+    detail = f"{tps:.3g} output tok/s, " if tps else ""
     detail += f"{cc:.1f} concurrent" if res["axis"] == "rate" and cc else f"{res['capacity']:g} concurrent"
     br = f"bracket [{lo:g}, {hi:g}] {unit}" if hi is not None else f"bracket [{lo:g}, -] {unit}"
     binds = (f"binds: {res['binding']} ({res['binding_measured']:.3g} > {res['targets'][res['binding']]:g} "
@@ -153,7 +153,7 @@ def run_capacity(server: Server, wl: Workload, run_dir: Path, spec: SearchSpec, 
         record["started_at"] = prev.get("started_at", record.get("started_at"))
         record["resumed"] = [*prev.get("resumed", []), {"previous_status": prev.get("status")}]
         for k in ("prediction",):
-            if k in prev and k not in record:
+            if k in prev:
                 record[k] = prev[k]  # a prediction stays the one stored before the first trial
     record.update({"server": server.info, "model_name": server.model, "workload": wl.model_dump(),
                    "calibration": {k: {"target_tokens": v.target_tokens, "tokens": v.tokens, "counter": v.counter}
@@ -168,12 +168,14 @@ def run_capacity(server: Server, wl: Workload, run_dir: Path, spec: SearchSpec, 
     t0 = time.monotonic()
     status, message = "complete", ""
     trials = trials_in(rf.path, spec.axis) if rs else []
+    walls: list[float] = []
     try:
         while True:
             st = state(trials, targets, spec)
             if st.done:
                 break
-            nominal = trial_nominal_s(spec, shape)
+            # the next trial costs what the slowest so far took (an overloaded server drains long)
+            nominal = max([trial_nominal_s(spec, shape), *walls])
             if budget_s is not None and time.monotonic() - t0 + nominal > budget_s:
                 status, message = "partial", (f"time budget {budget_s:.0f} s reached after {len(trials)} trials: "
                                               "best result so far (continue with --resume)")
@@ -186,7 +188,9 @@ def run_capacity(server: Server, wl: Workload, run_dir: Path, spec: SearchSpec, 
                        st.next_load if spec.axis == "rate" else 0.0)
             lr.grid, lr.plan, lr.seq = [lv], [(li, lv)], seq
             log(f"{config_id}: trial {li + 1} at {st.next_load:g} ({st.reason})")
+            t_trial = time.monotonic()
             _, tstatus, tmsg = run_sync(lr.run())
+            walls.append(time.monotonic() - t_trial)
             seq = lr.seq
             if tstatus != "complete" and "failure budget" not in tmsg:
                 status, message = "partial", tmsg
@@ -204,3 +208,42 @@ def run_capacity(server: Server, wl: Workload, run_dir: Path, spec: SearchSpec, 
             before_final(record)
         finalize(rf, record, status=status, message=message)
     return CapacityRun(rf.path, status, res, line, message)
+
+
+def from_params(p: Any, buckets: list[Any] | None = None) -> tuple[SearchSpec, TrialShape]:
+    """A study's `capacity:` block (schema.CapacityParams) as the search spec and trial shape."""
+    labels = [b.label for b in buckets or []]
+    if p.bucket is not None and p.bucket not in labels:
+        raise ValueError(f"capacity.bucket {p.bucket!r} is not a workload bucket; have {labels}")
+    spec = SearchSpec(axis=p.axis, start=p.start, min_load=p.min_load, max_load=p.max_load, growth=p.growth,
+                      precision=p.precision, repeats=p.repeats, max_repeats=p.max_repeats, max_trials=p.max_trials)
+    shape = TrialShape(duration_s=p.duration_s, warmup_rounds=p.warmup_rounds, rounds=p.rounds,
+                       requests_per_round=p.requests_per_round,
+                       bucket=labels.index(p.bucket) if p.bucket is not None else 0)
+    return spec, shape
+
+
+def run_capacity_study(server: Server, wl: Workload, run_dir: Path, params: Any, slo: Any, **kw: Any) -> Any:
+    """`run_capacity` for a study's configuration (its `capacity:` block and the study's `slo:`),
+    answered as the runner's RunResult (the capacity line as its message)."""
+    from .runner import RunResult
+
+    spec, shape = from_params(params, wl.buckets)
+    kw.setdefault("budget_s", params.budget_s)
+    out = run_capacity(server, wl, run_dir, spec, Targets.of(slo), shape=shape, **kw)
+    rf = RunFolder(out.run_dir)
+    return RunResult(out.run_dir, out.status, len(rf.records), rf.summary,
+                     "; ".join(x for x in (out.line, out.message) if x))
+
+
+def study_worst_case_lines(study: Any) -> list[str]:
+    """The dry run's lines for configurations that search their capacity (none without one)."""
+    out = []
+    for c in study.configurations:
+        p = study.capacity_for(c.id)
+        if p is None:
+            continue
+        spec, shape = from_params(p, study.workload_for(c.id).buckets)
+        budget = f"; stops at its budget of {p.budget_s:.0f} s" if p.budget_s else ""
+        out.append(f"[{c.id}] capacity search at the SLO: {worst_case_line(worst_case(spec, shape))}{budget}")
+    return out

@@ -303,3 +303,12 @@ def result(st: SearchState, t: Targets, spec: SearchSpec) -> dict[str, Any]:
 def _mean(xs: list[float]) -> float | None:
     xs = [x for x in xs if x == x]
     return sum(xs) / len(xs) if xs else None
+
+
+def grid_around(bracket: list[float | None], spec: SearchSpec) -> list[float]:
+    """A fixed grid to check a search against: half the low end, the low end, the midpoint, the
+    high end and twice it (snapped like the search's loads)."""
+    lo, hi = bracket
+    hi = hi if hi is not None else lo * spec.growth
+    pts = [lo / 2, lo, (lo + hi) / 2, hi, hi * 2]
+    return sorted({spec.snap(x) for x in pts if x > 0})

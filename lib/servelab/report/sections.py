@@ -88,7 +88,7 @@ def headline(sd: StudyData) -> str:
     best = s.loc[s["aggregate_output_tps"].idxmax()]
     out.append(sd.w("h_best", label=lab.get(best["config"], best["config"]), peak=num(best["aggregate_output_tps"], 0),
                     bucket=best["bucket"], conc=int(best["concurrency"])) + " " + link(sd, "results"))
-    eff = effects(sd)
+    eff = effects(sd).dropna(subset=["agg_change_pct"])  # open-loop levels share no (bucket, concurrency)
     if len(eff):
         e = eff.loc[eff["agg_change_pct"].abs().idxmax()]
         out.append(sd.w("h_change", config=lab.get(e["config"], e["config"]), baseline=e["baseline"],

@@ -23,6 +23,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from .parts import (GPU_AMI_PARAMETER, HOST_KINDS, HOURS_PER_MONTH, AttachHostParams, AttachParams, AwsEcsHostParams,
                     AwsInstanceHostParams, AwsParams, Bucket, Configuration, CostParams, EngineParams, HostParams,
                     LocalHostParams, ModelRef, Slo, Strict, Workload, DeviceParams, PeerRun, StudyTexts)
+from .capacity import CapacityParams, TuneFlag, TuneParams
 
 class Study(Strict):
     @model_validator(mode="before")
@@ -47,6 +48,10 @@ class Study(Strict):
     cost: CostParams | None = Field(None, description="prices and cost model for the write-up")
     configurations: list[Configuration] = Field(..., min_length=1, description="ordered, one change at a time")
     device: DeviceParams | None = Field(None, description="how the study runs on the GPU device machine")
+    capacity: CapacityParams | None = Field(
+        None, description="search every configuration's capacity at the SLO instead of its fixed grid "
+                          "(a configuration's own capacity block wins)")
+    tune: TuneParams | None = Field(None, description="search engine flags one at a time from a base configuration")
     reduced: dict[str, Any] = Field(
         default_factory=lambda: {"warmup_rounds": 0, "rounds": 1},
         description="workload overrides for a reduced run (servelab run --reduced, CI)",
@@ -81,6 +86,12 @@ class Study(Strict):
             bad = sorted(set(named) - set(ids))
             if bad:
                 raise ValueError(f"device: unknown configuration(s) {bad}; have {ids}")
+        if self.tune is not None:
+            base = self.tune.base or ids[0]
+            if base not in ids:
+                raise ValueError(f"tune.base: {base!r} is not a configuration; have {ids}")
+            if self.tune.objective in ("capacity", "goodput") and self.capacity_for(base) is None:
+                raise ValueError(f"tune.objective {self.tune.objective!r} needs a capacity: block (study or {base})")
         if isinstance(self.host, LocalHostParams) and self.engine.model is None:
             raise ValueError("a local host needs engine.model (preset or path)")
         errs = validate_engines(self)
@@ -115,6 +126,10 @@ class Study(Strict):
     def workload_for(self, config_id: str) -> Workload:
         """The study's workload with the configuration's overrides (usually none)."""
         return Workload.model_validate(_merge(self.workload.model_dump(), self.config(config_id).workload))
+
+    def capacity_for(self, config_id: str) -> CapacityParams | None:
+        """The capacity search of a configuration (its own block, else the study's), or None."""
+        return self.config(config_id).capacity or self.capacity
 
     def engine_for(self, config_id: str) -> EngineParams:
         return resolve_engine(self.engine, self.config(config_id))
@@ -247,4 +262,5 @@ def study_from_dict(data: dict[str, Any], source: str = "<params>") -> Study:
 __all__ = ["Study", "ParamsError", "load_study", "study_from_dict", "upgrade", "format_errors", "validate_engines",
            "resolve_profile", "resolve_engine", "GPU_AMI_PARAMETER", "HOST_KINDS", "HOURS_PER_MONTH", "AttachHostParams",
            "AttachParams", "AwsEcsHostParams", "AwsInstanceHostParams", "AwsParams", "Bucket", "Configuration",
-           "CostParams", "DeviceParams", "PeerRun", "StudyTexts", "EngineParams", "HostParams", "LocalHostParams", "ModelRef", "Slo", "Strict", "Workload"]
+           "CostParams", "DeviceParams", "PeerRun", "StudyTexts", "EngineParams", "HostParams", "LocalHostParams", "ModelRef", "Slo", "Strict", "Workload",
+           "CapacityParams", "TuneFlag", "TuneParams"]

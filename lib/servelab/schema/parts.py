@@ -373,6 +373,9 @@ class Configuration(Strict):
     note: str | None = Field(None, description="prose for the report")
     baseline: str | None = Field(None, description="an earlier configuration this one is compared with in the report "
                                  "(default: the nearest earlier one measured on a shared level)")
+    capacity: "CapacityParams | None" = Field(
+        None, description="search this configuration's capacity at the study's SLO instead of its fixed grid "
+                          "(overrides the study's capacity block)")
 
     @model_validator(mode="after")
     def _known_overrides(self) -> "Configuration":
@@ -382,3 +385,8 @@ class Configuration(Strict):
                 hint = f" (did you mean '{close[0]}'?)" if close else ""
                 raise ValueError(f"engine.{k}: unknown key{hint}")
         return self
+
+
+from .capacity import CapacityParams  # noqa: E402  (capacity.py builds on Strict above)
+
+Configuration.model_rebuild()

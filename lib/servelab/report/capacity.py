@@ -1,0 +1,178 @@
+"""The write-up's capacity sections: capacity at SLO per configuration (when the study searched
+it), the prediction table (predicted, measured, error per configuration) with its evidence
+sentences, and the tuning story (`tune.json`). Words from i18n/capacity.yaml; numbers from
+`analysis.capacity` and `analysis.predict`. Pure functions of the published files."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+
+from ..analysis.capacity import capacity_result, measurements, prediction_for
+from ..analysis.predict import errors, symptom_evidence
+from ..runfolder import read_json
+from . import html as rh
+from .diagnosis import prefill_fits
+from .load import StudyData
+
+QUANTITIES = ("tpot_c1_s", "kv_concurrency", "prefill_tps", "capacity_rps")
+SCALE = {"tpot_c1_s": 1000.0}
+
+
+def _sig(v: Any) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "–"
+    v = float(v)
+    if abs(v) >= 100:
+        return f"{v:,.0f}"
+    if abs(v) >= 1:
+        return f"{v:.2f}"
+    return f"{v:.3g}"
+
+
+def _load(sd: StudyData, axis: str, x: float | None) -> str:
+    if x is None:
+        return "–"
+    return sd.w("capacity.unit_rate" if axis == "rate" else "capacity.unit_conc", x=f"{x:g}")
+
+
+def searched(sd: StudyData) -> list[str]:
+    return [c for c in sd.config_ids if capacity_result(sd.runs[c])]
+
+
+def capacity_lines(sd: StudyData) -> list[str]:
+    """One headline sentence per searched configuration."""
+    out, labels = [], sd.labels()
+    for cid in searched(sd):
+        r = capacity_result(sd.runs[cid])
+        lo, hi = r["bracket"]
+        label = labels.get(cid, cid)
+        if r["capacity"] is None:
+            out.append(sd.w("capacity.headline_none", label=label, hi=_load(sd, r["axis"], hi)))
+        elif hi is None:
+            out.append(sd.w("capacity.headline_open", label=label, cap=_load(sd, r["axis"], lo)))
+        else:
+            out.append(sd.w("capacity.headline", label=label, cap=_load(sd, r["axis"], lo),
+                            tps=_sig(r.get("output_tps")), cc=r.get("in_flight") or math.nan,
+                            lo=f"{lo:g}", hi=f"{hi:g}", term=sd.w(f"capacity.term.{r['binding']}")))
+    return out
+
+
+def capacity_section(sd: StudyData) -> tuple[str, Any]:
+    """(text, table) of the searched capacities; the table is None when nothing was searched."""
+    ids = searched(sd)
+    if not ids:
+        return sd.w("capacity.no_search"), None
+    slo = ", ".join(f"{sd.w('capacity.term.' + k)} ≤ {v:g}" + (" s" if k != "error_rate" else "")
+                    for k, v in capacity_result(sd.runs[ids[0]])["targets"].items())
+    cols = sd.w("capacity.columns")
+    rows = []
+    for cid in ids:
+        r = capacity_result(sd.runs[cid])
+        lo, hi = r["bracket"]
+        rows.append([sd.labels().get(cid, cid), _load(sd, r["axis"], r["capacity"]),
+                     f"[{lo:g}, {hi:g}]" if lo is not None and hi is not None else sd.w("capacity.open_end"),
+                     r.get("output_tps") or math.nan, r.get("in_flight") or math.nan,
+                     sd.w(f"capacity.term.{r['binding']}") if r.get("binding") else "–", r["trials"],
+                     sd.w("yes") if r["settled"] else sd.w("no")])
+    t = rh.table(pd.DataFrame(rows, columns=cols), sd.w("capacity.t_capacity"),
+                 formats={cols[3]: _sig, cols[4]: "{:,.1f}"})
+    return sd.w("capacity.text", slo=slo) + "\n\n" + "\n\n".join(capacity_lines(sd)), t
+
+
+def _bucket_of(sd: StudyData, cid: str) -> dict[str, int]:
+    run = sd.runs[cid]
+    cap = (run.get("capacity") or {}).get("bucket")
+    buckets = sd.study.workload_for(cid).buckets
+    b = next((x for x in buckets if x.label == cap), buckets[0])
+    return {"input_tokens": b.input_tokens, "output_tokens": b.output_tokens, "label": b.label}
+
+
+def prediction_frame(sd: StudyData) -> pd.DataFrame:
+    """Long table: configuration, quantity, predicted, measured, error %, source (one bucket each)."""
+    rows = []
+    fits = prefill_fits(sd)
+    for cid in sd.config_ids:
+        b = _bucket_of(sd, cid)
+        pred, src = prediction_for(sd.runs[cid], b, sd.study.slo)
+        if pred is None:
+            continue
+        rf = sd.folders[cid]
+        m = measurements(rf.summary, rf.samples, sd.runs[cid], b["label"], fits.get(cid), rf.records, sd.study.slo)
+        err = errors(pred, m)
+        for q in QUANTITIES:
+            rows.append({"config": cid, "bucket": b["label"], "quantity": q, "predicted": pred.get(q),
+                         "measured": m.get(q), "error_pct": err.get(q), "source": src,
+                         "capacity_source": m.get("capacity_source")})
+    return pd.DataFrame(rows)
+
+
+def prediction_section(sd: StudyData) -> tuple[str, Any, str]:
+    """(text, table, evidence sentences) of the prediction against the measurement."""
+    f = prediction_frame(sd)
+    if f.empty:
+        return sd.w("capacity.no_prediction"), None, ""
+    cols = sd.w("capacity.predict_columns")
+    labels = sd.labels()
+    rows = []
+    for _, r in f.iterrows():
+        q = r["quantity"]
+        src = r["capacity_source"] if q == "capacity_rps" else None
+        key = "capacity.q.capacity_rps_grid" if src in ("grid", "grid_lower_bound") else f"capacity.q.{q}"
+        k = SCALE.get(q, 1.0)
+        p = r["predicted"] * k if isinstance(r["predicted"], (int, float)) else r["predicted"]
+        mv = r["measured"] * k if isinstance(r["measured"], (int, float)) else r["measured"]
+        bound = src == "grid_lower_bound"  # every grid level met the SLO: no error against a lower bound
+        rows.append([labels.get(r["config"], r["config"]), sd.w(key), _sig(p), ("≥ " if bound else "") + _sig(mv),
+                     math.nan if bound else r["error_pct"], sd.w(f"capacity.src.{r['source']}")])
+    buckets = sorted(set(f["bucket"]))
+    t = rh.table(pd.DataFrame(rows, columns=cols), sd.w("capacity.t_predict", bucket=", ".join(buckets)),
+                 formats={cols[4]: "{:+,.0f}"},
+                 notes={"–": sd.w("capacity.predict_note_dash"),
+                        cols[3]: sd.w("capacity.predict_note_kv") + " " + sd.w("capacity.predict_note_cap")})
+    ev = []
+    for cid, g in f.groupby("config", sort=False):
+        pred = dict(zip(g["quantity"], g["predicted"]))
+        meas = dict(zip(g["quantity"], g["measured"]))
+        for key, vals in symptom_evidence(pred, meas):
+            ev.append(sd.w(f"capacity.evidence.{key}", label=labels.get(cid, cid), **vals))
+    return sd.w("capacity.predict_text"), t, "\n\n".join(ev) or sd.w("capacity.evidence.none")
+
+
+def tune_record(sd: StudyData) -> dict[str, Any] | None:
+    p = sd.root / "data" / "tune.json"
+    return read_json(p) if p.exists() else None
+
+
+def tune_section(sd: StudyData) -> tuple[str, Any]:
+    """(text, table) of the tuning search: every candidate with its objective, interval, gain and
+    verdict; (\"\", None) when the study did not tune."""
+    t = tune_record(sd)
+    if not t:
+        return "", None
+    labels = sd.labels()
+    steps = t["steps"]
+    n = {k: sum(1 for s in steps if s["verdict"] == k) for k in ("kept", "rejected", "failed")}
+    obj = sd.w(f"tune.objective.{t['objective']}")
+    text = sd.w("tune.text", flags=", ".join(f"`{f}`" for f in t["flags"]), base=labels.get(t["base"], t["base"]),
+                objective=obj, quality=sd.w("tune.quality_hook"), kept=n["kept"], rejected=n["rejected"],
+                failed=n["failed"])
+    cols = sd.w("tune.columns")
+    rows = []
+    for i, s in enumerate(steps):
+        iv = s.get("interval")
+        why = sd.w(f"tune.why.{s['why']}", **(s.get("why_values") or {})) if s.get("why") else ""
+        rows.append([i, s.get("flag") or "–", "–" if s.get("value") is None else str(s["value"]),
+                     labels.get(s["config"], s["config"]), s.get("objective"),
+                     f"[{_sig(iv[0])}, {_sig(iv[1])}]" if iv else "–",
+                     labels.get(s["incumbent"], s["incumbent"]) if s.get("incumbent") else "–",
+                     s.get("gain_pct"), sd.w(f"tune.verdict.{s['verdict']}"), why])
+    table = rh.table(pd.DataFrame(rows, columns=cols), sd.w("tune.t_steps"),
+                     formats={cols[4]: _sig, cols[7]: "{:+,.0f}"})
+    fin = t.get("final") or {}
+    if fin:
+        text += "\n\n" + sd.w("tune.final", final=labels.get(fin["config"], fin["config"]), objective=obj,
+                              value=_sig(fin["objective"]), gain=fin.get("gain_pct") or 0.0)
+    return text, table
