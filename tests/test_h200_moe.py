@@ -118,3 +118,23 @@ def test_fp8_kv_quality_check_on_real_weights():
     same = [p["id"] for p in run["prompts"] if p["id"] not in {d["id"] for d in cmp["first_divergence"]}]
     by_id = {p["id"]: p for p in base["prompts"]}
     assert all(by_id[i]["output_text"] == next(p for p in run["prompts"] if p["id"] == i)["output_text"] for i in same)
+
+
+@pytest.mark.parametrize("cid", ["vllm-fp8kv", "sglang-fp8kv"])
+def test_unique_cache_salts_hit_no_prefix_cache_and_the_peer_tools_a_little(cid):
+    """servelab sends a unique cache_salt per request, the peer tools none: between the run's
+    /metrics reads no prompt token came from the prefix cache; between the peers' about 1 %."""
+    def counters(name: str) -> tuple[float, float]:
+        s = parse_metrics((FIX / cid / name).read_text())
+        if s.engine == "vllm":
+            return s.prefix_cache_queries_total, s.prefix_cache_hits_total
+        text = (FIX / cid / name).read_text()
+        found = {k: re.search(rf"^sglang:{k}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+                 for k in ("prompt_tokens_total", "cached_tokens_total")}
+        val = {k: float(m.group(1)) if m else 0.0 for k, m in found.items()}  # a counter appears at its first count
+        return val["prompt_tokens_total"], val["cached_tokens_total"]
+
+    (q0, h0), (q1, h1), (q2, h2) = (counters(n) for n in ("metrics-before.txt", "metrics-after.txt",
+                                                        "metrics-after-peers.txt"))
+    assert h1 - h0 <= 1 and q1 - q0 > 500_000  # the run: 2 buckets x 3 levels, no hits
+    assert 0.002 < (h2 - h1) / (q2 - q1) < 0.05  # the peers: the chat template's first tokens, now and then

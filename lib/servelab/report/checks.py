@@ -184,8 +184,9 @@ def startup_table(sd: StudyData) -> Any | None:
     if not rows:
         return None
     cols = w("checks.startup_columns")
+    alone = {rh.MISSING: w("checks.startup_alone")} if any(r[3] == rh.MISSING for r in rows) else {}
     return rh.table(pd.DataFrame(rows, columns=cols), w("checks.t_startup"), formats={cols[2]: "{:.0f}"},
-                    notes=w("checks.startup_note"))
+                    notes={cols[2]: w("checks.startup_note"), **alone})
 
 
 def sections(sd: StudyData) -> list[Any]:
