@@ -23,7 +23,7 @@ from IPython.display import Markdown, display
 from servelab.report import load_study_data
 from servelab.report import diagnosis as dg
 from servelab.report import html as rh
-from servelab.report import gpu, levels, money, plots
+from servelab.report import checks, gpu, levels, money, plots
 from servelab.report import sections as sec
 from servelab.report import workload as wk
 from servelab.report import capacity as cap
@@ -203,6 +203,10 @@ Markdown(f"{sec.anchor('timing', w('timing.title'))}\n\n{timing_text}")
 
 # %%
 timing_table
+
+# %%
+for item in checks.sections(sd):
+    display(item)
 
 # %%
 Markdown(sec.anchor("repro", w("section.repro")))

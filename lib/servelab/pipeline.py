@@ -30,7 +30,7 @@ from .errors import ServelabError
 from .hosts import EngineError, for_study
 from .measure.runner import finalize
 from .plan import ConfigPlan, plan_study
-from .runfolder import (ENGINE_JSON, ENGINE_LOG, PARAMS_EFFECTIVE, PUBLISHED_FILES, RECORDS, STUDY_JSON, RunFolder,
+from .runfolder import (CHECK_FILES, ENGINE_JSON, ENGINE_LOG, PARAMS_EFFECTIVE, PUBLISHED_FILES, RECORDS, STUDY_JSON, RunFolder,
                         project_root, read_json, reports_root, runs_root, write_json)
 from .schema import FORMAT_VERSION, Study
 from .secrets import scrub_file, scrub_tree
@@ -337,10 +337,11 @@ def publish(study_id: str, run_root: Path, *, force: bool = False) -> Path:
         shutil.copytree(failed, data / failed.name)
     if (run_root / "peer").is_dir():  # peer tools' results (vllm bench serve) measured beside the runs
         shutil.copytree(run_root / "peer", data / "peer")
-    for cdir in sorted(p for p in run_root.iterdir() if p.is_dir() and (p / RECORDS).exists()):
+    for cdir in sorted(p for p in run_root.iterdir()
+                       if p.is_dir() and any((p / f).exists() for f in (RECORDS, *CHECK_FILES))):
         dst = data / cdir.name
         dst.mkdir()
-        for f in PUBLISHED_FILES:
+        for f in (*PUBLISHED_FILES, *CHECK_FILES):
             if (cdir / f).exists():
                 shutil.copy(cdir / f, dst / f)
         served_log = run_root / ".served" / cdir.name / ENGINE_LOG  # engine started by `servelab serve`

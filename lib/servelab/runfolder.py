@@ -40,6 +40,10 @@ QUALITY_JSON = "quality.json"  # the output check after the benchmark (measure.q
 # What a published report keeps of each configuration's run folder.
 PUBLISHED_FILES = (RECORDS, RUN_JSON, SERVER_METRICS, GPU_METRICS, ENGINE_LOG, CLIENT_STATS, LEVELS, QUALITY_JSON)
 
+# What a GPU study's real-weights checks leave in a configuration's folder (scripts/device/real_checks.py),
+# published beside (or instead of) the workload's files.
+CHECK_FILES = ("quality.json", "speculative.jsonl")
+
 
 def now_iso(timespec: str = "seconds") -> str:
     """Current UTC time as ISO 8601 (`timespec` as datetime.isoformat: seconds, milliseconds)."""

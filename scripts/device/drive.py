@@ -5,7 +5,13 @@ runs/<study>/<config>/recorded/, measure it with `servelab run --config` (GPU te
 sampled by the benchmark stage wherever nvidia-smi exists), run the peer tools of
 `device.peers[config]` on the same server (`analysis.peers.peer_command`), stop the engine, next.
 Configurations whose resolved engine is identical share one server. Lanes run side by side, one
-GPU each; `device.all_gpus` configurations run after them on every GPU. Progress goes to
+GPU each; `device.all_gpus` configurations run after them on every GPU. With `device.groups`
+instead, one GPU holds several servers: a group's servers start at once (`device.stagger_s`
+apart; port = engine.port + 10 x group number + place in the group), the group is measured one
+configuration at a time once every server answers (or failed), a server stops after its last
+configuration, and the next group starts as soon as only quality checks (`device.checks`, greedy
+outputs: timing-insensitive) are left. `device.capacity` runs
+`servelab capacity` on a configuration's server after its workload. Progress goes to
 runs/<study>/device-progress.log; a configuration whose run.json says complete is skipped, so a
 later call continues where time ran out.
 
@@ -196,6 +202,155 @@ def run_lane(params: Path, configs: list[str], gpus: str, port: int, deadline: f
         stop(params, served[0])
 
 
+def start_server(params: Path, study, cid: str, port: int, gpus: str, deadline: float) -> bool:
+    """`servelab serve` for one configuration (blocks until /health answers); logs its start-up time."""
+    eng = resolve_profile(study, cid)
+    site = study.device.site.get(eng.kind)
+    if site and os.environ.get("SERVELAB_WAIT_SITES"):  # step.sh installs the sites while the hold goes on
+        while not Path(site, ".servelab-installed").exists() and time.monotonic() < deadline - SERVE_MIN_S:
+            time.sleep(5)
+        if not Path(site, ".servelab-installed").exists():
+            log(study.study, f"[{cid}] not started: {site} not installed in time")
+            return False
+    env = [f"CUDA_VISIBLE_DEVICES={gpus}"] + [f"{k}={v}" for k, v in site_env(site).items()]
+    args = [sys.executable, "-m", "servelab.cli", "serve", str(params), "--config", cid, "--port", str(port)]
+    for e in env:
+        args += ["--env", e]
+    t0 = time.monotonic()
+    r = sh(args, timeout=deadline - time.monotonic())
+    log(study.study, f"[{cid}] serve {eng.kind} port {port}: exit {r.returncode} in {time.monotonic() - t0:.0f} s "
+                     f"{r.stdout.strip()[-200:]} {r.stderr.strip()[-900:] if r.returncode else ''}")
+    if r.returncode != 0:
+        stop(params, cid)
+    return r.returncode == 0
+
+
+def measure(params: Path, study, cid: str, base: str, deadline: float, reduced: bool) -> None:
+    """Record the server's answers, run the configuration's workload, then its peer tools."""
+    sid = study.study
+    handle = json.loads((ROOT / "runs" / sid / ".served" / f"{cid}.json").read_text())
+    rec = record_server(base, handle["model_dir"])
+    t0 = time.monotonic()
+    if cid in study.device.checks:  # real-weights checks instead of the workload
+        cmd = [sys.executable, str(ROOT / "scripts" / "device" / "real_checks.py"), "--url", base,
+               "--out", str(ROOT / "runs" / sid / cid), "--checks", ",".join(study.device.checks[cid]),
+               "--prompts", os.environ.get("SERVELAB_PROMPTS", str(ROOT / "lib" / "servelab" / "data" / "prompts"))]
+        if os.environ.get("SERVELAB_CHECKS_MAX_TOKENS"):  # a shorter check (local tests of this driver)
+            cmd += ["--max-tokens", os.environ["SERVELAB_CHECKS_MAX_TOKENS"]]
+    else:
+        cmd = [sys.executable, "-m", "servelab.cli", "run", str(params), "--config", cid, "--url", base,
+               "--no-report", "--force"] + (["--reduced"] if reduced else [])
+    r = sh(cmd, timeout=deadline - time.monotonic())
+    if cid in study.device.checks:
+        (ROOT / "runs" / sid / cid / "checks.log").write_text(r.stdout[-20000:] + "\n--- stderr\n" + r.stderr[-20000:])
+    rec["metrics-after.txt"] = http(base + "/metrics")
+    save_recorded(sid, cid, rec)
+    gm = ROOT / "runs" / sid / cid / "gpu_metrics.jsonl"
+    nlines = len(gm.read_text().splitlines()) if gm.exists() else 0
+    log(sid, f"[{cid}] run: exit {r.returncode} in {time.monotonic() - t0:.0f} s, gpu_metrics.jsonl "
+             f"{nlines} samples {r.stderr.strip()[-600:] if r.returncode else ''}")
+    if study.device.peers.get(cid):
+        peers(study, cid, base, handle["model_dir"], deadline)
+        save_recorded(sid, cid, {"metrics-after-peers.txt": http(base + "/metrics")})
+
+
+class Group:
+    """One GPU, several servers: a group's servers start together (in a thread, so the next group
+    can start while the current one's last, timing-insensitive checks run), are measured one at a
+    time and each stops after its last configuration."""
+
+    def __init__(self, params: Path, group: list[str], deadline: float, index: int = 0) -> None:
+        self.params, self.group, self.deadline = params, group, deadline
+        self.study = study = load_study(params)
+        self.todo = [c for c in group if not complete(study.study, c)]
+        self.servers: dict[str, tuple[str, int]] = {}  # engine key -> (configuration that starts it, port)
+        self.key_of: dict[str, str] = {}
+        for cid in self.todo:
+            key = json.dumps(resolve_profile(study, cid).model_dump(), sort_keys=True, default=str)
+            self.key_of[cid] = key
+            self.servers.setdefault(key, (cid, study.engine.port + 10 * index + group.index(cid)))
+        self.ok: dict[str, bool] = {}
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.thread = threading.Thread(target=self._start)
+        self.thread.start()
+
+    def _start(self) -> None:
+        from servelab.hosts.local import model_dir_for
+
+        sid = self.study.study
+        for c in sorted(set(self.group) - set(self.todo), key=self.group.index):
+            log(sid, f"[{c}] complete, skipped")
+        if time.monotonic() > self.deadline - SERVE_MIN_S:
+            log(sid, f"group {self.group}: not started: deadline ({self.deadline - time.monotonic():.0f} s left)")
+            return
+        for cid, _ in self.servers.values():  # model directories first, one at a time (one cache folder)
+            model_dir_for(resolve_profile(self.study, cid))
+        threads = []
+        for i, (cid, port) in enumerate(self.servers.values()):
+            if i and self.study.device.stagger_s:
+                time.sleep(self.study.device.stagger_s)
+
+            def one(cid: str = cid, port: int = port) -> None:
+                self.ok[cid] = start_server(self.params, self.study, cid, port, "0", self.deadline)
+
+            threads.append(threading.Thread(target=one))
+            threads[-1].start()
+        for t in threads:
+            t.join()
+        log(sid, f"group {self.group}: servers up {sorted(c for c, v in self.ok.items() if v)}, failed "
+                 f"{sorted(c for c, v in self.ok.items() if not v)}")
+
+    def run(self, reduced: bool, next_group: "Group | None") -> None:
+        if self.thread is None:
+            self.start()
+        assert self.thread is not None
+        self.thread.join()
+        sid, dev = self.study.study, self.study.device
+        for n, cid in enumerate(self.todo):
+            if (next_group is not None and next_group.thread is None
+                    and all(dev.checks.get(c) == ["quality"] for c in self.todo[n:])):
+                log(sid, f"group {next_group.group}: starting while {self.todo[n:]} run (quality checks only)")
+                next_group.start()
+            first, port = self.servers[self.key_of[cid]]
+            if self.ok.get(first):
+                if first != cid:
+                    src = ROOT / "runs" / sid / ".served" / f"{first}.json"
+                    (ROOT / "runs" / sid / ".served" / f"{cid}.json").write_text(src.read_text())
+                if time.monotonic() > self.deadline - RUN_MIN_S:
+                    log(sid, f"[{cid}] not measured: deadline")
+                else:
+                    measure(self.params, self.study, cid, f"http://127.0.0.1:{port}", self.deadline, reduced)
+                    capacity(self.study, cid, f"http://127.0.0.1:{port}", self.deadline)
+            if self.ok.get(first) and all(self.key_of[c] != self.key_of[cid] for c in self.todo[n + 1:]):
+                stop(self.params, first)
+                log(sid, f"[{first}] server stopped")
+
+
+def capacity(study, cid: str, base: str, deadline: float) -> None:
+    """`servelab capacity` on the configuration's server (device.capacity), run folder <cid>-capacity."""
+    opts = study.device.capacity.get(cid)
+    if not opts:
+        return
+    out = ROOT / "runs" / study.study / f"{cid}-capacity"
+    left = deadline - time.monotonic() - 30
+    if left < 60:
+        log(study.study, f"[{cid}] capacity: skipped (deadline)")
+        return
+    opts = list(opts)
+    if "--budget-s" in opts:  # the params' budget, or what the deadline leaves if that is less
+        i = opts.index("--budget-s")
+        opts[i + 1] = str(int(min(float(opts[i + 1]), left)))
+    else:
+        opts += ["--budget-s", str(int(left))]
+    t0 = time.monotonic()
+    r = sh([sys.executable, "-m", "servelab.cli", "capacity", base, *opts, "--out", str(out)], timeout=left + 60)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "capacity.log").write_text(r.stdout[-20000:] + "\n--- stderr\n" + r.stderr[-20000:])
+    log(study.study, f"[{cid}] capacity: exit {r.returncode} in {time.monotonic() - t0:.0f} s {r.stdout.strip()[-300:]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("params", type=Path)
@@ -210,9 +365,13 @@ def main() -> None:
         sys.exit(f"{a.params}: no device: block")
     all_gpus = ",".join(str(i) for i in range(dev.gpus))
     lanes = dev.lanes or [[c.id for c in study.configurations if c.id not in dev.all_gpus]]
-    log(study.study, f"drive start: {dev.gpus} GPU(s), lanes {lanes}, all GPUs {dev.all_gpus}, "
+    log(study.study, f"drive start: {dev.gpus} GPU(s), lanes {lanes}, all GPUs {dev.all_gpus}, groups {dev.groups}, "
                      f"deadline {a.deadline_s:.0f} s, sites {dev.site}")
-    if a.only:
+    if dev.groups and not a.only:
+        groups = [Group(a.params, g, deadline, i) for i, g in enumerate(dev.groups)]
+        for i, g in enumerate(groups):
+            g.run(a.reduced, groups[i + 1] if i + 1 < len(groups) else None)
+    elif a.only:
         run_lane(a.params, a.only.split(","), all_gpus, study.engine.port, deadline, a.reduced)
     else:
         if len(lanes) > dev.gpus:

@@ -312,7 +312,7 @@ def _engines_and_cost(sd: StudyData) -> list[str]:
     cmp_ = engine_comparison_table(sd)
     if len(cmp_):
         ref = cmp_["reference"].iloc[0]
-        other = cmp_[cmp_["config"] != ref]
+        other = cmp_[cmp_["engine"] != cmp_.loc[cmp_["config"] == ref, "engine"].iloc[0]]  # the other engine's
         best = other.groupby("config", sort=False)["aggregate_vs_reference"].median().idxmax()
         r = other[other["config"] == best]["aggregate_vs_reference"]
         out.append(sd.w("headline.engines", other=lab.get(best, best), ref=lab.get(ref, ref), n=len(r),

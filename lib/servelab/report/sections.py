@@ -43,7 +43,11 @@ def config_table(sd: StudyData) -> Any:
     cols = sd.w("configs.columns")
     for c in sd.study.configurations:
         if c.id not in sd.folders:
-            rows.append([c.id, c.label or c.id, rh.MISSING, rh.MISSING, w("configs.not_measured")])
+            from .checks import checks_of
+
+            done = checks_of(sd, c.id)
+            rows.append([c.id, c.label or c.id, rh.MISSING, c.baseline or rh.MISSING,
+                         w("checks.checks_only", checks=", ".join(done)) if done else w("configs.not_measured")])
             continue
         run = sd.runs[c.id]
         eng = f"{(run.get('engine_params') or {}).get('kind', '?')} {run.get('server', {}).get('version') or ''}".strip()

@@ -90,7 +90,9 @@ class Study(Strict):
                 where = ".".join(str(x) for x in first["loc"])
                 raise ValueError(f"configurations[{i}].engine.{where}: {first['msg']}") from None
         if self.device is not None:
-            named = [*(c for lane in self.device.lanes for c in lane), *self.device.all_gpus, *self.device.peers]
+            named = [*(c for lane in self.device.lanes for c in lane), *(c for g in self.device.groups for c in g),
+                     *self.device.all_gpus, *self.device.peers, *self.device.checks,
+                     *self.device.capacity]
             bad = sorted(set(named) - set(ids))
             if bad:
                 raise ValueError(f"device: unknown configuration(s) {bad}; have {ids}")

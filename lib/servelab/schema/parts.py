@@ -443,10 +443,28 @@ class DeviceParams(Strict):
                                    "on one GPU each; lanes run side by side (default: one lane of every configuration "
                                    "not in all_gpus)")
     all_gpus: list[str] = Field(default_factory=list, description="configurations that use every GPU, after the lanes")
+    groups: list[list[str]] = Field(default_factory=list, description="one GPU shared by several servers: each group's "
+                                    "servers start at once (port = engine.port + place in the group), then are measured "
+                                    "one at a time in this order, each stopped once measured; groups run one after "
+                                    "another (instead of lanes)")
     peers: dict[str, list[PeerRun]] = Field(default_factory=dict,
                                             description="configuration id -> peer tool runs on its server")
+    stagger_s: float = Field(0.0, ge=0, description="seconds between the starts of a group's servers (an engine "
+                             "that sizes its KV cache from the free memory it sees needs the others' allocations done)")
+    capacity: dict[str, list[str]] = Field(
+        default_factory=dict, description="configuration id -> `servelab capacity` options run on its server after its "
+        "workload (run folder <id>-capacity)")
+    checks: dict[str, list[Literal["quality", "speculative"]]] = Field(
+        default_factory=dict, description="configuration id -> real-weights checks run on its server instead of the "
+        "workload (scripts/device/real_checks.py: quality.json, speculative.jsonl)")
     site: dict[str, str] = Field(default_factory=dict, description="engine kind -> PYTHONPATH of its wheels on the "
                                  "device (engines whose pins differ need separate site folders)")
+
+    @model_validator(mode="after")
+    def _groups_or_lanes(self) -> "DeviceParams":
+        if self.groups and (self.lanes or self.all_gpus):
+            raise ValueError("device: groups replace lanes and all_gpus; give one or the other")
+        return self
 
 
 class Configuration(Strict):

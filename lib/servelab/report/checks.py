@@ -1,0 +1,207 @@
+"""What a GPU study measured beside its workloads (params `device:`), in the write-up: the
+real-weights checks (`device.checks`, scripts/device/real_checks.py) -- the fp8 KV cache quality
+check (each configuration's quality.json against its baseline's: identical outputs, first
+divergence, task score) and n-gram speculative decoding (speculative.jsonl: output tok/s and the
+deltas of vLLM's spec_decode counters per prompt set and concurrency) --, the capacity-at-SLO
+searches (`device.capacity`, run folders `<config>-capacity` with the search's result in
+run.json), and the device session's start-up times (study.json `device[].startup_s`).
+Pure functions of the published files."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ..runfolder import read_json
+from . import html as rh
+from .load import StudyData
+
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+
+
+def data_dir(sd: StudyData) -> Path:
+    return sd.root / "data" if (sd.root / "data").is_dir() else sd.root
+
+
+def quality_of(sd: StudyData, cid: str) -> dict[str, Any] | None:
+    p = data_dir(sd) / cid / "quality.json"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def speculative_of(sd: StudyData, cid: str) -> list[dict[str, Any]]:
+    p = data_dir(sd) / cid / "speculative.jsonl"
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+
+
+def checks_of(sd: StudyData, cid: str) -> list[str]:
+    """The check files a configuration published (its measurements when it ran no workload)."""
+    from ..runfolder import CHECK_FILES
+
+    return [f for f in CHECK_FILES if (data_dir(sd) / cid / f).exists()]
+
+
+def compare_quality(run_q: dict[str, Any], base_q: dict[str, Any]) -> dict[str, Any]:
+    """Greedy outputs of one configuration against its baseline's, prompt by prompt (same ids):
+    identical token ids, the first token index where they differ, and both task scores."""
+    base = {(p["set"], p["id"]): p for p in base_q["prompts"]}
+    pairs = [(p, base[(p["set"], p["id"])]) for p in run_q["prompts"] if (p["set"], p["id"]) in base]
+    diverged = []
+    for p, b in pairs:
+        a, c = p["output_token_ids"], b["output_token_ids"]
+        if a != c:
+            i = next((k for k, (x, y) in enumerate(zip(a, c)) if x != y), min(len(a), len(c)))
+            diverged.append({"id": p["id"], "set": p["set"], "token_index": i})
+    same = len(pairs) - len(diverged)
+    score = [run_q["score"]["correct"], run_q["score"]["total"]]
+    base_score = [base_q["score"]["correct"], base_q["score"]["total"]]
+    return {"measurable": bool(run_q.get("measurable") and base_q.get("measurable")), "identical": same,
+            "total": len(pairs), "identical_share": same / len(pairs) if pairs else float("nan"),
+            "first_divergence": diverged, "score": score, "baseline_score": base_score,
+            "changed": bool(diverged), "score_dropped": score[0] < base_score[0]}
+
+
+def _baseline(sd: StudyData, cid: str) -> str | None:
+    return next((c.baseline for c in sd.study.configurations if c.id == cid), None)
+
+
+def quality_section(sd: StudyData) -> tuple[str, Any | None]:
+    """The quality check of every configuration with a quality.json and a baseline that has one."""
+    w, labels = sd.w, sd.labels()
+    rows, notes = [], []
+    for c in sd.study.configurations:
+        q, base = quality_of(sd, c.id), _baseline(sd, c.id)
+        bq = quality_of(sd, base) if base else None
+        if q is None or bq is None:
+            continue
+        cmp = compare_quality(q, bq)
+        idx = [d["token_index"] for d in cmp["first_divergence"]]
+        rows.append([labels.get(c.id, c.id), labels.get(base, base), f"{cmp['identical']}/{cmp['total']}",
+                     cmp["identical_share"] * 100, statistics.median(idx) if idx else None, min(idx) if idx else None,
+                     f"{cmp['score'][0]}/{cmp['score'][1]}", f"{cmp['baseline_score'][0]}/{cmp['baseline_score'][1]}"])
+        notes += [w("checks.quality_diverged", label=labels.get(c.id, c.id),
+                    items=", ".join(f"{d['set']}/{d['id']} @{d['token_index']}" for d in cmp["first_divergence"]))
+                  ] if idx else []
+    if not rows:
+        return "", None
+    cols = w("checks.quality_columns")
+    t = pd.DataFrame(rows, columns=cols)
+    return w("checks.quality_text"), rh.table(t, w("checks.t_quality"), formats={cols[3]: "{:.0f}", cols[4]: "{:.0f}",
+                                                                               cols[5]: "{:.0f}"},
+                                              notes=[w("checks.quality_none")] + notes if t[cols[4]].isna().any()
+                                              else notes)
+
+
+def speculative_rows(sd: StudyData) -> pd.DataFrame:
+    """Per speculating configuration, prompt set and concurrency: tok/s without and with drafts
+    (the baseline's run of the same set), acceptance and mean accepted length (incl. the bonus token)."""
+    rows = []
+    for c in sd.study.configurations:
+        runs, base = speculative_of(sd, c.id), _baseline(sd, c.id)
+        ref = {(r["set"], r["concurrency"]): r for r in speculative_of(sd, base)} if base else {}
+        for r in runs:
+            k = r["counters"]
+            if not k.get(DRAFTS):
+                continue
+            b = ref.get((r["set"], r["concurrency"]))
+            per_pos = [k[p] / k[DRAFTS] for p in sorted((x for x in k if x.startswith("pos")), key=lambda x: int(x[3:]))]
+            rows.append({"config": c.id, "set": r["set"], "kind": r["kind"], "concurrency": r["concurrency"],
+                         "requests": r["requests"], "output_tokens": r["output_tokens"],
+                         "tps_without": b["output_tps"] if b else None, "tps_with": r["output_tps"],
+                         "speedup": r["output_tps"] / b["output_tps"] if b and b["output_tps"] else None,
+                         "acceptance": k.get(ACCEPTED, 0.0) / k[DRAFT_TOKENS] if k.get(DRAFT_TOKENS) else None,
+                         "mean_accepted_len": 1 + k.get(ACCEPTED, 0.0) / k[DRAFTS],
+                         "per_position": per_pos})
+    return pd.DataFrame(rows)
+
+
+def speculative_section(sd: StudyData) -> tuple[str, Any | None]:
+    df = speculative_rows(sd)
+    if df.empty:
+        return "", None
+    w = sd.w
+    cols = w("checks.spec_columns")
+    t = pd.DataFrame([[f"{r.set} ({w('checks.kind_' + str(r.kind))})", int(r.concurrency), int(r.requests),
+                       r.tps_without, r.tps_with, r.speedup, r.acceptance * 100 if r.acceptance is not None else None,
+                       r.mean_accepted_len, " / ".join(f"{x * 100:.0f}" for x in r.per_position)]
+                      for r in df.itertuples()], columns=cols)
+    return w("checks.spec_text"), rh.table(t, w("checks.t_spec"),
+                                           formats={cols[3]: "{:,.0f}", cols[4]: "{:,.0f}", cols[5]: "{:.2f}",
+                                                    cols[6]: "{:.1f}", cols[7]: "{:.2f}"})
+
+
+def capacity_runs(sd: StudyData) -> list[tuple[str, dict[str, Any]]]:
+    out = []
+    for c in sd.study.configurations:
+        p = data_dir(sd) / f"{c.id}-capacity" / "run.json"
+        if p.exists():
+            out.append((c.id, read_json(p)))
+    return out
+
+
+def capacity_section(sd: StudyData) -> tuple[str, Any | None]:
+    """The capacity-at-SLO search of each configuration that had one: the highest load meeting the SLO."""
+    w, labels = sd.w, sd.labels()
+    rows = []
+    for cid, run in capacity_runs(sd):
+        cap = run.get("capacity") or {}
+        res = cap.get("result") or {}
+        if not res:
+            continue
+        lo, hi = (res.get("bracket") or [None, None])[:2]
+        rows.append([labels.get(cid, cid), sd.engine_params(cid).get("kind") if cid in sd.folders else None,
+                     res.get("capacity"), hi, res.get("output_tps"), res.get("in_flight"), res.get("binding") or "–",
+                     int(res.get("trials") or 0), run.get("status")])
+    if not rows:
+        return "", None
+    cols = w("checks.capacity_columns")
+    spec = capacity_runs(sd)[0][1]["capacity"]
+    shape = spec.get("shape") or {}
+    text = w("checks.capacity_text", axis=spec["spec"]["axis"], terms=", ".join(
+        f"{k} ≤ {v:g}" for k, v in (spec.get("targets") or {}).items() if isinstance(v, (int, float))),
+        duration=shape.get("duration_s"))
+    t = pd.DataFrame(rows, columns=cols)
+    return text, rh.table(t, w("checks.t_capacity"), formats={cols[2]: "{:g}", cols[3]: "{:g}", cols[4]: "{:,.0f}",
+                                                             cols[5]: "{:.1f}"},
+                          notes={rh.MISSING: w("checks.capacity_missing")} if t.isna().to_numpy().any() else None)
+
+
+def startup_table(sd: StudyData) -> Any | None:
+    """Seconds from `servelab serve` to a healthy server, per configuration, from the device sessions."""
+    w, labels = sd.w, sd.labels()
+    rows = []
+    for d in sd.meta.get("device") or []:
+        groups = d.get("startup_group") or {}  # configuration -> number of the group it started with
+        for cid, s in (d.get("startup_s") or {}).items():
+            g = groups.get(cid)
+            together = w("checks.group", n=g, k=sum(1 for x in groups.values() if x == g)) if g else rh.MISSING
+            rows.append([labels.get(cid, cid), d.get("date"), s, together])
+    if not rows:
+        return None
+    cols = w("checks.startup_columns")
+    alone = {rh.MISSING: w("checks.startup_alone")} if any(r[3] == rh.MISSING for r in rows) else {}
+    return rh.table(pd.DataFrame(rows, columns=cols), w("checks.t_startup"), formats={cols[2]: "{:.0f}"},
+                    notes={cols[2]: w("checks.startup_note"), **alone})
+
+
+def sections(sd: StudyData) -> list[Any]:
+    """The write-up's part for these measurements: heading, text and table of each that has data
+    (nothing for a study without `device.checks`, `device.capacity` or recorded start-up times)."""
+    from IPython.display import Markdown
+
+    from .sections import anchor
+
+    out: list[Any] = []
+    for key, (text, table) in (("checks.capacity", capacity_section(sd)), ("checks.quality", quality_section(sd)),
+                               ("checks.speculative", speculative_section(sd))):
+        if table is not None:
+            out += [Markdown(f"{anchor(key.replace('.', '-'), sd.w(key))}\n\n{text}"), table]
+    st = startup_table(sd)
+    if st is not None:
+        out.append(st)
+    return out
