@@ -194,7 +194,7 @@ def sections(sd: StudyData) -> list[Any]:
     (nothing for a study without `device.checks`, `device.capacity` or recorded start-up times)."""
     from IPython.display import Markdown
 
-    from .sections import anchor
+    from .fmt import anchor
 
     out: list[Any] = []
     for key, (text, table) in (("checks.capacity", capacity_section(sd)), ("checks.quality", quality_section(sd)),
