@@ -87,7 +87,12 @@ def _bucket_of(sd: StudyData, cid: str) -> dict[str, int]:
     cap = (run.get("capacity") or {}).get("bucket")
     buckets = sd.study.workload_for(cid).buckets
     b = next((x for x in buckets if x.label == cap), buckets[0])
-    return {"input_tokens": b.input_tokens, "output_tokens": b.output_tokens, "label": b.label}
+    n_in = b.input_tokens
+    if n_in is None:  # a prompt set or a trace: the prompts' achieved length (median over the bucket's records)
+        recs = sd.folders[cid].records
+        got = recs.loc[recs["bucket"] == b.label, "prompt_tokens"].dropna() if "bucket" in recs else recs.iloc[0:0]
+        n_in = int(got.median()) if len(got) else None
+    return {"input_tokens": n_in, "output_tokens": b.output_tokens, "label": b.label}
 
 
 def prediction_frame(sd: StudyData) -> pd.DataFrame:
@@ -96,6 +101,8 @@ def prediction_frame(sd: StudyData) -> pd.DataFrame:
     fits = prefill_fits(sd)
     for cid in sd.config_ids:
         b = _bucket_of(sd, cid)
+        if b["input_tokens"] is None or b["output_tokens"] is None:
+            continue  # no length to predict for
         pred, src = prediction_for(sd.runs[cid], b, sd.study.slo)
         if pred is None:
             continue
