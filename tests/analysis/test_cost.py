@@ -4,7 +4,6 @@ month, 104 / 297 / 358.4 tok/s, Fireworks 0.22 / 0.66) and the default study's m
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pandas as pd
 import pytest

@@ -4,8 +4,6 @@ of the same study on this machine."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
 import pytest
 

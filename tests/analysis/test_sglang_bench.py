@@ -15,7 +15,6 @@ few keys. Its summary numbers were computed from the details as `calculate_metri
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest

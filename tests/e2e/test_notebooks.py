@@ -5,8 +5,6 @@ they would start, diagnose and the write-up explore the published default study.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import jupytext
 import pytest
 from nbclient import NotebookClient

@@ -10,7 +10,6 @@ import shutil
 import uuid
 import subprocess
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest

@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 from paths import ROOT

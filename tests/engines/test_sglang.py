@@ -8,7 +8,6 @@ of servelab's unique cache_salt, read from the committed data of that study."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import httpx
 import pandas as pd

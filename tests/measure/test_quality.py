@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
-
 
 from servelab.analysis.quality import compare
 from servelab.measure.quality import DUMMY_REASON, normalize, run_quality, score_answer, selected_prompts

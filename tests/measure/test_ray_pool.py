@@ -226,7 +226,6 @@ def test_workers_spec_forms():
 
 def test_params_file_with_ray_workers_validates():
     import copy
-    from pathlib import Path
 
     import yaml
 

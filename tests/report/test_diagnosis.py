@@ -3,8 +3,6 @@ and the roofline bound the report shows, so they agree with the tables beside th
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from servelab.report import diagnosis as dg

@@ -4,8 +4,6 @@ says quality is not measurable for dummy weights instead of a reassuring 100 %."
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from servelab.report import load_study_data

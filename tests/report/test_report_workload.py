@@ -3,8 +3,6 @@ stay byte-identical), present with asked-vs-measured hit rates for the example s
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from servelab.analysis.cache import cache_levels

@@ -554,7 +554,6 @@ def test_plans_call_no_aws():
 
 
 def test_plan_lines_only_for_an_aws_host():
-    from pathlib import Path
 
     from servelab.schema import load_study
 
@@ -565,7 +564,6 @@ def test_plan_lines_only_for_an_aws_host():
 # -- the deadline AWS enforces, through the pipeline's AwsHost -----------------------------------
 def _seed001_on(region: str, tmp_path, monkeypatch, **aws_kw):
     """Seed 001's study pointed at build_stack's names in `region` (no CloudFormation stack)."""
-    from pathlib import Path
 
     import yaml
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import contextlib
 
-from pathlib import Path
-
 import pytest
 import yaml
 

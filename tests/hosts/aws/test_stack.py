@@ -643,7 +643,6 @@ def test_aws_host_creates_the_study_stack_and_arms_the_deadline_on_its_group(aws
     """host.aws.stack: AwsHost ups the stack first and takes cluster, service and group from its
     outputs; the deadline lands on the stack's group. (moto cannot run the awsvpc engine task,
     so the start itself stops at the deadline; tests/hosts/aws/test_ecs.py drives a whole start on build_stack.)"""
-    from pathlib import Path
 
     import yaml
 

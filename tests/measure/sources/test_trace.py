@@ -4,8 +4,6 @@ reference server (schedule lag), Gamma and ramp-up arrivals."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
