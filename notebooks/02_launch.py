@@ -31,6 +31,7 @@ resume = False  # (benchmark only) continue an interrupted run
 start = False  # start the engine (servelab run sets it); False: show the command only
 
 # %%
+from IPython.display import display
 from servelab import stages
 from servelab.paths import resolve
 from servelab.plan import load_plan

@@ -31,6 +31,7 @@ resume = False  # continue an interrupted run from its first incomplete level
 start = False  # send the load (servelab run sets it); False: show the plan only
 
 # %%
+from IPython.display import display
 from servelab import stages
 from servelab.paths import resolve
 from servelab.plan import load_plan

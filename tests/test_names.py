@@ -10,8 +10,8 @@ import io
 import re
 import tokenize
 from pathlib import Path
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 LIB = ROOT / "lib" / "servelab"
 NAME = re.compile(r"\bservelab(?:\.[A-Za-z_]\w*)+")
 

@@ -13,8 +13,8 @@ import yaml
 from servelab.cli import main
 from servelab.preflight import check_study, preflight
 from servelab.schema import ParamsError, load_study, study_from_dict
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 LOCAL = yaml.safe_load((ROOT / "params" / "local-cpu-kv.yaml").read_text())
 
 

@@ -12,8 +12,8 @@ import yaml
 from servelab import secrets
 from servelab.hosts.aws import AwsHost
 from servelab.schema import load_study
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 ENV_KEY, ENV_SECRET, ENV_TOKEN = "AKIAENVEXAMPLE000001", "env/Secret+Key/0000000000000001", "IQoJenvSessionToken0001"
 PROFILE_KEY, PROFILE_SECRET = "AKIAPROFILEEXAMPLE01", "profile/Secret+Key/000000000001"
 

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 LIB = ROOT / "lib" / "servelab"
 MAX_LINES = 500
 

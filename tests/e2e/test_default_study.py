@@ -1,0 +1,41 @@
+"""The default study (params/local-cpu.yaml) on the real model: it validates, and its dry run
+prints the four launch commands that differ by exactly one lever from the eager baseline."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+
+from servelab.schema import load_study
+from paths import ROOT
+
+
+
+def _dry_run() -> dict[str, list[str]]:
+    """{config id: launch command words} from `servelab run --dry-run` ("[id] launch: python ...")."""
+    r = subprocess.run([sys.executable, "-m", "servelab.cli", "run", "params/local-cpu.yaml", "--dry-run"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    found = (re.match(r"^\[(?P<cid>[\w-]+)\] launch: (?P<cmd>.*)$", ln) for ln in r.stdout.splitlines())
+    return {m["cid"]: shlex.split(m["cmd"]) for m in found if m}
+
+
+def test_the_default_study_is_the_real_model_one_change_at_a_time():
+    s = load_study(ROOT / "params" / "local-cpu.yaml")
+    assert s.engine.model.preset == "smollm2-135m"
+    assert [c.id for c in s.configurations] == ["eager", "compiled", "ngram", "budget"]
+    assert {b.prompt_set for b in s.workload.buckets} == {"rewrite", "code"}
+    assert s.translations == ["ja"]
+
+
+def test_dry_run_prints_the_compiled_and_ngram_launch_commands():
+    cmds = _dry_run()
+    assert set(cmds) == {"eager", "compiled", "ngram", "budget"}, cmds
+    assert "--enforce-eager" in cmds["eager"] and "--enforce-eager" not in cmds["compiled"]
+    spec = cmds["ngram"][cmds["ngram"].index("--speculative-config") + 1]
+    assert '"method":"ngram"' in spec.replace(" ", "") and '"num_speculative_tokens":4' in spec.replace(" ", "")
+    assert cmds["budget"][cmds["budget"].index("--max-num-batched-tokens") + 1] == "128"
+    base = set(cmds["eager"])
+    assert set(cmds["compiled"]) == base - {"--enforce-eager"}  # nothing else differs

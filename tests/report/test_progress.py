@@ -1,0 +1,44 @@
+"""report.progress: the headline says where a change matters and where it does nothing (per level,
+beyond noise), in both languages with the grammar right; the progression table's outputs column
+says quality is not measurable for dummy weights instead of a reassuring 100 %."""
+
+from __future__ import annotations
+
+import pytest
+
+from servelab.report import load_study_data
+from servelab.report import progress
+from paths import ROOT
+
+
+
+@pytest.fixture(scope="module")
+def kv():
+    return load_study_data(ROOT / "reports" / "local-cpu-kv")
+
+
+def test_headline_names_the_three_levels_where_the_tight_cache_matters(kv):
+    h = progress.headline(kv)
+    line = next(x for x in h.splitlines() if "3 of 9 levels" in x)
+    assert ("in512-out128 at 16 requests in flight -29.7 %; in2048-out128 at 4 requests in flight -20.0 %; "
+            "in2048-out128 at 16 requests in flight -38.9 %") in line
+    assert "On the other 6 it does nothing measurable (largest change there +17.2 %)" in line
+    assert "±18.6 %" in line and "2 rounds per level" in line
+    assert "median over" not in h
+
+
+def test_headline_grammar_in_both_languages(kv):
+    en, ja = progress.headline(kv), progress.headline(kv.with_language("ja"))
+    assert "1 requests" not in en and " in flight" in en
+    assert progress.in_flight(kv, 1) == "1 request in flight" and progress.in_flight(kv, 4) == "4 requests in flight"
+    assert "9 レベル中 3 レベル" in ja and "in2048-out128・並列数 4 で -20.0 %" in ja
+    assert "requests" not in ja and "in flight" not in ja
+
+
+def test_quality_column_says_not_measurable_for_dummy_weights(kv):
+    assert not progress.real_weights(kv, "kv-tight")
+    assert progress.quality_cell(kv, "kv-tight", "roomy") == "not measurable: dummy weights"
+    html = progress.progression_table(kv).data  # an IPython HTML object
+    assert "not measurable: dummy weights" in html and "100 %" not in html
+    assert "3 of 9" in html
+    assert "ダミー重み" in progress.quality_cell(kv.with_language("ja"), "kv-tight", "roomy")
