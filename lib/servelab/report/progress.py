@@ -118,7 +118,9 @@ def effects(sd: StudyData) -> pd.DataFrame:
     floor, _ = run_noise(sd)
     aa = repeats(sd)
     changes = {c: b for c, b in baselines(sd).items() if c not in aa}
-    return level_effects(sd.summary, sd.rounds, changes, run_noise_pct=floor)
+    eff = level_effects(sd.summary, sd.rounds, changes, run_noise_pct=floor)
+    # open-loop trials of a capacity search share no (bucket, concurrency) level with their baseline
+    return eff.dropna(subset=["change_pct"]) if "change_pct" in eff else eff
 
 
 # -- quality -------------------------------------------------------------------------------------
@@ -238,6 +240,7 @@ MAX_HEADLINE_CHANGES = 3
 def headline_changes(eff: pd.DataFrame) -> list[str]:
     """The changes the headline tells, in study order: all when there are at most
     `MAX_HEADLINE_CHANGES`, else those with the largest effect where they matter."""
+    eff = eff.dropna(subset=["change_pct"])  # open-loop trials (a capacity search) share no level
     order = list(dict.fromkeys(eff["config"]))
     if len(order) <= MAX_HEADLINE_CHANGES:
         return order

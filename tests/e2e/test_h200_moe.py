@@ -16,7 +16,7 @@ from servelab.models.presets import PRESETS
 from servelab.report import load_study_data
 from servelab.report.checks import compare_quality, quality_of, speculative_rows
 
-ROOT = Path(__file__).resolve().parents[1]
+from paths import ROOT  # noqa: E402
 FIX = ROOT / "tests" / "fixtures" / "h200-moe"
 DATA = ROOT / "reports" / "h200-moe" / "data"
 GIB = 1 << 30
