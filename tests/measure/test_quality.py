@@ -110,3 +110,19 @@ def test_a_quality_check_that_cannot_reach_the_server_is_recorded_not_raised(tmp
     q = stages.quality(plan_study(study)[cid], tmp_path)
     assert q["measurable"] is False and q["reason"].startswith("the quality check failed: ")
     assert json.loads((tmp_path / "quality.json").read_text())["reason"] == q["reason"]
+
+
+def test_the_published_default_study_flags_compiled_mode_changing_real_answers():
+    # real runs (reports/local-cpu, measured on vLLM CPU 0.32 with SmolLM2-135M-Instruct): torch.compile
+    # changed greedy answers from the first token on; the batch-token budget changed none
+    from paths import ROOT
+
+    data = ROOT / "reports" / "local-cpu" / "data"
+    eager, compiled, budget = (json.loads((data / c / "quality.json").read_text()) for c in ("eager", "compiled", "budget"))
+    c = compare(compiled, eager)
+    assert c["changed"] and c["score_dropped"] and c["score"] == [10, 16] and c["baseline_score"] == [12, 16]
+    assert {"id": "capital-france", "set": "quality", "token_index": 0} in c["first_divergence"]
+    france = {p["id"]: p for p in eager["prompts"]}["capital-france"]
+    assert "Paris" in france["output_text"] and france["correct"] is True
+    same = compare(budget, eager)
+    assert not same["changed"] and same["identical"] == same["total"] == 18
