@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .cache import move_into_place
 from ..paths import cache_root
 from .gguf import GGUF_PRESETS, make_gguf_model
 from .presets import (BOS_TOKEN, CHAT_TEMPLATE, CORPUS_BUDGET_BYTES, EOS_TEXT_TOKEN, EOT_TOKEN, PAD_TOKEN,
@@ -278,12 +279,7 @@ def make_model(preset: str, root: Path | None = None, *, force: bool = False) ->
             if not force and _is_finished(final):  # another process won the race
                 shutil.rmtree(tmp)
                 return final
-            trash = Path(tempfile.mkdtemp(prefix=f".old-{final.name}-", dir=root))
-            os.rename(final, trash / "d")
-            os.rename(tmp, final)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
+        move_into_place(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

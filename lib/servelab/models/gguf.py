@@ -22,6 +22,7 @@ from importlib import metadata
 from pathlib import Path
 
 from ..errors import ServelabError
+from .cache import move_into_place
 from typing import Any
 
 GGUF_RECIPE_VERSION = "gguf-1"
@@ -160,13 +161,7 @@ def make_gguf_model(preset: str, root: Path, *, force: bool = False) -> Path:
         for f in tmp.iterdir():
             os.chmod(f, 0o644)  # save_pretrained may write 0600 files; the cache is shared
         os.chmod(tmp, 0o755)
-        if final.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".old-{final.name}-", dir=final.parent))
-            os.rename(final, trash / "d")
-            os.rename(tmp, final)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.rename(tmp, final)
+        move_into_place(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
