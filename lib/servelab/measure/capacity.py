@@ -21,7 +21,7 @@ from ..hosts.base import Server
 from ..runfolder import LEVELS, RECORDS, RunFolder, read_jsonl
 from ..schema import Workload
 from .grid import make_sources
-from .runner import Level, LevelRunner, finalize, prepare_resume, server_counter
+from .runner import Level, LevelRunner, finalize, open_run_folder, server_counter
 from .slo_search import SearchSpec, Targets, Trial, result, state
 from .rounds import run_sync
 
@@ -140,13 +140,7 @@ def run_capacity(server: Server, wl: Workload, run_dir: Path, spec: SearchSpec, 
     Raises FileExistsError when the folder has records and `resume` is off."""
     shape = shape or TrialShape()
     log = log or (lambda m: print(f"[servelab] {m}", file=sys.stderr, flush=True))
-    rf = RunFolder(run_dir)
-    rs = None
-    if rf.exists(RECORDS):
-        if not resume:
-            raise FileExistsError(f"{rf / RECORDS} exists: runs are immutable; remove the folder or use --resume")
-        rs = prepare_resume(rf.path)
-    rf.path.mkdir(parents=True, exist_ok=True)
+    rf, rs = open_run_folder(run_dir, resume)
     wl1 = trial_workload(wl, spec, shape, spec.snap(spec.start))
     counter = server_counter(server, wl1, warn=log)
     sources = make_sources(server, wl1, warn=log, counter=counter)

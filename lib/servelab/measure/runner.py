@@ -375,6 +375,20 @@ class LevelRunner:
                 await self._stop_samplers()
 
 
+def open_run_folder(run_dir: Path, resume: bool) -> tuple[RunFolder, ResumeState | None]:
+    """The run folder to write, created if new; with `resume`, an existing one prepared to continue
+    (`prepare_resume`). Raises FileExistsError for an existing run without `resume` (runs are
+    immutable)."""
+    rf, state = RunFolder(run_dir), None
+    if rf.exists(RECORDS):
+        if not resume:
+            raise FileExistsError(f"{rf / RECORDS} exists: runs are immutable; remove the folder, use a new id "
+                                  "or --resume")
+        state = prepare_resume(rf.path)
+    rf.path.mkdir(parents=True, exist_ok=True)
+    return rf, state
+
+
 def run_workload(server: Server, wl: Workload, run_dir: Path, *, study: str, config_id: str,
                  record: dict[str, Any], progress: bool = True, metrics_interval_s: float | None = None,
                  log: Callable[[str], None] | None = None, resume: bool = False,
@@ -389,13 +403,7 @@ def run_workload(server: Server, wl: Workload, run_dir: Path, *, study: str, con
     if metrics_interval_s is None:
         metrics_interval_s = wl.metrics_interval_s
     log = log or (lambda m: print(f"[servelab] {m}", file=sys.stderr, flush=True))
-    rf = RunFolder(run_dir)
-    state = None
-    if rf.exists(RECORDS):
-        if not resume:
-            raise FileExistsError(f"{rf / RECORDS} exists: runs are immutable; remove the folder or use a new id")
-        state = prepare_resume(rf.path)
-    rf.path.mkdir(parents=True, exist_ok=True)
+    rf, state = open_run_folder(run_dir, resume)
     counter = server_counter(server, wl, warn=log)
     sources = make_sources(server, wl, warn=log, counter=counter)
     cal = {k: v.calibration() for k, v in sources.items()}
