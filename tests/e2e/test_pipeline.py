@@ -88,9 +88,9 @@ def test_report_rerenders_from_data_alone(study_run):
     r = _servelab("report", "local-cpu-kv", env=env)  # (`report --all` is the README's, tests/e2e/test_readme.py)
     assert r.returncode == 0, r.stderr[-2000:]
     after = report.load_study_data(pub)
-    from servelab.report import sections
+    from servelab.report import progress
 
-    pd.testing.assert_frame_equal(sections.effects(before), sections.effects(after))
+    pd.testing.assert_frame_equal(progress.effects(before), progress.effects(after))
     assert "kv-tight" in (pub / "index.html").read_text()
 
 
