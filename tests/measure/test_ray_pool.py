@@ -278,7 +278,7 @@ def test_fault_matrix_over_ray_workers_with_one_killed_mid_round(ray_cluster, re
     the killed worker's in-flight ones, worker_lost; nothing counted twice."""
     from collections import Counter
 
-    from test_fault_scale import CLASS, MIX
+    from test_runner_fault_scale import CLASS, MIX
 
     s = refserver(ttft_s=0.01, itl_s=0.02, fault_mix=MIX)  # ~0.3 s per clean request
     wl = _wl(buckets=[Bucket(input_tokens=20, output_tokens=16)], concurrency=[16], rounds=3, requests_per_round=2,
