@@ -15,13 +15,6 @@ from pathlib import Path
 EXIT_FAIL = 1
 
 
-def _ints(s: str) -> list[int]:
-    try:
-        return [int(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}") from None
-
-
 def spec_from_args(a: argparse.Namespace):  # -> (SearchSpec, Targets, TrialShape)
     from .measure.capacity import TrialShape
     from .measure.slo_search import SearchSpec, Targets
