@@ -217,6 +217,17 @@ def test_table_number_formats():
     assert lint.lint_text(h.data) == []
 
 
+def test_quotations_are_marked_english_on_a_japanese_page_only():
+    msg = "ValueError: To serve at least one request with the model's max seq len (4096) <x>"
+    df = pd.DataFrame({"why": [rhtml.quote_cell(msg, "ja")], "en": [rhtml.quote_cell(msg, "en")]})
+    h = rhtml.table(df, "quoted")
+    tds = re.findall(r"<td[^>]*>(.*?)</td>", h.data)
+    assert tds[0].startswith('<span lang="en">ValueError: To serve') and tds[0].endswith("&lt;x&gt;</span>")
+    assert "lang=" not in tds[1] and "&lt;x&gt;" in tds[1]  # an English page: as is
+    assert rhtml.quote_md("p5en $63.30/h", "ja") == '<span lang="en">p5en $63.30/h</span>'
+    assert rhtml.quote_md("p5en $63.30/h", "en") == "p5en $63.30/h" and rhtml.quote_md(None, "ja") is None
+
+
 def test_table_formats_override_and_no_index():
     df = pd.DataFrame({"TTFT p50 (ms)": [29.4, 1304.0], "Δ %": [17.2, -38.94], "n": [1.0, 16.0]})
     h = rhtml.table(df, "c", formats={"TTFT p50 (ms)": "{:,.0f}", "Δ %": "{:+.1f}"})

@@ -69,6 +69,8 @@ def ttft_grows_with_prompt(s: pd.DataFrame, fit: Mapping[str, Any] | None) -> Fi
             ev.append(Phrase("ttft_prompt.fit_with_se", {**fitted, "prefill_tps_se": f["prefill_tps_se"]}))
         else:
             ev.append(Phrase("ttft_prompt.fit", fitted))
+    elif math.isfinite(to_float(f.get("slope_s_per_token"))) and float(f["slope_s_per_token"]) <= 0:
+        ev.append(Phrase("ttft_prompt.no_slope"))
     elif f.get("note"):
         ev.append(Phrase("note", {"note": f["note"]}))
     if has_se and not sig:

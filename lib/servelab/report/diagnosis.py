@@ -134,7 +134,7 @@ def _hardware_words(sd: StudyData, h: dict[str, Any]) -> tuple[str, str]:
     (`local_cpu_entry`) in the page's language."""
     m = h.get("measured")
     if not m:
-        return h["name"], h.get("source", "")
+        return h["name"], rh.quote_cell(h.get("source", ""), sd.language)  # the datasheet's words
     return (sd.w("roofline.local_cpu_name", model=m.get("cpu_model") or "unknown", cores=m.get("cpu_count")),
             sd.w("roofline.local_cpu_source", array_bytes=m.get("array_bytes"), matmul_n=m.get("matmul_n")))
 

@@ -60,6 +60,25 @@ def _esc(s: Any) -> str:
     return _html.escape(str(s), quote=True)
 
 
+class Verbatim(str):
+    """Text quoted as written (an engine's error message, a source's own words), English whatever
+    the page's language: a table cell shows it inside lang="en", so a reader's tools (and the
+    Japanese-page check) know it is a quotation, not an untranslated phrase."""
+
+    def __html__(self) -> str:
+        return f'<span lang="en">{_esc(str(self))}</span>'
+
+
+def quote_cell(text: Any, language: str) -> Any:
+    """A table cell quoting English text on a page in `language` (as is on an English page)."""
+    return Verbatim(text) if language != "en" and isinstance(text, str) and text else text
+
+
+def quote_md(text: Any, language: str) -> Any:
+    """The same for Markdown text: inline HTML that marks the quotation on a non-English page."""
+    return Verbatim(text).__html__() if language != "en" and isinstance(text, str) and text else text
+
+
 def is_missing(v: Any) -> bool:
     if v is None:
         return True

@@ -102,9 +102,11 @@ def cost_section(sd: StudyData) -> tuple[str, Any]:
     price = study_price(sd.study, use_api=False)
     managed = resolve_managed(sd.study.cost.managed)
     shares = sorted({s for s in t.get("gpu_share", []) if s})
-    text = sd.w("cost.instance", instance=price.instance_type, region=price.region, price=price.label(),
+    text = sd.w("cost.instance", instance=price.instance_type, region=price.region,
+                price=rh.quote_md(price.label(), sd.language),
                 share=sd.w("cost.gpu_share", shares=", ".join(shares)) if shares else "",
-                managed="; ".join(m.label() for m in managed.values()), hours=sd.study.cost.hours_per_month)
+                managed="; ".join(rh.quote_md(m.label(), sd.language) for m in managed.values()),
+                hours=sd.study.cost.hours_per_month)
     return text, rh.table(view, sd.w("cost.caption"), formats=fm)
 
 

@@ -100,8 +100,9 @@ def definitions_table(sd: StudyData) -> Any:
 def devices_text(sd: StudyData) -> str:
     lines = []
     for d in sd.meta.get("device") or []:
-        lines.append("- " + sd.w("setup.device", kind=d.get("kind"), machine=d.get("machine"), date=d.get("date"),
-                                 minutes=f"{d.get('held_s', 0) / 60:.1f}", configs=d.get("configurations") or "–"))
+        lines.append("- " + sd.w("setup.device", kind=d.get("kind"), machine=rh.quote_md(d.get("machine"), sd.language),
+                                 date=d.get("date"), minutes=f"{d.get('held_s', 0) / 60:.1f}",
+                                 configs=rh.quote_md(d.get("configurations"), sd.language) or "–"))
     return "\n".join(lines)
 
 
