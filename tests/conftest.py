@@ -97,3 +97,17 @@ def vllm_engine(cpu_model_dir, tmp_path_factory):
     eng = start_engine(cpu_model_dir, tmp_path_factory.mktemp("vllm"), ENGINE_PORT)
     yield eng
     eng.stop()
+
+
+@pytest.fixture(scope="session")
+def readme_commands(tmp_path_factory):
+    """The README's "Using it" block, run once for the session as a new user types it (it starts
+    the KV study's engine, renders every published study): (folder of its runs and reports, the
+    pages after each `servelab report` line). tests/e2e/test_readme.py checks the commands,
+    tests/e2e/test_published.py that every re-rendered page is the committed one."""
+    import readme
+
+    base = tmp_path_factory.mktemp("readme")
+    env = readme.environment(base)
+    return base, readme.run_lines(readme.block("readme-commands"), env)
+

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import shlex
 import shutil
 import signal
@@ -86,11 +87,21 @@ def _kernel_manager_class() -> Any:
     """A kernel manager on IPC sockets: the kernel and papermill talk through files in the
     runtime folder, not TCP on localhost (and the kernel's 'running over TCP without
     encryption' warning does not reach the terminal)."""
+    import tempfile
+    import uuid
+
     from jupyter_client.manager import AsyncKernelManager
-    from traitlets import CaselessStrEnum
+    from traitlets import CaselessStrEnum, default
 
     class IpcKernelManager(AsyncKernelManager):
         transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc", config=True)
+
+        @default("ip")
+        def _ip_default(self) -> str:
+            # jupyter_client's default is `kernel-ipc` in the working folder, numbered by the first
+            # free file: two processes starting kernels at once (`report --all`, two runs in one
+            # checkout) took the same sockets ("Invalid Signature"). One unique prefix per kernel.
+            return str(Path(tempfile.gettempdir()) / f"servelab-kernel-{uuid.uuid4().hex[:16]}")
 
     return IpcKernelManager
 
@@ -352,9 +363,10 @@ def publish(study_id: str, run_root: Path, *, force: bool = False) -> Path:
     return pub / "index.html"
 
 
-def render(study_id: str, keep_dir: Path | None = None) -> Path:
+def render(study_id: str, keep_dir: Path | None = None, *, index: bool = True) -> Path:
     """Execute the write-up on reports/<study>/data and write index.html (inputs hidden), plus
-    index.<lang>.html for each of the study's `translations`, linked to each other.
+    index.<lang>.html for each of the study's `translations`, linked to each other; then
+    reports/index.html (unless `index` is false: `render_reports` writes it once).
 
     The executed notebooks are kept in `keep_dir` when given (nbval checks them), else discarded.
     """
@@ -383,7 +395,8 @@ def render(study_id: str, keep_dir: Path | None = None) -> Path:
             alternate = {"href": pages[other], "label": words(lang)("page.other_language")} if other else None
             notebook_to_html(nb, pub / page, title=study.in_language(lang).title, language=lang, alternate=alternate,
                              scrub=scrub)
-    write_index(reports_root())
+    if index:
+        write_index(reports_root())
     _log(f"report {pub / 'index.html'} rendered in {time.monotonic() - t0:.1f} s"
          + (f" (+ {', '.join(list(pages.values())[1:])})" if len(pages) > 1 else ""))
     return pub / "index.html"
@@ -395,6 +408,17 @@ def render_reports(study_id: str | None) -> int:
     if not ids:
         _log(f"no published study under {root}")
         return 1
-    for s in ids:
-        render(s)
+    if len(ids) == 1:
+        render(ids[0])
+        return 0
+    # each study renders in its own process (a write-up is one busy core: pandas, matplotlib),
+    # as many at once as there are cores; reports/index.html is written once, after all of them
+    from concurrent.futures import ProcessPoolExecutor
+
+    from .report.index import write_index
+
+    with ProcessPoolExecutor(min(len(ids), os.cpu_count() or 1)) as pool:
+        for f in [pool.submit(render, s, index=False) for s in ids]:
+            f.result()
+    write_index(root)
     return 0

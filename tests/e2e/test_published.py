@@ -1,16 +1,12 @@
 """Published reports: they re-render from their committed data alone (no server, no GPU),
-byte for byte (twice in a row: a re-render of unchanged data leaves git clean); the page lint
+byte for byte (`servelab report --all`, and the KV study's page twice in two processes: a
+re-render of unchanged data leaves git clean); the page lint
 finds nothing (no NaN/None/'rows ×'/'…' cells, no scientific notation, no index column, every
 table and figure captioned, no external resource); every image loads in Chromium; the default
 study publishes English and Japanese pages linked to each other."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -23,26 +19,21 @@ PAGES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "reports").glob("*/inde
 pytestmark = pytest.mark.notebooks
 
 
-def _render(study: str, reports: Path) -> None:
-    env = {**os.environ, "SERVELAB_REPORTS": str(reports)}
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "report", study], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-
-
+@pytest.mark.engine  # the session's run of the README's "Using it" block starts the KV study's engine
 @pytest.mark.parametrize("study", PUBLISHED)
-def test_rerender_is_byte_identical_to_the_committed_page(study, tmp_path):
-    shutil.copytree(ROOT / "reports" / study, tmp_path / study)
+def test_rerender_is_byte_identical_to_the_committed_page(study, readme_commands):
+    """`servelab report --all` (the README's line, every study rendered in its own process beside
+    the others) writes each committed page again byte for byte; the KV study's page is also
+    rendered alone before it (tests/e2e/test_readme.py: the same bytes both times)."""
+    from readme import REPORT_ALL
+
+    _, after = readme_commands
+    rendered = after[REPORT_ALL]
     pages = sorted(p.name for p in (ROOT / "reports" / study).glob("index*.html"))
+    assert pages
     for p in pages:
-        (tmp_path / study / p).unlink()
-    _render(study, tmp_path)
-    first = {p: (tmp_path / study / p).read_bytes() for p in pages}
-    if study in ("local-cpu-kv", "h200-llama8b-vllm"):  # a second render in another process (the others: once)
-        _render(study, tmp_path)
-    for p in pages:
-        assert (tmp_path / study / p).read_bytes() == first[p], f"{p} changed between two renders"
-        assert first[p] == (ROOT / "reports" / study / p).read_bytes(), f"{p} differs from the committed page"
+        assert rendered[f"{study}/{p}"] == (ROOT / "reports" / study / p).read_bytes(), \
+            f"{study}/{p} differs from the committed page"
 
 
 def test_both_studies_are_published():

@@ -134,7 +134,7 @@ def _hardware_words(sd: StudyData, h: dict[str, Any]) -> tuple[str, str]:
     (`local_cpu_entry`) in the page's language."""
     m = h.get("measured")
     if not m:
-        return h["name"], rh.quote_cell(h.get("source", ""), sd.language)  # the datasheet's words
+        return h["name"], h.get("source", "")
     return (sd.w("roofline.local_cpu_name", model=m.get("cpu_model") or "unknown", cores=m.get("cpu_count")),
             sd.w("roofline.local_cpu_source", array_bytes=m.get("array_bytes"), matmul_n=m.get("matmul_n")))
 
@@ -154,7 +154,8 @@ def roofline_tables(sd: StudyData) -> tuple[Any, Any]:
         name, source = _hardware_words(sd, h)
         hrows.append([name, h["memory_bandwidth_Bps"] / 1e12,
                       (h.get("bf16_dense_flops") or h.get("peak_flops") or math.nan) / 1e12,
-                      f"{source} ({h.get('as_of', '')})"])
+                      rh.quote_cell(f"{source} ({h.get('as_of', '')})", sd.language) if not h.get("measured")
+                      else f"{source} ({h.get('as_of', '')})"])  # a datasheet's own words, quoted
     hw_t = rh.table(pd.DataFrame(hrows, columns=hcols), sd.w("roofline.hardware_caption"),
                     formats={hcols[1]: "{:,.2f}", hcols[2]: "{:,.2f}"})
     e = roofline(sd)

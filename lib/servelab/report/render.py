@@ -129,7 +129,7 @@ def notebook_to_html(nb_path_or_node: Any, out_path: str | Path, *, title: str, 
 
     exp = HTMLExporter(template_name=TEMPLATE_NAME, extra_template_basedirs=[str(TEMPLATE_DIR)],
                        exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True,
-                       embed_images=True, sanitize_html=False)
+                       embed_images=False, sanitize_html=False)
     resources = {"metadata": {"name": title, "path": str(path.parent) if path else ""}}
     body, _ = exp.from_notebook_node(nb, resources=resources)
     body = _tidy(body)
