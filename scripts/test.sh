@@ -7,4 +7,10 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 .venv/bin/servelab validate params/*.yaml
 .venv/bin/ruff check lib tests benchmarks scripts notebooks  # [tool.ruff] in pyproject.toml
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"
+# Two passes: the tests without an engine on two workers (pytest-xdist, one test file per worker at
+# a time), then those that start the real vLLM CPU server alone (its OpenMP threads slow down far
+# more than proportionally when they share the cores). Exit 5 is "no test selected" (a path given
+# to `make test` may hold tests of one kind only).
+run_pass() { .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || { rc=$?; [ $rc -eq 5 ] || exit $rc; }; }
+run_pass -m "not engine" -n 2 --dist loadfile --durations=10 "$@"
+run_pass -m engine --durations=15 "$@"

@@ -42,3 +42,17 @@ def test_quality_column_says_not_measurable_for_dummy_weights(kv):
     assert "not measurable: dummy weights" in html and "100 %" not in html
     assert "3 of 9" in html
     assert "ダミー重み" in progress.quality_cell(kv.with_language("ja"), "kv-tight", "roomy")
+
+
+def test_compile_time_of_the_cpu_runner_from_its_warm_up_lines():
+    """vLLM CPU 0.32 logs no "torch.compile took": it compiles while it warms up (lines as it wrote
+    them, colours included, from the default study's compiled configuration)."""
+    from servelab.report.progress import _warmup_span
+
+    log = ("\x1b[0;36m(EngineCore pid=30664)\x1b[0;0m \x1b[32mINFO\x1b[0m \x1b[90m12-01 21:22:27\x1b[0m "
+           "\x1b[90m[cpu_model_runner.py:87]\x1b[0m Warming up model for the compilation...\n"
+           "\x1b[0;36m(EngineCore pid=30664)\x1b[0;0m \x1b[32mINFO\x1b[0m \x1b[90m12-01 21:23:28\x1b[0m "
+           "\x1b[90m[cpu_model_runner.py:91]\x1b[0m Warming up done.\n")
+    assert _warmup_span(log) == [61.0]
+    assert _warmup_span(log.replace("12-01 21:23:28", "12-02 00:00:05").replace("12-01 21:22:27", "12-01 23:59:58")) == [7.0]
+    assert _warmup_span("INFO 12-01 21:22:27 [core.py:1] Initializing") == []

@@ -67,7 +67,12 @@ def compare_quality(run_q: dict[str, Any], base_q: dict[str, Any]) -> dict[str, 
 
 
 def _baseline(sd: StudyData, cid: str) -> str | None:
-    return next((c.baseline for c in sd.study.configurations if c.id == cid), None)
+    """The baseline its params name, else the one the progression compares it with (the earlier
+    configuration; a check-only configuration of a GPU study names its baseline)."""
+    from .load import baselines
+
+    named = next((c.baseline for c in sd.study.configurations if c.id == cid), None)
+    return named or (baselines(sd).get(cid) if not sd.summary.empty else None)
 
 
 def quality_section(sd: StudyData) -> tuple[str, Any | None]:
@@ -91,7 +96,9 @@ def quality_section(sd: StudyData) -> tuple[str, Any | None]:
         return "", None
     cols = w("checks.quality_columns")
     t = pd.DataFrame(rows, columns=cols)
-    return w("checks.quality_text"), rh.table(t, w("checks.t_quality"), formats={cols[3]: "{:.0f}", cols[4]: "{:.0f}",
+    sep = "" if sd.language == "ja" else " "  # Japanese sentences run on without a space
+    text = w("checks.quality_text") + (sep + w("checks.quality_text_device") if sd.meta.get("device") else "")
+    return text, rh.table(t, w("checks.t_quality"), formats={cols[3]: "{:.0f}", cols[4]: "{:.0f}",
                                                                                cols[5]: "{:.0f}"},
                                               notes=[w("checks.quality_none")] + notes if t[cols[4]].isna().any()
                                               else notes)
@@ -197,7 +204,8 @@ def sections(sd: StudyData) -> list[Any]:
     from .fmt import anchor
 
     out: list[Any] = []
-    for key, (text, table) in (("checks.capacity", capacity_section(sd)), ("checks.quality", quality_section(sd)),
+    quality = "checks.quality" if sd.meta.get("device") else "checks.quality_generic"  # a GPU study's: the fp8 check
+    for key, (text, table) in (("checks.capacity", capacity_section(sd)), (quality, quality_section(sd)),
                                ("checks.speculative", speculative_section(sd))):
         if table is not None:
             out += [Markdown(f"{anchor(key.replace('.', '-'), sd.w(key))}\n\n{text}"), table]

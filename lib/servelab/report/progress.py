@@ -367,7 +367,9 @@ def progression_table(sd: StudyData) -> Any:
 
 
 _COMPILE = re.compile(r"torch\.compile took ([0-9.]+) s in total")
-_CACHE_HIT = re.compile(r"[Dd]irectly load(?:ed)? the compiled graph")
+_CACHE_HIT = re.compile(r"[Dd]irectly load(?:ed)? the compiled graph|[Ll]oad(?:ed|ing)? AOT compiled function")
+# vLLM's CPU runner says no "took": it compiles while it warms up, between these two lines
+_WARMUP = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d).{0,40}\] Warming up (model for the compilation|done)")
 
 
 def compile_s(sd: StudyData, cid: str) -> tuple[float, bool]:
@@ -379,4 +381,22 @@ def compile_s(sd: StudyData, cid: str) -> tuple[float, bool]:
         return math.nan, False
     text = (f / ENGINE_LOG).read_text(encoding="utf-8", errors="replace")
     times = [float(x) for x in _COMPILE.findall(text)]
+    if not times:
+        times = _warmup_span(text)
     return (sum(times) if times else math.nan), bool(_CACHE_HIT.search(text))
+
+
+def _warmup_span(text: str) -> list[float]:
+    """Seconds (to the log's whole second) between vLLM CPU's "Warming up model for the
+    compilation..." and its "Warming up done." lines."""
+    from datetime import datetime
+
+    start, out = None, []
+    for stamp, what in _WARMUP.findall(re.sub(r"\x1b\[[0-9;]*m", "", text)):  # without the log's colours
+        t = datetime.strptime(stamp, "%m-%d %H:%M:%S")
+        if what.startswith("model"):
+            start = t
+        elif start is not None:
+            out.append((t - start).total_seconds() % 86400)
+            start = None
+    return out
