@@ -47,13 +47,14 @@ def main() -> int:
     ap.add_argument("--grid", default="1,2,3,4,5,6,7,8")
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3, help="measured rounds per grid level")
-    ap.add_argument("extra", nargs=argparse.REMAINDER, help="after --: more `servelab capacity` options")
-    a = ap.parse_args()
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    a = ap.parse_args(argv[:cut])
+    extra = argv[cut + 1:]  # after --: more `servelab capacity` options
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     common = ["--input", str(a.input), "--output", str(a.output)] + (["--model", a.model] if a.model else [])
     slo = {"ttft_p95_s": a.slo_ttft_p95_s, "tpot_p95_s": a.slo_tpot_p95_s, "error_rate": 0.01}
-    extra = [x for x in a.extra if x != "--"]
     runs, t0 = [], time.monotonic()
     for i in range(a.runs):
         d = out / f"search-{i + 1}"
