@@ -76,7 +76,7 @@ if sets_table is not None:
 # %%
 tune_text, tune_table = cap.tune_section(sd)  # a `tune:` study: its search is the progression
 if tune_table is not None:
-    display(Markdown(f"{sec.anchor('tune', w('tune.title'), 3)}\n\n{tune_text}"))
+    display(Markdown(f"{sec.anchor('tune', w('section.tune'), 3)}\n\n{tune_text}"))
     display(tune_table)
 
 # %%

@@ -80,18 +80,17 @@ def test_report_opens_in_chromium_with_all_figures(study_run, tmp_path):
 
 
 def test_report_rerenders_from_data_alone(study_run):
-    base, env, _ = study_run
-    pub = base / "reports" / "local-cpu-kv"
-    before = report.load_study_data(pub)
+    """The published copy holds everything the write-up reads: the same summary and per-level
+    effects as the run folders. (Rendering from a published copy alone, byte for byte, is the
+    README's `servelab report local-cpu-kv`: tests/e2e/test_readme.py.)"""
+    base, _, _ = study_run
+    published = report.load_study_data(base / "reports" / "local-cpu-kv")
     from_runs = report.load_study_data(base / "runs" / "local-cpu-kv")
-    pd.testing.assert_frame_equal(before.summary, from_runs.summary)
-    r = _servelab("report", "local-cpu-kv", env=env)  # (`report --all` is the README's, tests/e2e/test_readme.py)
-    assert r.returncode == 0, r.stderr[-2000:]
-    after = report.load_study_data(pub)
+    pd.testing.assert_frame_equal(published.summary, from_runs.summary)
     from servelab.report import progress
 
-    pd.testing.assert_frame_equal(progress.effects(before), progress.effects(after))
-    assert "kv-tight" in (pub / "index.html").read_text()
+    pd.testing.assert_frame_equal(progress.effects(published), progress.effects(from_runs))
+    assert len(progress.effects(published)) > 0
 
 
 def test_second_run_never_overwrites_published_report(study_run):

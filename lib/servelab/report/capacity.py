@@ -16,6 +16,7 @@ from ..runfolder import read_json
 from . import html as rh
 from .diagnosis import prefill_fits
 from .load import StudyData
+from .progress import tune_value
 
 QUANTITIES = ("tpot_c1_s", "kv_concurrency", "prefill_tps", "capacity_rps")
 SCALE = {"tpot_c1_s": 1000.0}
@@ -183,5 +184,5 @@ def tune_section(sd: StudyData) -> tuple[str, Any]:
     fin = t.get("final") or {}
     if fin:
         text += "\n\n" + sd.w("tune.final", final=labels.get(fin["config"], fin["config"]), objective=obj,
-                              value=_sig(fin["objective"]), gain=fin.get("gain_pct") or 0.0)
+                              value=tune_value(sd, t["objective"], fin["objective"]), gain=fin.get("gain_pct") or 0.0)
     return text, table

@@ -72,7 +72,10 @@ def _baseline(sd: StudyData, cid: str) -> str | None:
     from .load import baselines
 
     named = next((c.baseline for c in sd.study.configurations if c.id == cid), None)
-    return named or (baselines(sd).get(cid) if not sd.summary.empty else None)
+    summary = getattr(sd, "summary", None)
+    if named or summary is None or summary.empty:
+        return named
+    return baselines(sd).get(cid)
 
 
 def quality_section(sd: StudyData) -> tuple[str, Any | None]:

@@ -84,10 +84,29 @@ def method_text_prompt_sets(sd: StudyData) -> str:
                 qsets=", ".join(f"`{x}`" for x in q.sets), qmax=q.max_tokens)
 
 
-def in_flight(sd: StudyData, n: Any) -> str:
-    """"1 request in flight" / "4 requests in flight"."""
+def in_flight(sd: StudyData, n: Any, config: str | None = None, bucket: str | None = None) -> str:
+    """"1 request in flight" / "4 requests in flight"; for an open-loop level (the summary's
+    rate_rps of that configuration, bucket and concurrency > 0: the concurrency is only the cap on
+    requests in flight) "1 req/s offered (open loop)"."""
+    rate = _level_rate(sd, config, bucket, n)
+    if rate:
+        return sd.w("story.offered_rate", rate=f"{rate:g}")
     n = int(n)
     return sd.w("story.in_flight_one") if n == 1 else sd.w("story.in_flight_many", n=n)
+
+
+def _level_rate(sd: StudyData, config: str | None, bucket: str | None, n: Any) -> float:
+    s = sd.summary
+    if config is None or s.empty or "rate_rps" not in s:
+        return 0.0
+    m = s[(s["config"] == config) & (s["concurrency"] == n) & ((s["bucket"] == bucket) if bucket else True)]
+    rates = m["rate_rps"].dropna()
+    return float(rates.iloc[0]) if len(rates) and float(rates.iloc[0]) > 0 else 0.0
+
+
+def _open_loop(sd: StudyData, config: str) -> bool:
+    s = sd.summary
+    return "rate_rps" in s and bool((s.loc[s["config"] == config, "rate_rps"].fillna(0) > 0).all())
 
 
 def repeats(sd: StudyData) -> dict[str, str]:
@@ -199,7 +218,8 @@ def _where(sd: StudyData, rows: pd.DataFrame) -> str:
     if len(rows) > MAX_LISTED_LEVELS:
         return sd.w("story.range", lo=pct(rows["change_pct"].min()), hi=pct(rows["change_pct"].max()))
     return sd.w("story.list_sep").join(
-        sd.w("story.level", bucket=r.bucket, inflight=in_flight(sd, r.concurrency), delta=pct(r.change_pct))
+        sd.w("story.level", bucket=r.bucket, inflight=in_flight(sd, r.concurrency, r.config, r.bucket),
+               delta=pct(r.change_pct))
         for r in rows.itertuples())
 
 
@@ -262,7 +282,10 @@ def headline(sd: StudyData) -> str:
     best = s.loc[s["aggregate_output_tps"].idxmax()]
     out.append(sd.w("story.fastest", label=lab.get(best["config"], best["config"]),
                     peak=num(best["aggregate_output_tps"], 0), bucket=best["bucket"],
-                    inflight=in_flight(sd, best["concurrency"])) + " " + link(sd, "results"))
+                    inflight=in_flight(sd, best["concurrency"], best["config"], best["bucket"])) + " " + link(sd, "results"))
+    tune = _tune_sentence(sd)
+    if tune:
+        out.append(tune + " " + link(sd, "tune"))
     eff = effects(sd)
     changes = [change_sentence(sd, eff[eff["config"] == cid], cid) for cid in headline_changes(eff)]
     if len(changes) < eff["config"].nunique():
@@ -278,7 +301,8 @@ def headline(sd: StudyData) -> str:
     if len(g):
         r = g.loc[g["aggregate_output_tps"].idxmax()]
         out.append(sd.w("story.goodput", slo=slo_parts(sd), tps=num(r["aggregate_output_tps"], 0),
-                        inflight=in_flight(sd, r["goodput_concurrency"]), label=lab.get(r["config"], r["config"]),
+                        inflight=in_flight(sd, r["goodput_concurrency"], r["config"], r["bucket"]),
+                        label=lab.get(r["config"], r["config"]),
                         bucket=r["bucket"]) + " " + link(sd, "saturation"))
     else:
         out.append(sd.w("headline.no_goodput", slo=slo_parts(sd)) + " " + link(sd, "saturation"))
@@ -290,9 +314,33 @@ def headline(sd: StudyData) -> str:
     return "\n".join(f"- {x}" for x in out if x)
 
 
+def _tune_sentence(sd: StudyData) -> str:
+    """A `tune:` study's search in one sentence: where it ended, its gain, what it kept and rejected."""
+    p = sd.root / "data" / "tune.json"
+    t = read_json(p) if p.exists() else {}
+    fin = t.get("final") or {}
+    if not fin:
+        return ""
+    n = {k: sum(1 for x in t.get("steps", []) if x.get("verdict") == k) for k in ("kept", "rejected", "failed")}
+    return sd.w("story.tune", final=sd.labels().get(fin["config"], fin["config"]),
+                objective=sd.w(f"tune.objective.{t['objective']}"), value=tune_value(sd, t["objective"], fin["objective"]),
+                gain=fin.get("gain_pct") or 0.0, **n)
+
+
+def tune_value(sd: StudyData, objective: str, v: float) -> str:
+    """A tune objective's value with its unit: capacity in req/s (or requests in flight on the
+    concurrency axis), goodput and decode speed in tok/s."""
+    if objective == "capacity":
+        axis = getattr(getattr(sd.study, "capacity", None), "axis", "rate")
+        return sd.w("capacity.unit_rate" if axis == "rate" else "capacity.unit_conc", x=f"{v:.3g}")
+    return f"{v:.3g} tok/s"
+
+
 def _saturation_sentence(sd: StudyData, best_config: str) -> str:
     lab = sd.labels()
     kn = knee(sd.summary)
+    # open-loop levels share one concurrency (the in-flight cap): no knee over it to speak of
+    kn = kn[[not _open_loop(sd, c) for c in kn["config"]]] if len(kn) else kn
     kn = kn[kn["top_concurrency"] == kn["top_concurrency"].max()]  # the widest sweep says most
     plateau = kn[kn["plateau"]].sort_values("knee_concurrency")
     fastest = kn[kn["config"] == best_config]
