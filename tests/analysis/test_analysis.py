@@ -137,6 +137,19 @@ def test_fit_prefill_uses_only_measured_successful_c1_requests():
     assert fits["b"]["prefill_tps"] == pytest.approx(5000.0)
 
 
+def test_fit_prefill_prompt_set_buckets_are_lengths_of_their_own():
+    # prompt sets carry their lengths (target 0): the default study's rewrite (~130 tokens) and
+    # code (~42) buckets were one group, so its page said "98 ms at 98 tok -> 98 ms at 98 tok"
+    rows = []
+    for bucket, lengths in (("rewrite", (120, 130, 147)), ("code", (40, 42, 45))):
+        for p in lengths:
+            r = rec(p, OVERHEAD_S + p / PREFILL_TPS)
+            rows.append({**r, "bucket": bucket, "target_input_tokens": 0})
+    f = d.fit_prefill(pd.DataFrame(rows))["a"]
+    assert (f["prompt_tokens_shortest"], f["prompt_tokens_longest"]) == (42, 130)
+    assert f["ttft_longest_over_shortest"] == pytest.approx((0.05 + 130 / 2e4) / (0.05 + 42 / 2e4))
+
+
 def test_fit_prefill_from_summary_medians():
     s = pd.DataFrame([level(c=1, prompt=p, ttft50=OVERHEAD_S + p / PREFILL_TPS, bucket=f"in{p}") for p in LENGTHS]
                      + [level(c=8, prompt=128, ttft50=3.0)])

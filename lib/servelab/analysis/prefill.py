@@ -34,8 +34,7 @@ def fit_prefill(data: pd.DataFrame, concurrency: int = 1) -> dict[str, dict[str,
             if "shared_prefix" in d.columns:
                 d = d[~d["shared_prefix"].fillna(False).astype(bool)]
             x, y = d["prompt_tokens"], d["ttft_s"]
-            gkey = "target_input_tokens" if "target_input_tokens" in d.columns else "prompt_tokens"
-            per_len = d.groupby(gkey).agg(p=("prompt_tokens", "median"), t=("ttft_s", "median"))
+            per_len = d.groupby(_length_key(d)).agg(p=("prompt_tokens", "median"), t=("ttft_s", "median"))
         else:
             x, y = d["prompt_tokens"], d["ttft_p50_s"]
             per_len = pd.DataFrame({"p": d["prompt_tokens"].to_numpy(), "t": d["ttft_p50_s"].to_numpy()})
@@ -54,3 +53,14 @@ def fit_prefill(data: pd.DataFrame, concurrency: int = 1) -> dict[str, dict[str,
         out[str(cfg)] = {"config": str(cfg), "concurrency": concurrency,
                          "source": "records" if is_records else "summary", **fit, **extra}
     return out
+
+
+def _length_key(d: pd.DataFrame) -> pd.Series:
+    """What makes one prompt length: the bucket's target input tokens; a bucket whose lengths
+    come with its prompts (a prompt set or a trace: target 0) is a length of its own, by name."""
+    if "target_input_tokens" not in d.columns:
+        return d["prompt_tokens"]
+    target = pd.to_numeric(d["target_input_tokens"], errors="coerce").fillna(0)
+    if "bucket" not in d.columns or (target > 0).all():
+        return target
+    return ("in:" + target.astype(int).astype(str)).where(target > 0, "bucket:" + d["bucket"].astype(str))
