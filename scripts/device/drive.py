@@ -182,22 +182,7 @@ def run_lane(params: Path, configs: list[str], gpus: str, port: int, deadline: f
         if time.monotonic() > deadline - RUN_MIN_S:
             log(sid, f"[{cid}] not measured: deadline")
             continue
-        handle = json.loads((ROOT / "runs" / sid / ".served" / f"{cid}.json").read_text())
-        model_dir = handle["model_dir"]
-        rec = record_server(base, model_dir)
-        t0 = time.monotonic()
-        cmd = [sys.executable, "-m", "servelab.cli", "run", str(params), "--config", cid, "--url", base,
-               "--no-report", "--force"] + (["--reduced"] if reduced else [])
-        r = sh(cmd, timeout=deadline - time.monotonic())
-        rec["metrics-after.txt"] = http(base + "/metrics")
-        save_recorded(sid, cid, rec)
-        gm = ROOT / "runs" / sid / cid / "gpu_metrics.jsonl"
-        nlines = len(gm.read_text().splitlines()) if gm.exists() else 0
-        log(sid, f"[{cid}] run: exit {r.returncode} in {time.monotonic() - t0:.0f} s, gpu_metrics.jsonl "
-                 f"{nlines} samples {r.stderr.strip()[-600:] if r.returncode else ''}")
-        if study.device.peers.get(cid):
-            peers(study, cid, base, model_dir, deadline)
-            save_recorded(sid, cid, {"metrics-after-peers.txt": http(base + "/metrics")})
+        measure(params, study, cid, base, deadline, reduced)
     if served is not None:
         stop(params, served[0])
 
