@@ -93,8 +93,10 @@ def start_engine(model_dir: Path, workdir: Path, port: int, load_format: str | N
 
 @pytest.fixture(scope="session")
 def vllm_engine(cpu_model_dir, tmp_path_factory):
-    """One real vLLM CPU server for the whole session (prefix caching on, vLLM's default)."""
-    eng = start_engine(cpu_model_dir, tmp_path_factory.mktemp("vllm"), ENGINE_PORT)
+    """One real vLLM CPU server for the whole session (prefix caching on, vLLM's default; cached
+    tokens in the usage, for the workload-source tests)."""
+    eng = start_engine(cpu_model_dir, tmp_path_factory.mktemp("vllm"), ENGINE_PORT,
+                       **{"enable-prompt-tokens-details": True})
     yield eng
     eng.stop()
 

@@ -52,7 +52,7 @@ def test_candidate_is_one_flag_away_from_the_incumbent():
     assert s.engine_for("serial").args["max-num-seqs"] == 1
     assert candidate_id("compilation-config", {"mode": 3}) == "compilation-config-mode-3"
     assert worst_case_lines(study) == ["tune: 6 engine starts (base + 5 candidates), each a capacity search: worst "
-                                       "case: 6 server start(s) x (7 trials x 24 s) = 1008 s (16.8 min)"]
+                                       "case: 6 server start(s) x (8 trials x 24 s) = 1152 s (19.2 min)"]
 
 
 def _write(tmp_path, text: str):
@@ -93,8 +93,8 @@ def test_coordinate_search_keeps_rejects_and_records_failures(tmp_path, monkeypa
 
     monkeypatch.setenv("SERVELAB_RUNS", str(tmp_path / "runs"))
     monkeypatch.setattr(tune, "runs_root", lambda: tmp_path / "runs")
-    brackets = {"serial": [0.05, 0.06], "max-num-seqs-16": [0.8, 0.9], "num-gpu-blocks-override-128": [0.75, 0.85],
-                "num-gpu-blocks-override-2048": [0.3, 0.4], "max-num-seqs-2": [0.1, 0.2]}
+    brackets = {"serial": [1.25, 1.5], "max-num-seqs-16": [20.0, 22.5], "num-gpu-blocks-override-128": [18.75, 21.25],
+                "num-gpu-blocks-override-2048": [7.5, 10.0], "max-num-seqs-2": [2.5, 5.0]}
     started = []
 
     def fake_measure(self, cid):
@@ -106,9 +106,9 @@ def test_coordinate_search_keeps_rejects_and_records_failures(tmp_path, monkeypa
             "axis": "rate", "capacity": lo, "bracket": [lo, hi], "output_tps": lo * 16}}})
         return True, ""
 
-    monkeypatch.setattr(tune.Tuner, "_measure", fake_measure)
+    monkeypatch.setattr(tune.Tuner, "measure", fake_measure)
     study = load_study("params/local-cpu-tune.yaml")
-    t = tune.Tuner(study, Path("params/local-cpu-tune.yaml"))
+    t = tune.Tuner(study, Path("params/local-cpu-tune.yaml"), host=None)
     rec = t.run()
     steps = [(s["config"], s["verdict"], s.get("why")) for s in rec["steps"]]
     assert steps == [("serial", "base", None), ("max-num-seqs-16", "kept", "beats"),
@@ -119,8 +119,8 @@ def test_coordinate_search_keeps_rejects_and_records_failures(tmp_path, monkeypa
     assert rec["steps"][3]["why_values"]["reason"].startswith("ValueError: max seq len")
     # the later candidates change the kept incumbent (one flag at a time), and start at its capacity
     assert rec["steps"][4]["incumbent"] == "max-num-seqs-16"
-    assert started[1:] == [("max-num-seqs-16", 0.05), ("max-num-seqs-2", 0.8), ("num-gpu-blocks-override-40", 0.8),
-                           ("num-gpu-blocks-override-128", 0.8), ("num-gpu-blocks-override-2048", 0.8)]
+    assert started[1:] == [("max-num-seqs-16", 1.25), ("max-num-seqs-2", 20.0), ("num-gpu-blocks-override-40", 20.0),
+                           ("num-gpu-blocks-override-128", 20.0), ("num-gpu-blocks-override-2048", 20.0)]
     s128 = t.study.engine_for("num-gpu-blocks-override-128").args
     assert (s128["max-num-seqs"], s128["num-gpu-blocks-override"]) == (16, 128)
     assert rec["final"]["config"] == "max-num-seqs-16" and rec["final"]["gain_pct"] == pytest.approx(1500.0)
@@ -131,7 +131,38 @@ def test_coordinate_search_keeps_rejects_and_records_failures(tmp_path, monkeypa
         ("serial", None), ("max-num-seqs-16", "serial"), ("max-num-seqs-2", "max-num-seqs-16"),
         ("num-gpu-blocks-override-40", "max-num-seqs-16"),
         ("num-gpu-blocks-override-128", "max-num-seqs-16"), ("num-gpu-blocks-override-2048", "max-num-seqs-16")]
-    assert RunFolder(tmp_path / "runs" / "local-cpu-tune" / "serial").run["capacity"]["result"]["capacity"] == 0.05
+    assert RunFolder(tmp_path / "runs" / "local-cpu-tune" / "serial").run["capacity"]["result"]["capacity"] == 1.25
+
+
+def test_candidates_are_measured_through_the_pipelines_run_config(tmp_path, monkeypatch):
+    """The real `measure` calls `pipeline.run_config` as it is declared, and the host serves each
+    candidate (a signature change, then a host that knew only the base configuration, made
+    `servelab run params/local-cpu-tune.yaml` fail at its first candidate while the search test,
+    which replaces `measure`, passed)."""
+    import inspect
+
+    from servelab import pipeline, tune
+    from servelab.hosts import for_study
+
+    monkeypatch.setattr(tune, "runs_root", lambda: tmp_path / "runs")
+    calls = []
+
+    def fake_run_config(*a, **kw):
+        bound = inspect.signature(pipeline.run_config).bind(*a, **kw)
+        plan, rdir = bound.arguments["plan"], bound.arguments["rdir"]
+        plan.host.client_headers(plan.config_id, {"pid": 1})  # what the benchmark stage asks the host
+        calls.append((plan.config_id, plan.engine.args.get("max-num-seqs"), rdir.name))
+        cap = 1.0 if plan.config_id == "serial" else 0.5
+        write_json(rdir / "run.json", {"capacity": {"result": {"axis": "rate", "capacity": cap,
+                                                                "bracket": [cap, cap * 1.1], "output_tps": cap}}})
+
+    from servelab.runfolder import write_json
+
+    monkeypatch.setattr(tune, "run_config", fake_run_config)
+    study = load_study("params/local-cpu-tune.yaml")
+    rec = tune.Tuner(study, Path("params/local-cpu-tune.yaml"), for_study(study)).run()
+    assert calls[:2] == [("serial", 1, "serial"), ("max-num-seqs-16", 16, "max-num-seqs-16")]
+    assert len(calls) == len(rec["steps"]) > 2 and rec["final"]["config"] == "serial"
 
 
 def test_start_failure_names_the_root_cause_from_the_engine_log(tmp_path):

@@ -24,8 +24,9 @@ from typing import Any
 import yaml
 
 from .analysis.tuning import decide, objective, quality_verdict
-from .hosts import EngineError, for_study
+from .hosts import EngineError, Host, for_study
 from .pipeline import RunIncomplete, StageFailed, publish, run_config, stop_signals
+from .plan import plan_config
 from .runfolder import ENGINE_LOG, PARAMS_EFFECTIVE, STUDY_JSON, RunFolder, now_iso, read_json, runs_root, write_json
 from .schema import Study
 
@@ -92,8 +93,8 @@ def start_failure(rdir: Path, err: Exception | None = None) -> str:
 class Tuner:
     """Runs the coordinate search of one study (see the module docstring)."""
 
-    def __init__(self, study: Study, params_path: Path, *, resume: bool = False) -> None:
-        self.study, self.params_path, self.resume = study, params_path, resume
+    def __init__(self, study: Study, params_path: Path, host: Host, *, resume: bool = False) -> None:
+        self.study, self.params_path, self.host, self.resume = study, params_path, host, resume
         self.t = study.tune
         self.root = runs_root() / study.study
         self.base = self.t.base or study.configurations[0].id
@@ -106,13 +107,20 @@ class Tuner:
                 if s.get("flag") is not None:
                     self.study = with_candidate(self.study, s["incumbent"], s["config"], s["flag"], s["value"],
                                                 s["label"], s.get("start"))
+            self._share_study()
+
+    def _share_study(self) -> None:
+        """The host made for this tune serves every candidate: it reads their engines from the
+        study, which gains one configuration per candidate."""
+        if self.host is not None:
+            self.host.study = self.study
 
     def _save(self) -> None:
         write_json(self.root / TUNE_JSON, self.record)
         write_json(self.root / STUDY_JSON, {"params_path": str(self.params_path), "reduced": False,
                                             "study": json.loads(self.study.model_dump_json())})
 
-    def _measure(self, cid: str) -> tuple[bool, str]:
+    def measure(self, cid: str) -> tuple[bool, str]:
         rdir = self.root / cid
         if rdir.exists():
             shutil.rmtree(rdir)
@@ -120,7 +128,7 @@ class Tuner:
         eff = rdir / PARAMS_EFFECTIVE
         eff.write_text(yaml.safe_dump(json.loads(self.study.model_dump_json()), sort_keys=False))
         try:
-            run_config(self.study, eff, cid, rdir, notebooks=False, reduced=False)
+            run_config(plan_config(self.study, cid, self.host), eff, rdir, notebooks=False, reduced=False)
         except (StageFailed, EngineError, RunIncomplete, RuntimeError) as e:
             if RunFolder(rdir).run.get("capacity"):
                 return True, ""  # measured, only short of its search's stop rule (budget): use what it found
@@ -146,7 +154,7 @@ class Tuner:
         shutil.copy(self.params_path, self.root / "params.yaml")
         done = {(s.get("flag"), json.dumps(s.get("value"))) for s in self.record["steps"]}
         if not self.record["steps"]:
-            ok, why = self._measure(self.base)
+            ok, why = self.measure(self.base)
             if not ok:
                 raise EngineError(f"tune: the base configuration {self.base} did not start: {why}")
             o = self._objective(self.base)
@@ -160,9 +168,10 @@ class Tuner:
             label = f"{flag} {value}"
             start = self._objective(inc)["value"] or None
             self.study = with_candidate(self.study, inc, cid, flag, value, label, start)
+            self._share_study()
             self._save()
             t0 = time.monotonic()
-            ok, why = self._measure(cid)
+            ok, why = self.measure(cid)
             if not ok:
                 self._step(config=cid, label=label, flag=flag, value=value, incumbent=inc, start=start, verdict="failed",
                            why="start_failed", why_values={"reason": why}, elapsed_s=time.monotonic() - t0)
@@ -209,7 +218,7 @@ def run_tune(study: Study, params_path: Path, *, force: bool = False, resume: bo
         _log(line)
     host = for_study(study)
     host.check()
-    tuner = Tuner(study, params_path, resume=resume)
+    tuner = Tuner(study, params_path, host, resume=resume)
     try:
         with stop_signals(), host.guard():
             rec = tuner.run()

@@ -12,17 +12,14 @@ from servelab.measure.runner import run_workload
 from servelab.runfolder import load_records, read_jsonl
 from servelab.schema import Bucket, Workload
 
-from conftest import free_port, start_engine
-
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(scope="module")
-def engine(cpu_model_dir, tmp_path_factory):
-    eng = start_engine(cpu_model_dir, tmp_path_factory.mktemp("vllm-details"), free_port(),
-                       **{"enable-prompt-tokens-details": True})
-    yield eng
-    eng.stop()
+@pytest.fixture
+def engine(vllm_engine):
+    """The session's engine (it reports cached tokens: --enable-prompt-tokens-details); every
+    workload here salts its own requests, so what other tests cached does not count."""
+    return vllm_engine
 
 
 def _run(engine, wl, path):

@@ -117,6 +117,9 @@ def throughput_plateau(s: pd.DataFrame) -> Finding:
                                     "top": int(r["top_concurrency"]), "max_gain": r["max_gain_after_knee"]})
             for _, r in hit.iterrows()))
     last = saturation(s).groupby("bucket", sort=False).tail(1)
+    last = last[pd.to_numeric(last["gain_per_doubling"], errors="coerce").notna()]  # a bucket at one concurrency has no gain
+    if not len(last):
+        return Finding(rule, "n/a", Phrase("too_few_concurrencies"))
     return Finding(rule, "no", Clauses(
         Phrase("plateau.still_growing", {"bucket": r["bucket"], "gain": r["gain_per_doubling"],
                                          "concurrency": int(r["concurrency"])}) for _, r in last.iterrows()))

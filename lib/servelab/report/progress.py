@@ -341,6 +341,9 @@ def _saturation_sentence(sd: StudyData, best_config: str) -> str:
     kn = knee(sd.summary)
     # open-loop levels share one concurrency (the in-flight cap): no knee over it to speak of
     kn = kn[[not _open_loop(sd, c) for c in kn["config"]]] if len(kn) else kn
+    # a bucket measured at one concurrency (a replayed trace, a single level) has no curve
+    levels = sd.summary.groupby(["config", "bucket"])["concurrency"].nunique() if len(kn) else None
+    kn = kn[[levels.get((c, b), 0) >= 2 for c, b in zip(kn["config"], kn["bucket"])]] if len(kn) else kn
     kn = kn[kn["top_concurrency"] == kn["top_concurrency"].max()]  # the widest sweep says most
     plateau = kn[kn["plateau"]].sort_values("knee_concurrency")
     fastest = kn[kn["config"] == best_config]

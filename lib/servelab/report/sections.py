@@ -113,16 +113,40 @@ def devices_text(sd: StudyData) -> str:
 def results_table(sd: StudyData, cid: str) -> Any:
     """One configuration's levels: rows by prompt length and concurrency, at most 8 columns."""
     s = sd.summary[sd.summary["config"] == cid].sort_values(["target_input_tokens", "concurrency"])
-    sets = s["prompt_set"] if "prompt_set" in s.columns else pd.Series([""] * len(s), index=s.index)
-    rows = [[f"{ps} · {r.prompt_tokens:,.0f}" if ps else r.prompt_tokens, int(r.concurrency), r.ttft_p50_s * 1000, r.ttft_p95_s * 1000, r.decode_tps_p50,
+    rows = [[_level_name(r), _load(r), r.ttft_p50_s * 1000, r.ttft_p95_s * 1000, r.decode_tps_p50,
              r.e2e_output_tps_p50, r.aggregate_output_tps,
-             span(r.aggregate_output_tps_min, r.aggregate_output_tps_max)] for r, ps in zip(s.itertuples(), sets)]
+             span(r.aggregate_output_tps_min, r.aggregate_output_tps_max)] for r in _named(s).itertuples()]
     c = sd.w("results.columns")
     t = pd.DataFrame(rows, columns=c)
     return rh.table(t, sd.w("results.caption", label=sd.labels().get(cid, cid)),
                     formats={c[0]: lambda v: v if isinstance(v, str) else f"{v:,.0f}", c[2]: "{:,.1f}", c[3]: "{:,.1f}", c[4]: "{:,.1f}", c[5]: "{:,.1f}",
                              c[6]: "{:,.1f}"},
                     notes=dash_note(t, sd.w("table.not_measured_at_level")))
+
+
+def _named(s: pd.DataFrame) -> pd.DataFrame:
+    """The summary rows with the name a row needs besides its prompt tokens: the prompt set, or the
+    bucket where the lengths come with the requests (a trace: target 0), grow with them (a
+    session resends its history) or two buckets share a target length and concurrency (0 % and
+    50 % prefix reuse at 256 tokens)."""
+    s = s.copy()
+    target = pd.to_numeric(s["target_input_tokens"], errors="coerce").fillna(0)
+    achieved = pd.to_numeric(s["prompt_tokens"], errors="coerce")
+    ambiguous = (s.duplicated(["target_input_tokens", "concurrency"], keep=False) | (target == 0)
+                 | ((achieved - target).abs() > 0.1 * target))
+    sets = s["prompt_set"].fillna("").astype(str) if "prompt_set" in s.columns else pd.Series("", index=s.index)
+    s["row_name"] = [ps or (str(b) if amb else "") for ps, b, amb in zip(sets, s["bucket"], ambiguous)]
+    return s
+
+
+def _level_name(r: Any) -> Any:
+    return f"{r.row_name} · {r.prompt_tokens:,.0f}" if r.row_name else r.prompt_tokens
+
+
+def _load(r: Any) -> Any:
+    """The concurrency, or for an open-loop level (its concurrency only caps what is in flight) the rate."""
+    rate = float(getattr(r, "rate_rps", 0) or 0)
+    return f"{rate:.3g} req/s" if rate > 0 else int(r.concurrency)
 
 
 def progression_table(sd: StudyData) -> Any:
