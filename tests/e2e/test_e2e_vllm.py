@@ -17,7 +17,7 @@ from servelab.measure.runner import run_workload
 
 from conftest import ENGINE_PORT, start_engine
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("vllm")]
 
 
 def _run(engine, wl, path, name):

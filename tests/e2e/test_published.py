@@ -16,7 +16,7 @@ from paths import ROOT
 
 PUBLISHED = sorted(p.parent.parent.name for p in (ROOT / "reports").glob("*/data/study.json"))
 PAGES = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "reports").glob("*/index*.html"))
-pytestmark = pytest.mark.notebooks
+pytestmark = [pytest.mark.notebooks, pytest.mark.xdist_group("readme")]
 
 
 @pytest.mark.engine  # the session's run of the README's "Using it" block starts the KV study's engine

@@ -8,7 +8,7 @@ import pytest
 from paths import ROOT
 from readme import REPORT_ALL, block, environment, run_lines
 
-pytestmark = [pytest.mark.engine, pytest.mark.notebooks]
+pytestmark = [pytest.mark.engine, pytest.mark.notebooks, pytest.mark.xdist_group("readme")]
 
 
 def test_the_using_it_commands_work_as_written(readme_commands):

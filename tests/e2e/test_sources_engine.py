@@ -12,7 +12,7 @@ from servelab.measure.runner import run_workload
 from servelab.runfolder import load_records, read_jsonl
 from servelab.schema import Bucket, Workload
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("vllm")]
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from ..analysis import config_diff, goodput, knee, kv_verdict
 from ..analysis.effects import MIN_ROUNDS, few_rounds, level_effects
 from ..runfolder import ENGINE_LOG, read_json
 from . import html as rh
+from . import workload
 from .load import StudyData, baselines
 from .fmt import link, num, pct, slo_parts
 
@@ -286,6 +287,9 @@ def headline(sd: StudyData) -> str:
     tune = _tune_sentence(sd)
     if tune:
         out.append(tune + " " + link(sd, "tune"))
+    hits = workload.headline_sentence(sd)
+    if hits:
+        out.append(hits + " " + link(sd, "workload"))
     eff = effects(sd)
     changes = [change_sentence(sd, eff[eff["config"] == cid], cid) for cid in headline_changes(eff)]
     if len(changes) < eff["config"].nunique():

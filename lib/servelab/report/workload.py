@@ -14,6 +14,7 @@ import pandas as pd
 
 from ..analysis.cache import cache_levels, cache_symptoms, turn_hits
 from . import html as rh
+from .fmt import anchor
 from .load import StudyData
 
 
@@ -135,6 +136,23 @@ def asked_vs_measured(sd: StudyData) -> str:
     return " ".join(out)
 
 
+def headline_sentence(sd: StudyData) -> str:
+    """The headline's sentence on the asked prefix-cache hits: asked against what the server
+    reports, and TTFT of hits against misses where both were measured; "" when nothing was asked."""
+    t = cache_levels(sd.records, _levels(sd))
+    if t.empty or not t["asked_hit_rate"].notna().any():
+        return ""
+    asked = t[t["asked_hit_rate"].notna()]
+    pairs = sd.w("story.pair_sep").join(sd.w("story.asked_pair", asked=_pct_text(r["asked_hit_rate"]),
+                           measured=_pct_text(r["counter_hit_rate"] if r["counter_hit_rate"] == r["counter_hit_rate"]
+                                              else r["usage_hit_rate"])) for _, r in asked.iterrows())
+    hit = asked[asked["asked_hit_rate"] > 0]["ttft_hit_p50_s"].dropna()
+    miss = asked[asked["asked_hit_rate"] == 0]["ttft_miss_p50_s"].dropna()
+    ttft = (" " + sd.w("story.hit_ttft", hit=f"{hit.median() * 1000:,.1f}", miss=f"{miss.median() * 1000:,.1f}")
+            if len(hit) and len(miss) else "")
+    return sd.w("story.asked_hits", pairs=pairs) + ttft
+
+
 def turns_table(sd: StudyData) -> Any:
     t = turn_hits(sd.records)
     if t.empty:
@@ -198,7 +216,7 @@ def section(sd: StudyData) -> tuple[str, list[Any]]:
     if not has_workload_data(sd):
         return "", []
     w = sd.w
-    text = f"## {w('workload.heading')}\n\n{sources_text(sd)}"
+    text = f"{anchor('workload', w('section.workload'))}\n\n{sources_text(sd)}"
     items: list[Any] = [lengths_figure(sd)]
     cache = cache_table(sd)
     if cache is not None:
