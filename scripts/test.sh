@@ -7,12 +7,12 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 .venv/bin/servelab validate params/*.yaml
 .venv/bin/ruff check lib tests benchmarks scripts notebooks  # [tool.ruff] in pyproject.toml
-# Two passes, each on two workers (pytest-xdist): the tests without an engine, one test file per
-# worker at a time; then those that start the real vLLM CPU server, one group of files per worker
-# (xdist_group: the files that share a session fixture, the README run or the session's engine, stay
-# on one worker). Most of an engine test's time is the engine's start-up, which keeps one core busy;
-# their benchmarks are small and none of them judges timing. Exit 5 is "no test selected" (a path
-# given to `make test` may hold tests of one kind only).
+# Two passes, each on two workers (pytest-xdist, one test file per worker at a time): the tests
+# without an engine, then those that start the real vLLM CPU server. Most of an engine test's time
+# is the engine's start-up, which keeps one core busy; their benchmarks are small and none of them
+# judges timing. A session fixture runs once per worker that uses it: the README run's users live
+# in one file (tests/e2e/test_readme.py). Exit 5 is "no test selected" (a path given to
+# `make test` may hold tests of one kind only).
 run_pass() { .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || { rc=$?; [ $rc -eq 5 ] || exit $rc; }; }
 run_pass -m "not engine" -n 2 --dist loadfile --durations=10 "$@"
-run_pass -m engine -n 2 --dist loadgroup --durations=15 "$@"
+run_pass -m engine -n 2 --dist loadfile --durations=15 "$@"

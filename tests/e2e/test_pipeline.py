@@ -20,7 +20,7 @@ from conftest import free_port
 from servelab import report
 from paths import ROOT
 
-pytestmark = [pytest.mark.engine, pytest.mark.notebooks, pytest.mark.xdist_group("pipeline")]
+pytestmark = [pytest.mark.engine, pytest.mark.notebooks]
 
 
 def _servelab(*args, env, timeout=900):

@@ -1,6 +1,8 @@
 """The README's commands, executed as a new user types them (after `make test`'s set-up): the
 "Using it" block and the papermill block, each line in order, from the repository root. Runs and
-reports go to temporary folders, so the committed reports stay untouched."""
+reports go to temporary folders, so the committed reports stay untouched. The "Using it" block's
+`servelab report --all` re-renders every published report from its committed data alone (no
+server, no GPU): each page byte for byte the committed one (a re-render leaves git clean)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import pytest
 from paths import ROOT
 from readme import REPORT_ALL, block, environment, run_lines
 
-pytestmark = [pytest.mark.engine, pytest.mark.notebooks, pytest.mark.xdist_group("readme")]
+PUBLISHED = sorted(p.parent.parent.name for p in (ROOT / "reports").glob("*/data/study.json"))
+pytestmark = [pytest.mark.engine, pytest.mark.notebooks]
 
 
 def test_the_using_it_commands_work_as_written(readme_commands):
@@ -35,3 +38,17 @@ def test_the_papermill_commands_work_as_written(tmp_path):
     out = ROOT / "runs" / "papermill"
     assert {p.name for p in out.glob("writeup-*.ipynb")} == {"writeup-local-cpu-kv.ipynb", "writeup-h200-llama8b-vllm.ipynb"}
     assert "kv-tight" in (out / "04_kv-tight.ipynb").read_text()
+
+
+@pytest.mark.parametrize("study", PUBLISHED)
+def test_rerender_is_byte_identical_to_the_committed_page(study, readme_commands):
+    """`servelab report --all` (the README's line, every study rendered in its own process beside
+    the others) writes each committed page again byte for byte; the KV study's page is also
+    rendered alone before it (the test above: the same bytes both times)."""
+    _, after = readme_commands
+    rendered = after[REPORT_ALL]
+    pages = sorted(p.name for p in (ROOT / "reports" / study).glob("index*.html"))
+    assert pages
+    for p in pages:
+        assert rendered[f"{study}/{p}"] == (ROOT / "reports" / study / p).read_bytes(), \
+            f"{study}/{p} differs from the committed page"

@@ -14,8 +14,6 @@ from servelab.hosts.process import Engine, EngineError, redact_env
 
 from conftest import CPU_ARGS, ENGINE_PORT, start_engine
 
-pytestmark = pytest.mark.xdist_group("process")  # the engine pass: one worker runs this file's engine tests
-
 
 def test_flag_args_forms():
     assert flag_args({"enforce-eager": True, "max_num_seqs": 4, "x": None, "y": False,

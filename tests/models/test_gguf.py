@@ -13,8 +13,6 @@ from servelab.measure.runinfo import model_revision
 
 from conftest import free_port, start_engine
 
-pytestmark = pytest.mark.xdist_group("gguf")  # the engine pass: one worker runs this file's engine tests
-
 
 def test_preset_is_pinned():
     src = gguf.GGUF_PRESETS["smollm2-135m"]
