@@ -11,6 +11,7 @@ import pytest
 
 from servelab.analysis.tuning import decide, objective
 from servelab.schema import ParamsError, load_study
+from servelab.hosts import for_study
 from servelab.tune import candidate_id, with_candidate, worst_case_lines
 
 
@@ -108,7 +109,7 @@ def test_coordinate_search_keeps_rejects_and_records_failures(tmp_path, monkeypa
 
     monkeypatch.setattr(tune.Tuner, "measure", fake_measure)
     study = load_study("params/local-cpu-tune.yaml")
-    t = tune.Tuner(study, Path("params/local-cpu-tune.yaml"), host=None)
+    t = tune.Tuner(study, Path("params/local-cpu-tune.yaml"), for_study(study))
     rec = t.run()
     steps = [(s["config"], s["verdict"], s.get("why")) for s in rec["steps"]]
     assert steps == [("serial", "base", None), ("max-num-seqs-16", "kept", "beats"),
@@ -142,7 +143,6 @@ def test_candidates_are_measured_through_the_pipelines_run_config(tmp_path, monk
     import inspect
 
     from servelab import pipeline, tune
-    from servelab.hosts import for_study
 
     monkeypatch.setattr(tune, "runs_root", lambda: tmp_path / "runs")
     calls = []

@@ -112,8 +112,7 @@ class Tuner:
     def _share_study(self) -> None:
         """The host made for this tune serves every candidate: it reads their engines from the
         study, which gains one configuration per candidate."""
-        if self.host is not None:
-            self.host.study = self.study
+        self.host.study = self.study
 
     def _save(self) -> None:
         write_json(self.root / TUNE_JSON, self.record)

@@ -123,6 +123,11 @@ def cache_table(sd: StudyData) -> Any:
     return rh.table(df, sd.w("workload.cache_caption"), formats={df.columns[7]: ",.1f", df.columns[8]: ",.1f"})
 
 
+def _measured(r: Any) -> float:
+    """A level's measured hit rate: the server's counters, else the responses' usage."""
+    return r["counter_hit_rate"] if r["counter_hit_rate"] == r["counter_hit_rate"] else r["usage_hit_rate"]
+
+
 def asked_vs_measured(sd: StudyData) -> str:
     """'asked 50 %, the server reports 49.6 %' for every level that asked a hit rate."""
     t = cache_levels(sd.records, _levels(sd))
@@ -130,9 +135,8 @@ def asked_vs_measured(sd: StudyData) -> str:
         return ""
     out = []
     for _, r in t[t["asked_hit_rate"].notna()].iterrows():
-        measured = r["counter_hit_rate"] if r["counter_hit_rate"] == r["counter_hit_rate"] else r["usage_hit_rate"]
         out.append(sd.w("workload.asked_vs_measured", bucket=r["bucket"], level=_level(r),
-                        asked=_pct_text(r["asked_hit_rate"]), measured=_pct_text(measured)))
+                        asked=_pct_text(r["asked_hit_rate"]), measured=_pct_text(_measured(r))))
     return " ".join(out)
 
 
@@ -144,8 +148,7 @@ def headline_sentence(sd: StudyData) -> str:
         return ""
     asked = t[t["asked_hit_rate"].notna()]
     pairs = sd.w("story.pair_sep").join(sd.w("story.asked_pair", asked=_pct_text(r["asked_hit_rate"]),
-                           measured=_pct_text(r["counter_hit_rate"] if r["counter_hit_rate"] == r["counter_hit_rate"]
-                                              else r["usage_hit_rate"])) for _, r in asked.iterrows())
+                                             measured=_pct_text(_measured(r))) for _, r in asked.iterrows())
     hit = asked[asked["asked_hit_rate"] > 0]["ttft_hit_p50_s"].dropna()
     miss = asked[asked["asked_hit_rate"] == 0]["ttft_miss_p50_s"].dropna()
     ttft = (" " + sd.w("story.hit_ttft", hit=f"{hit.median() * 1000:,.1f}", miss=f"{miss.median() * 1000:,.1f}")
