@@ -6,6 +6,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.servelab-setup
 STUDY ?= params/local-cpu.yaml
+# Python may write bytecode (.pyc) here even where the shell sets PYTHONDONTWRITEBYTECODE: without
+# it every engine start compiles vLLM and torch from source again (scripts/setup.sh).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup report test test-fast lab clean-runs
 

