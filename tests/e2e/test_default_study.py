@@ -1,5 +1,6 @@
 """The default study (params/local-cpu.yaml) on the real model: it validates, and its dry run
-prints the four launch commands that differ by exactly one lever from the eager baseline."""
+prints the launch commands that differ by exactly one lever from the eager baseline (and the
+baseline's again, the A/A repeat)."""
 
 from __future__ import annotations
 
@@ -25,14 +26,16 @@ def _dry_run() -> dict[str, list[str]]:
 def test_the_default_study_is_the_real_model_one_change_at_a_time():
     s = load_study(ROOT / "params" / "local-cpu.yaml")
     assert s.engine.model.preset == "smollm2-135m"
-    assert [c.id for c in s.configurations] == ["eager", "compiled", "ngram", "budget"]
+    assert [c.id for c in s.configurations] == ["eager", "compiled", "ngram", "budget", "eager-again"]
+    assert s.configurations[-1].baseline == "eager" and not s.configurations[-1].engine  # the A/A repeat
     assert {b.prompt_set for b in s.workload.buckets} == {"rewrite", "code"}
     assert s.translations == ["ja"]
 
 
 def test_dry_run_prints_the_compiled_and_ngram_launch_commands():
     cmds = _dry_run()
-    assert set(cmds) == {"eager", "compiled", "ngram", "budget"}, cmds
+    assert set(cmds) == {"eager", "compiled", "ngram", "budget", "eager-again"}, cmds
+    assert cmds["eager-again"] == cmds["eager"]  # the A/A repeat starts the baseline again
     assert "--enforce-eager" in cmds["eager"] and "--enforce-eager" not in cmds["compiled"]
     spec = cmds["ngram"][cmds["ngram"].index("--speculative-config") + 1]
     assert '"method":"ngram"' in spec.replace(" ", "") and '"num_speculative_tokens":4' in spec.replace(" ", "")
