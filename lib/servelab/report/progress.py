@@ -115,6 +115,13 @@ def repeats(sd: StudyData) -> dict[str, str]:
     return {c: b for c, b in baselines(sd).items() if not settings_changed(sd, c, b)}
 
 
+def exact_repeats(sd: StudyData) -> set[str]:
+    """A/A repeats that also send their baseline's workload: the baseline measured again, nothing
+    new (a repeat with its own workload, such as a saturation sweep, measures levels of its own)."""
+    own = {c.id: c for c in sd.study.configurations}
+    return {c for c in repeats(sd) if c in own and not own[c].workload and own[c].capacity is None}
+
+
 def run_noise(sd: StudyData) -> tuple[float | None, str | None]:
     """(run-to-run noise in %, the configuration whose repeat measured it): the study's
     `run_noise_pct` when given (measured elsewhere on the host, None as the source), else the
@@ -280,6 +287,9 @@ def headline(sd: StudyData) -> str:
         return rh.MISSING
     lab = sd.labels()
     out = []
+    # an A/A repeat is the baseline measured again (the noise), not a configuration to pick
+    chosen = s[~s["config"].isin(exact_repeats(sd))]
+    s = chosen if len(chosen) else s
     best = s.loc[s["aggregate_output_tps"].idxmax()]
     out.append(sd.w("story.fastest", label=lab.get(best["config"], best["config"]),
                     peak=num(best["aggregate_output_tps"], 0), bucket=best["bucket"],
