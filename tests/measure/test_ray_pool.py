@@ -107,7 +107,10 @@ def test_ray_workers_timing_error_within_local_bounds(ray_cluster):
     assert list(df["requests"]) == [4, 8]
     assert (df["ok"] == df["requests"]).all() and (df["failed"] == 0).all()
     assert (df["lost_chunks"] == 0).all() and (df["chunks_received"] == df["requests"] * 16).all()
-    assert (df["ttft_err_p50_ms"] > 0).all() and (df["ttft_err_p50_ms"] < 50).all()
+    # arrival (client) minus emission (server) on one host: ~0.1 ms; the two stamps come from two
+    # processes, so a median a few tens of µs below zero happens (-0.04 ms at 8 streams over Ray,
+    # CI 2026-12-02); the sign of the whole delay is checked by ttft_vs_programmed below
+    assert (df["ttft_err_p50_ms"] > -1).all() and (df["ttft_err_p50_ms"] < 50).all()
     assert np.allclose(df["itl_emitted_p50_ms"], 10, atol=3)
     assert np.allclose(df["itl_measured_p50_ms"], df["itl_emitted_p50_ms"], atol=3)
     assert (df["ttft_vs_programmed_p50_ms"] > 0).all()

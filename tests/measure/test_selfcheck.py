@@ -20,7 +20,10 @@ def test_calibrate_small_levels_against_reference_server(tmp_path):
     assert (df["chunks_expected"] == df["requests"] * 16).all()
     assert (df["lost_chunks"] == 0).all() and (df["chunks_received"] == df["chunks_expected"]).all()
     # the client sees a chunk after the server stamped it, and not absurdly late at this load
-    assert (df["ttft_err_p50_ms"] > 0).all() and (df["ttft_err_p50_ms"] < 50).all()
+    # arrival (client) minus emission (server) on one host: ~0.1 ms; the two stamps come from two
+    # processes, so a median a few tens of µs below zero happens (-0.04 ms at 8 streams over Ray,
+    # CI 2026-12-02); the sign of the whole delay is checked by ttft_vs_programmed below
+    assert (df["ttft_err_p50_ms"] > -1).all() and (df["ttft_err_p50_ms"] < 50).all()
     assert (df["delivery_p50_ms"] > 0).all()
     # emitted gaps follow the programmed 10 ms; the client's gaps follow the emitted ones
     assert np.allclose(df["itl_emitted_p50_ms"], 10, atol=3)
