@@ -113,12 +113,8 @@ def _gguf_read_once() -> Iterator[None]:
         yield
 
 
+@_gguf_read_once()
 def _dequantize_into(out_dir: Path, gguf_path: Path, src: GgufSource) -> dict[str, float]:
-    with _gguf_read_once():
-        return _dequantize_cached(out_dir, gguf_path, src)
-
-
-def _dequantize_cached(out_dir: Path, gguf_path: Path, src: GgufSource) -> dict[str, float]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
