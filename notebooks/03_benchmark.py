@@ -19,8 +19,11 @@
 # A streaming client sends the study's workload: for every bucket (input x output tokens)
 # and every concurrency level, warmup rounds (excluded) then measured rounds. Each request's
 # record is appended to `records.jsonl` as it ends; `/metrics` (and NVML on a GPU machine) is
-# sampled in the background; `run.json` keeps the reproducibility record. With the default
-# `start = False` this notebook shows the plan and sends nothing.
+# sampled in the background; `run.json` keeps the reproducibility record. When `servelab run`
+# started several configurations' engines side by side (`configs`), they are measured together,
+# one round at a time in alternating order, with more rounds where a verdict is still open until
+# the study's time budget is spent. With the default `start = False` this notebook shows the plan
+# and sends nothing.
 
 # %% tags=["parameters"]
 params_path = "params/local-cpu-kv.yaml"  # the study's params file
@@ -29,6 +32,8 @@ run_dir = "runs/local-cpu-kv/roomy"  # this configuration's run folder
 reduced = False  # use the study's reduced workload (CI)
 resume = False  # continue an interrupted run from its first incomplete level
 start = False  # send the load (servelab run sets it); False: show the plan only
+configs = []  # the configurations measured together, interleaved (servelab run sets it); []: config_id alone
+deadline_unix = 0.0  # when the study's time budget ends (time.time() seconds; 0: no budget)
 
 # %%
 from IPython.display import display
@@ -44,13 +49,15 @@ stages.level_plan(plan)
 # ## Run the load levels
 
 # %%
-if start:
+if start and configs:
+    plans = [load_plan(params_path, c, reduced) for c in configs]
+    for p in plans:  # one engine at a time: two engines decoding at once slow each other down many times
+        print(f"{p.config_id}: {stages.quality_line(stages.quality(p, rdir.parent / p.config_id))}")
+    design = stages.benchmark_interleaved(plans, [rdir.parent / c for c in configs], deadline_unix=deadline_unix or None)
+    display(stages.sampling_table(design))
+elif start:
     result = stages.benchmark(plan, rdir, progress=False, resume=resume)
     print(f"status: {result.status}, records: {result.records}. {result.message}")
     display(stages.summary_table(result.summary))
-    q = stages.quality(plan, rdir)  # the output check at temperature 0 (quality.json)
-    if q is not None:
-        print(f"quality check: {q['score']['correct']}/{q['score']['total']} known answers" if q["measurable"]
-              else f"quality check: not measurable ({q['reason']})")
 else:
     print("start = False: no request sent. Set start = True (or run `servelab run`) to measure.")

@@ -67,6 +67,12 @@ Markdown(f"{sec.anchor('progression', w('section.progression'))}\n\n{w('story.pr
 sec.progression_table(sd)
 
 # %%
+Markdown(f"{sec.anchor('verdicts', w('section.verdicts'), 3)}\n\n{sec.verdicts_text(sd)}")
+
+# %%
+sec.verdict_table(sd)
+
+# %%
 sets_text, sets_table = levels.prompt_set_table(sd)
 if sets_table is not None:
     display(Markdown(f"{sec.anchor('prompt-sets', w('prompts.title'), 3)}\n\n{sets_text}"))

@@ -172,7 +172,7 @@ def test_the_cycle_finder_finds_a_lazy_circle():
 
 def test_every_library_error_derives_from_servelab_error():
     """One root (servelab.errors.ServelabError) for every exception class the library defines;
-    pipeline.Stopped is a signal (a KeyboardInterrupt), not an error."""
+    execute.Stopped is a signal (a KeyboardInterrupt), not an error."""
     import importlib
 
     from servelab.errors import ServelabError
@@ -186,7 +186,7 @@ def test_every_library_error_derives_from_servelab_error():
                     found.append(node.name)
                     if not issubclass(cls, ServelabError):
                         outside.append(f"{_module_name(p)}.{node.name}")
-    assert outside == ["servelab.pipeline.Stopped"]
+    assert outside == ["servelab.execute.Stopped"]
     assert len(found) >= 23
 
 

@@ -1,8 +1,9 @@
 """Study orchestration: every configuration through the stage notebooks, then the report.
 
-`run_study` executes `notebooks/01_provision .. 04_diagnose` headless with papermill for each
-configuration (executed copies kept in the run folder), always stopping the engine, then
-publishes: raw runs copied to `reports/<study>/data/`, the write-up notebook executed and
+`run_study` measures the configurations side by side and interleaved where they can be
+(`sidebyside`), else one after another: `notebooks/01_provision .. 04_diagnose` executed headless
+with papermill for each configuration (`execute`; executed copies kept in the run folder), always
+stopping the engine; then it publishes: raw runs copied to `reports/<study>/data/`, the write-up notebook executed and
 converted to `reports/<study>/index.html`, `reports/index.html` updated. `render_reports`
 re-renders published studies from their data alone (no server). SIGTERM and SIGHUP end a run
 as Ctrl-C does: records kept, run.json partial with the reason, summary written, the engine
@@ -11,131 +12,29 @@ and its process group stopped, the host torn down.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import os
 import shlex
 import shutil
-import signal
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from . import stages
 from .errors import ServelabError
+from .execute import (STAGES, WRITEUP, StageFailed, Stopped, close_partial, execute_notebook, log, stop_children,
+                      stop_signals)
 from .hosts import EngineError, for_study
-from .measure.runner import finalize
 from .plan import ConfigPlan, plan_study
-from .runfolder import (CHECK_FILES, ENGINE_JSON, ENGINE_LOG, PARAMS_EFFECTIVE, PUBLISHED_FILES, RECORDS, STUDY_JSON, RunFolder,
-                        project_root, read_json, reports_root, runs_root, write_json)
+from .runfolder import (CHECK_FILES, DESIGN_JSON, ENGINE_JSON, ENGINE_LOG, PUBLISHED_FILES, RECORDS, STUDY_JSON, RunFolder,
+                        read_json, reports_root, runs_root, write_json)
 from .schema import FORMAT_VERSION, Study
-from .secrets import scrub_file, scrub_tree
-
-STAGES = ["01_provision", "02_launch", "03_benchmark", "04_diagnose"]
-WRITEUP = "05_writeup"
+from .secrets import scrub_tree
+from .sidebyside import LANES, interleave_blocked, measure_interleaved, with_ports, write_design, write_effective
 
 
 class PublishedReportExists(ServelabError, FileExistsError):
     pass
-
-
-class Stopped(KeyboardInterrupt):
-    """SIGTERM or SIGHUP arrived: end the run as Ctrl-C does (a KeyboardInterrupt, so every
-    `finally` runs), with the signal's name as the reason. A signal, not an error: the one
-    exception class outside `ServelabError` (an `except Exception` must not swallow it)."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.name = name
-
-
-def _log(msg: str) -> None:
-    print(f"[servelab] {msg}", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def stop_signals() -> Iterator[None]:
-    """SIGTERM / SIGHUP -> `Stopped` in the main thread while a run is in progress."""
-
-    def handler(signum: int, frame: Any) -> None:
-        raise Stopped(signal.Signals(signum).name)
-
-    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-
-
-class _ServelabLines(logging.Handler):
-    """Forwards the `[servelab]` lines a stage notebook prints (one per load level) to the terminal
-    while papermill runs it."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        for line in record.getMessage().splitlines():
-            if line.startswith("[servelab]"):
-                print(line, file=sys.stderr, flush=True)
-
-
-def _kernel_manager_class() -> Any:
-    """A kernel manager on IPC sockets: the kernel and papermill talk through files in the
-    runtime folder, not TCP on localhost (and the kernel's 'running over TCP without
-    encryption' warning does not reach the terminal)."""
-    import tempfile
-    import uuid
-
-    from jupyter_client.manager import AsyncKernelManager
-    from traitlets import CaselessStrEnum, default
-
-    class IpcKernelManager(AsyncKernelManager):
-        transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc", config=True)
-
-        @default("ip")
-        def _ip_default(self) -> str:
-            # jupyter_client's default is `kernel-ipc` in the working folder, numbered by the first
-            # free file: two processes starting kernels at once (`report --all`, two runs in one
-            # checkout) took the same sockets ("Invalid Signature"). One unique prefix per kernel.
-            return str(Path(tempfile.gettempdir()) / f"servelab-kernel-{uuid.uuid4().hex[:16]}")
-
-    return IpcKernelManager
-
-
-def notebooks_dir() -> Path:
-    return project_root() / "notebooks"
-
-
-def execute_notebook(name: str, out_dir: Path, parameters: dict[str, Any], *, out_name: str | None = None) -> Path:
-    """Execute notebooks/<name>.py (jupytext percent, kernelspec in its header) with papermill
-    from the repository root; the executed copy is written scrubbed to out_dir/<name>.ipynb."""
-    import jupytext
-    import papermill as pm
-
-    src = notebooks_dir() / f"{name}.py"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    nb_in = out_dir / f"{out_name or name}.input.ipynb"
-    jupytext.write(jupytext.read(src), nb_in)
-    nb_out = out_dir / f"{out_name or name}.ipynb"
-    plog = logging.getLogger("papermill")
-    handler = _ServelabLines()
-    plog.addHandler(handler)
-    plog.setLevel(logging.INFO)
-    plog.propagate = False
-    try:
-        pm.execute_notebook(str(nb_in), str(nb_out), parameters=parameters, kernel_name="python3",
-                            language="python", cwd=str(project_root()), progress_bar=False, log_output=True,
-                            request_save_on_cell_execute=True, kernel_manager_class=_kernel_manager_class())
-    finally:
-        plog.removeHandler(handler)
-        nb_in.unlink(missing_ok=True)
-        if nb_out.exists():
-            scrub_file(nb_out)
-    return nb_out
 
 
 def describe(study: Study) -> str:
@@ -151,6 +50,14 @@ def describe(study: Study) -> str:
     lines.append(f"workload: {len(wl.buckets)} buckets x concurrency {wl.concurrency}, "
                  f"{wl.warmup_rounds} warmup + {wl.rounds} rounds, {n} requests per configuration")
     plans = plan_study(study)  # derived values (e.g. capture sizes) filled in, one host
+    why = interleave_blocked(study, list(plans.values()), False)
+    if why is None:  # the engines run side by side, each on its own port
+        plans = plan_study(with_ports(study, list(plans)), next(iter(plans.values())).host)
+        budget = f"; time budget {study.design.budget_s:g} s" if study.design.budget_s else ""
+        lines.append(f"design: engines started {LANES} at a time and measured interleaved when they fit in memory "
+                     f"(checked after the first starts), more rounds where a verdict is open{budget}")
+    elif len(plans) > 1:
+        lines.append(f"design: configurations measured one at a time ({why})")
     for cid, plan in plans.items():
         eng = plan.engine
         if eng.model is not None:
@@ -165,29 +72,6 @@ def describe(study: Study) -> str:
     return "\n".join(lines)
 
 
-def _close_partial(rdir: Path, reason: str) -> None:
-    """A stage process died with the run still 'running' (a signal reached only us): write the
-    summary and a partial run.json with the reason from the records on disk."""
-    rf = RunFolder(rdir)
-    if rf.run.get("status") == "running":
-        finalize(rf, dict(rf.run), status="partial", message=f"stopped by {reason}; "
-                 f"{len(rf.records)} records kept in {rf / RECORDS} (continue with --resume)")
-
-
-def _stop_children() -> None:
-    """End the papermill kernels this process started (a signal may leave one running)."""
-    import psutil
-
-    procs = psutil.Process().children(recursive=True)
-    for p in procs:
-        with contextlib.suppress(psutil.Error):
-            p.terminate()
-    _, alive = psutil.wait_procs(procs, timeout=10)
-    for p in alive:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-
-
 def run_config(plan: ConfigPlan, params_path: Path, rdir: Path, *, notebooks: bool,
                reduced: bool, resume: bool = False) -> None:
     """One configuration: provision, launch, benchmark, diagnose. The engine always stops.
@@ -197,7 +81,7 @@ def run_config(plan: ConfigPlan, params_path: Path, rdir: Path, *, notebooks: bo
     params = {"params_path": str(params_path.resolve()), "config_id": config_id, "run_dir": str(rdir.resolve()),
               "reduced": reduced, "resume": resume, "start": True}
     if (rdir / ENGINE_JSON).exists():  # an engine left by a killed run would hold the port
-        _log(f"{config_id}: leftover engine from an earlier run: {host.stop(rdir)}")
+        log(f"{config_id}: leftover engine from an earlier run: {host.stop(rdir)}")
     try:
         if notebooks:
             for name in STAGES:
@@ -208,21 +92,21 @@ def run_config(plan: ConfigPlan, params_path: Path, rdir: Path, *, notebooks: bo
                     raise
                 except Exception as e:  # papermill wraps the cell's exception
                     raise StageFailed(name, rdir, e) from None
-                _log(f"{config_id}: {name} done in {time.monotonic() - t0:.1f} s")
+                log(f"{config_id}: {name} done in {time.monotonic() - t0:.1f} s")
         else:
             stages.provision(plan, rdir)
             stages.launch(plan, rdir)
+            stages.quality(plan, rdir)
             res = stages.benchmark(plan, rdir, resume=resume, progress=False)
             if res.message:
-                _log(res.message)
-            stages.quality(plan, rdir)
+                log(res.message)
     except KeyboardInterrupt as e:
         reason = e.name if isinstance(e, Stopped) else "the user (Ctrl-C)"
-        _stop_children()
-        _close_partial(rdir, reason)
+        stop_children()
+        close_partial(rdir, reason)
         raise
     finally:
-        _log(f"{config_id}: {host.stop(rdir)}")
+        log(f"{config_id}: {host.stop(rdir)}")
     run = RunFolder(rdir).run
     if run.get("status") != "complete":
         raise RunIncomplete(f"{config_id}: run {run.get('status', 'missing')}: {run.get('message', '')} "
@@ -233,14 +117,6 @@ class RunIncomplete(ServelabError, RuntimeError):
     pass
 
 
-class StageFailed(ServelabError, RuntimeError):
-    def __init__(self, stage: str, rdir: Path, err: Exception) -> None:
-        ename = getattr(err, "ename", type(err).__name__)
-        evalue = getattr(err, "evalue", str(err))
-        super().__init__(f"stage {stage} failed for {rdir.name}: {ename}: {evalue}\n"
-                         f"executed notebook: {rdir / 'notebooks' / (stage + '.ipynb')}")
-
-
 def run_study(study: Study, params_path: Path, *, only: list[str] | None = None, reduced: bool = False,
               force: bool = False, dry_run: bool = False, notebooks: bool = True, report: bool = True,
               resume: bool = False) -> int:
@@ -249,7 +125,8 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
     (`preflight`; its warnings are printed)."""
     from .preflight import preflight
 
-    preflight(study.reduced_copy() if reduced else study, params_path, warn=_log)
+    t0 = time.monotonic()  # the study's time budget (design.budget_s) counts from here
+    preflight(study.reduced_copy() if reduced else study, params_path, warn=log)
     if dry_run:
         print(describe(study))
         return 0
@@ -272,7 +149,7 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
     for cid in configs:
         rdir = root / cid
         if resume and RunFolder(rdir).run.get("status") == "complete":
-            _log(f"configuration {cid}: complete, skipped (--resume)")
+            log(f"configuration {cid}: complete, skipped (--resume)")
             continue
         if rdir.exists() and not resume:
             if not force:
@@ -284,21 +161,20 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
     write_json(root / STUDY_JSON, {"format_version": FORMAT_VERSION, "params_path": str(params_path), "reduced": reduced,
                                    "study": json.loads(study.model_dump_json())})
     shutil.copy(params_path, root / "params.yaml")
-    t0 = time.monotonic()
     failed: list[str] = []
     try:
         with stop_signals(), host.guard():
-            failed = _measure(study, [plans[c] for c in todo], root, notebooks=notebooks, resume=resume)
+            failed = _measure(study, [plans[c] for c in todo], root, notebooks=notebooks, resume=resume, started=t0)
     finally:
         out = host.teardown()  # every path, also Ctrl-C and SIGTERM
         if out:
-            _log(out)
+            log(out)
         scrub_tree(root)  # engine logs and anything else written by child processes
     frames = [RunFolder(root / c).summary for c in configs]
     print(format_table(_concat(frames)))
-    _log(f"measured {len(todo) - len(failed)} configuration(s) in {time.monotonic() - t0:.0f} s")
+    log(f"measured {len(todo) - len(failed)} configuration(s) in {time.monotonic() - t0:.0f} s")
     if failed:
-        _log(f"failed: {failed}; records kept under {root}")
+        log(f"failed: {failed}; records kept under {root}")
         return 1
     if report:
         publish(study.study, root, force=force)
@@ -312,21 +188,33 @@ def _concat(frames: list[Any]) -> Any:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def _measure(study: Study, todo: list[ConfigPlan], root: Path, *, notebooks: bool, resume: bool) -> list[str]:
+def _measure(study: Study, todo: list[ConfigPlan], root: Path, *, notebooks: bool, resume: bool,
+             started: float | None = None) -> list[str]:
+    """Every configuration of `todo`: side by side and interleaved where they can be
+    (`interleave_blocked` says why not), else one after another. Returns those that failed."""
+    why = interleave_blocked(study, todo, resume)
+    if why is None:
+        return measure_interleaved(study, todo, root, notebooks=notebooks, started=started,
+                                   fallback=lambda st, plans, r: _one_at_a_time(st, plans, r, notebooks=notebooks,
+                                                                               resume=False))
+    if len(todo) > 1:
+        log(f"configurations measured one at a time: {why}")
+    write_design(root, {"interleaved": False, "reason": why})
+    return _one_at_a_time(study, todo, root, notebooks=notebooks, resume=resume)
+
+
+def _one_at_a_time(study: Study, todo: list[ConfigPlan], root: Path, *, notebooks: bool, resume: bool) -> list[str]:
     failed: list[str] = []
     for plan in todo:
         cid = plan.config_id
         rdir = root / cid
-        _log(f"configuration {cid}: {'resume' if resume and rdir.exists() else 'start'}")
-        rdir.mkdir(parents=True, exist_ok=True)
-        # the notebooks read the study as validated here (--reduced and --url applied)
-        effective = rdir / PARAMS_EFFECTIVE
-        effective.write_text(yaml.safe_dump(json.loads(study.model_dump_json()), sort_keys=False))
+        log(f"configuration {cid}: {'resume' if resume and rdir.exists() else 'start'}")
+        effective = write_effective(study, rdir)
         try:
             run_config(plan, effective, rdir, notebooks=notebooks, reduced=False,
                        resume=resume and (rdir / RECORDS).exists())
         except (StageFailed, EngineError, RuntimeError) as e:
-            _log(str(e))
+            log(str(e))
             failed.append(cid)
             break
     return failed
@@ -341,7 +229,7 @@ def publish(study_id: str, run_root: Path, *, force: bool = False) -> Path:
             raise PublishedReportExists(f"{pub}/index.html is published: pass --force to replace it")
         shutil.rmtree(data)
     data.mkdir(parents=True)
-    for f in ("params.yaml", STUDY_JSON, "tune.json"):  # tune.json: a `tune:` study's search (servelab.tune)
+    for f in ("params.yaml", STUDY_JSON, "tune.json", DESIGN_JSON):  # tune.json: a `tune:` study's search (servelab.tune)
         if (run_root / f).exists():
             shutil.copy(run_root / f, data / f)
     for failed in run_root.glob("*-failed"):  # logs of configurations that could not be measured
@@ -363,7 +251,7 @@ def publish(study_id: str, run_root: Path, *, force: bool = False) -> Path:
     return pub / "index.html"
 
 
-def render(study_id: str, keep_dir: Path | None = None, *, index: bool = True) -> Path:
+def render(study_id: str, keep_dir: Path | None = None, *, index: bool = True, parallel: bool = True) -> Path:
     """Execute the write-up on reports/<study>/data and write index.html (inputs hidden), plus
     index.<lang>.html for each of the study's `translations`, linked to each other; then
     reports/index.html (unless `index` is false: `render_reports` writes it once).
@@ -386,18 +274,35 @@ def render(study_id: str, keep_dir: Path | None = None, *, index: bool = True) -
     study = study_from_dict(upgrade(sj["study"], sj.get("format_version")), str(pub / "data" / STUDY_JSON))
     langs = [study.language, *[x for x in study.translations if x != study.language]]
     pages = {lang: "index.html" if i == 0 else f"index.{lang}.html" for i, lang in enumerate(langs)}
+    from .report.load import load_study_data
+    from .report.verdicts import write_study_verdicts
+
+    write_study_verdicts(load_study_data(pub))  # data/verdicts.json: what the write-up's verdicts read
     with tempfile.TemporaryDirectory(prefix="servelab-render-") as tmp:
         work = Path(keep_dir) if keep_dir else Path(tmp)
+        jobs = []
         for lang, page in pages.items():
-            name = WRITEUP if page == "index.html" else f"{WRITEUP}.{lang}"
-            nb = execute_notebook(WRITEUP, work, {"study_dir": str(pub.resolve()), "language": lang}, out_name=name)
             other = next((x for x in langs if x != lang), None) if lang == langs[0] else langs[0]
             alternate = {"href": pages[other], "label": words(lang)("page.other_language")} if other else None
+            jobs.append((WRITEUP if page == "index.html" else f"{WRITEUP}.{lang}", lang, page, alternate))
+
+        def one(name: str, lang: str, page: str, alternate: dict[str, str] | None) -> None:
+            nb = execute_notebook(WRITEUP, work, {"study_dir": str(pub.resolve()), "language": lang}, out_name=name)
             notebook_to_html(nb, pub / page, title=study.in_language(lang).title, language=lang, alternate=alternate,
                              scrub=scrub)
+
+        if parallel and len(jobs) > 1:  # a language per core: a write-up is one busy core
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(min(len(jobs), os.cpu_count() or 1)) as pool:
+                for f in [pool.submit(one, *j) for j in jobs]:
+                    f.result()
+        else:
+            for j in jobs:
+                one(*j)
     if index:
         write_index(reports_root())
-    _log(f"report {pub / 'index.html'} rendered in {time.monotonic() - t0:.1f} s"
+    log(f"report {pub / 'index.html'} rendered in {time.monotonic() - t0:.1f} s"
          + (f" (+ {', '.join(list(pages.values())[1:])})" if len(pages) > 1 else ""))
     return pub / "index.html"
 
@@ -406,7 +311,7 @@ def render_reports(study_id: str | None) -> int:
     root = reports_root()
     ids = [study_id] if study_id else sorted(p.name for p in root.iterdir() if (p / "data").is_dir())
     if not ids:
-        _log(f"no published study under {root}")
+        log(f"no published study under {root}")
         return 1
     if len(ids) == 1:
         render(ids[0])
@@ -418,7 +323,7 @@ def render_reports(study_id: str | None) -> int:
     from .report.index import write_index
 
     with ProcessPoolExecutor(min(len(ids), os.cpu_count() or 1)) as pool:
-        for f in [pool.submit(render, s, index=False) for s in ids]:
+        for f in [pool.submit(render, s, index=False, parallel=False) for s in ids]:
             f.result()
     write_index(root)
     return 0

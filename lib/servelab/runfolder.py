@@ -36,7 +36,9 @@ HOST_JSON = "host.json"  # what provisioning prepared
 ENGINE_LOG = "engine.log"
 PARAMS_EFFECTIVE = "params.effective.yaml"  # the study as validated for this run (--reduced, --url)
 STUDY_JSON = "study.json"  # beside the configurations: the study as run, device sessions
-QUALITY_JSON = "quality.json"  # the output check after the benchmark (measure.quality)
+QUALITY_JSON = "quality.json"  # the output check after the launch (measure.quality)
+DESIGN_JSON = "design.json"  # beside the configurations: how they were measured (interleaved, budget, sampling)
+VERDICTS_JSON = "verdicts.json"  # beside the configurations: each change's verdict per level (analysis.verdicts)
 # What a published report keeps of each configuration's run folder.
 PUBLISHED_FILES = (RECORDS, RUN_JSON, SERVER_METRICS, GPU_METRICS, ENGINE_LOG, CLIENT_STATS, LEVELS, QUALITY_JSON)
 
@@ -164,7 +166,7 @@ class RunFolder:
     `write_run` / `writer(name)` so every file is scrubbed and named in one place.
 
     run.json and the study's study.json (one folder up) carry `format_version`
-    (`schema.FORMAT_VERSION`, now 2) as their first key; a file without it was written by
+    (`schema.FORMAT_VERSION`, now 3) as their first key; a file without it was written by
     servelab 0.1 (format 1: what `schema.upgrade` converts) and is still read."""
 
     path: Path

@@ -56,13 +56,12 @@ def smoke(plan: ConfigPlan, handle: dict[str, Any]) -> dict[str, Any]:
         return {"applies": None, "ok": False, "reason": f"smoke check failed: {type(e).__name__}: {e}"}
 
 
-def benchmark(plan: ConfigPlan, rdir: Path, *, progress: bool = True,
-              log: Callable[[str], None] | None = None, resume: bool = False) -> RunResult:
-    """Run the configuration's workload against its server; returns RunResult."""
-    rdir = Path(rdir)
+def _run_record(plan: ConfigPlan, h: dict[str, Any], hardware: dict[str, Any] | None = None
+                ) -> tuple[dict[str, Any], RssWatcher | None, list[dict[str, Any]] | None]:
+    """run.json's opening record of one configuration (what ran, the machine, the prediction stored
+    before the first request), the engine's RSS watcher (started) and the GPUs it uses.
+    `hardware`: the CPU probe's result when the caller measured it already."""
     host, study, config_id = plan.host, plan.study, plan.config_id
-    h = read_json(rdir / ENGINE_JSON)
-    server = host.server(config_id, h)
     rss = RssWatcher(h["pid"]) if h.get("pid") else None
     if rss:
         rss.start()
@@ -78,23 +77,118 @@ def benchmark(plan: ConfigPlan, rdir: Path, *, progress: bool = True,
         # the engine runs on this CPU: measure its memory bandwidth and matmul rate for the roofline
         from .measure.probe import measure_cpu_bandwidth
 
-        rec["hardware_measured"] = measure_cpu_bandwidth(seconds=1.0)
+        rec["hardware_measured"] = hardware or measure_cpu_bandwidth(seconds=1.0)
     rec.update(_prediction(study, config_id, rec))
+    return rec, rss, gpus
 
-    def add_rss(record: dict[str, Any]) -> None:
+
+def _add_rss(rss: RssWatcher | None) -> Callable[[dict[str, Any]], None]:
+    def add(record: dict[str, Any]) -> None:
         if rss:
             rss.stop()
             info = record.setdefault("server", {})
             info["peak_rss_bytes"] = max(rss.peak_bytes, info.get("peak_rss_bytes") or 0)
+    return add
 
+
+def benchmark(plan: ConfigPlan, rdir: Path, *, progress: bool = True,
+              log: Callable[[str], None] | None = None, resume: bool = False) -> RunResult:
+    """Run the configuration's workload against its server; returns RunResult."""
+    rdir = Path(rdir)
+    host, study, config_id = plan.host, plan.study, plan.config_id
+    h = read_json(rdir / ENGINE_JSON)
+    server = host.server(config_id, h)
+    rec, rss, gpus = _run_record(plan, h)
     kw = dict(study=study.study, config_id=config_id, record=rec, progress=progress, log=log, resume=resume,
-              gpu_devices=[g["index"] for g in gpus] if gpus else None, before_final=add_rss)
+              gpu_devices=[g["index"] for g in gpus] if gpus else None, before_final=_add_rss(rss))
     cap = study.capacity_for(config_id)
     if cap is not None:  # the search chooses the levels; each trial is an ordinary level
         from .measure.capacity import run_capacity_study
 
         return run_capacity_study(server, plan.workload, rdir, cap, study.slo, **kw)
     return run_workload(server, plan.workload, rdir, **kw)
+
+
+def benchmark_interleaved(plans: list[ConfigPlan], rdirs: list[Path], *, deadline_unix: float | None = None,
+                          log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Every configuration's workload against its own engine, all running side by side, one round
+    at a time in alternating order, with sequential sampling until each change's verdict is
+    settled or the study's time budget (`deadline_unix`, time.time() seconds) is spent
+    (`measure.interleave`, `analysis.verdicts`). Writes design.json beside the run folders;
+    returns it."""
+    import time as _time
+
+    from .measure.interleave import Start, run_interleaved
+    from .measure.probe import measure_cpu_bandwidth
+    from .runfolder import DESIGN_JSON, now_iso
+
+    study, design = plans[0].study, plans[0].study.design
+    starts, hw = [], None
+    for plan, rdir in zip(plans, rdirs):
+        h = read_json(Path(rdir) / ENGINE_JSON)
+        if hw is None and plan.host.engine_on_this_machine(h):
+            hw = measure_cpu_bandwidth(seconds=1.0)  # one machine: probed once for every configuration
+        rec, rss, _ = _run_record(plan, h, hw)
+        starts.append(Start(plan.config_id, plan.host.server(plan.config_id, h), Path(rdir), rec, h.get("pid"),
+                            _add_rss(rss)))
+    deadline = (_time.monotonic() + max(0.0, deadline_unix - _time.time())) if deadline_unix else None
+    decide = sampling_rule(plans) if deadline is not None else None  # no budget: the workload's rounds
+    t0, began = _time.monotonic(), now_iso()
+    results, sampling = run_interleaved(starts, plans[0].workload, study=study.study, decide=decide,
+                                        deadline=deadline, max_rounds=design.max_rounds, log=log)
+    out = {"format_version": 1, "interleaved": True, "order": [p.config_id for p in plans],
+           "started_at": began, "benchmark_s": _time.monotonic() - t0,
+           "budget_s": design.budget_s, "mde_target": design.mde_target_pct / 100.0,
+           "max_rounds": design.max_rounds, "first_rounds": plans[0].workload.rounds,
+           "left_s": (deadline - _time.monotonic()) if deadline else None,
+           "levels": [vars(x) for x in sampling],
+           "status": {cid: r.status for cid, r in results.items()}}
+    write_json(Path(rdirs[0]).parent / DESIGN_JSON, {**read_json_or_empty(Path(rdirs[0]).parent / DESIGN_JSON), **out})
+    return out
+
+
+def read_json_or_empty(p: Path) -> dict[str, Any]:
+    return read_json(p) if p.exists() else {}
+
+
+def study_baselines(study: Any, ids: list[str]) -> dict[str, str]:
+    """Each configuration's baseline among `ids`: the one its params name, else the previous one."""
+    out = {}
+    for i, cid in enumerate(ids):
+        named = study.config(cid).baseline
+        if named in ids[:i]:
+            out[cid] = named
+        elif i:
+            out[cid] = ids[i - 1]
+    return out
+
+
+def sampling_rule(plans: list[ConfigPlan]) -> Callable[[int, pd.DataFrame], tuple[set[str], str]]:
+    """`measure.interleave.Decide` for these configurations: after each round, the starts of every
+    comparison whose verdict on aggregate tok/s is not settled (`analysis.verdicts.settled`), with
+    the between-start variance from the levels measured so far."""
+    from .analysis import verdicts as v
+
+    study = plans[0].study
+    ids = [p.config_id for p in plans]
+    groups = v.setting_groups({p.config_id: p.engine.model_dump() for p in plans})
+    cmps = v.comparisons(study_baselines(study, ids), groups)
+    target = study.design.mde_target_pct / 100.0
+    seen: dict[int, pd.DataFrame] = {}
+
+    def decide(li: int, rt: pd.DataFrame) -> tuple[set[str], str]:
+        seen[li] = rt
+        y = v.log_rounds(pd.concat(list(seen.values()), ignore_index=True), v.PRIMARY)
+        between = v.between_starts(y, groups.values(), given_sd_pct=study.design.between_starts_sd_pct)
+        lv = v.log_rounds(rt, v.PRIMARY)
+        res = [(c, v.estimate(lv, c, between)) for c in cmps if not c.aa]
+        need = v.open_starts(res, target)
+        mdes = [r["mde"] for _, r in res if pd.notna(r["mde"])]
+        note = (f"{sum(not v.settled(r, target) for _, r in res)} of {len(res)} changes open, "
+                f"largest MDE {max(mdes) * 100:.0f} %" if mdes else "no estimate yet")
+        return need, note
+
+    return decide
 
 
 def _prediction(study: Any, config_id: str, rec: dict[str, Any]) -> dict[str, Any]:
@@ -132,6 +226,15 @@ def quality(plan: ConfigPlan, rdir: Path) -> dict[str, Any] | None:
 
 
 # -- views the stage notebooks show ------------------------------------------------------------
+
+def quality_line(q: dict[str, Any] | None) -> str:
+    """The quality check's result in one line (quality.json as `quality` returned it)."""
+    if q is None:
+        return "quality check: off"
+    if not q["measurable"]:
+        return f"quality check: not measurable ({q['reason']})"
+    return f"quality check: {q['score']['correct']}/{q['score']['total']} known answers"
+
 
 def launch_plan(plan: ConfigPlan, python: str | None = None) -> str:
     """What `launch` will start or reach for this configuration (the dry-run lines): the engine
@@ -182,6 +285,14 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
                           "aggregate_output_tps_min": "agg min", "aggregate_output_tps_max": "agg max",
                           "output_tokens_p50": "output tokens", "prompt_tokens": "prompt tokens"})
     return t.round(1)
+
+
+def sampling_table(design: dict[str, Any]) -> pd.DataFrame:
+    """Per level of an interleaved benchmark: measured rounds per configuration, why its sampling
+    stopped and its seconds (design.json's `levels`)."""
+    rows = [{"level": x["label"], **{f"rounds {k}": n for k, n in x["rounds"].items()}, "stopped": x["stopped"],
+             "seconds": round(x["seconds"], 1), "last note": x.get("note", "")} for x in design.get("levels", [])]
+    return pd.DataFrame(rows)
 
 
 def server_metrics_table(run: RunFolder) -> pd.DataFrame:

@@ -44,17 +44,19 @@ def _with_level_keys(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def round_throughput(df: pd.DataFrame) -> pd.DataFrame:
-    """Aggregate output tok/s of each measured round: one row per (level, round)."""
+    """Aggregate output tok/s and TTFT p50 of each measured round: one row per (level, round)."""
     df = _with_level_keys(df)
     if df.empty:
-        return pd.DataFrame(columns=LEVEL_KEYS + ["round", "wall_s", "output_tokens_sum", "aggregate_output_tps"])
+        return pd.DataFrame(columns=LEVEL_KEYS + ["round", "wall_s", "output_tokens_sum", "aggregate_output_tps",
+                                                  "ttft_p50_s", "requests"])
     m = df[~df["warmup"]]
     rows = []
     for key, g in m.groupby(LEVEL_KEYS + ["round"], sort=False):
         wall = float(g["end_s"].max() - g["start_s"].min())
         tokens = float(g.loc[g["ok"], "output_tokens"].sum())
         rows.append(dict(zip(LEVEL_KEYS + ["round"], key), wall_s=wall, output_tokens_sum=tokens,
-                         aggregate_output_tps=tokens / wall if wall > 0 else float("nan")))
+                         aggregate_output_tps=tokens / wall if wall > 0 else float("nan"),
+                         ttft_p50_s=_pct(g.loc[g["ok"], "ttft_s"], 50), requests=int(len(g))))
     return pd.DataFrame(rows)
 
 

@@ -25,7 +25,8 @@ import yaml
 
 from .analysis.tuning import decide, objective, quality_verdict
 from .hosts import EngineError, Host, for_study
-from .pipeline import RunIncomplete, StageFailed, publish, run_config, stop_signals
+from .execute import StageFailed, stop_signals
+from .pipeline import RunIncomplete, publish, run_config
 from .plan import plan_config
 from .runfolder import ENGINE_LOG, PARAMS_EFFECTIVE, STUDY_JSON, RunFolder, now_iso, read_json, runs_root, write_json
 from .schema import Study

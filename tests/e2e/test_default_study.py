@@ -32,8 +32,16 @@ def test_the_default_study_is_the_real_model_one_change_at_a_time():
     assert s.translations == ["ja"]
 
 
+def _without_port(cmd: list[str]) -> list[str]:
+    i = cmd.index("--port")
+    return cmd[:i] + cmd[i + 2:]
+
+
 def test_dry_run_prints_the_compiled_and_ngram_launch_commands():
-    cmds = _dry_run()
+    found = _dry_run()
+    ports = [found[c][found[c].index("--port") + 1] for c in ("eager", "compiled", "ngram", "budget", "eager-again")]
+    assert ports == ["8011", "8012", "8013", "8014", "8015"]  # side by side: one port each
+    cmds = {c: _without_port(x) for c, x in found.items()}
     assert set(cmds) == {"eager", "compiled", "ngram", "budget", "eager-again"}, cmds
     assert cmds["eager-again"] == cmds["eager"]  # the A/A repeat starts the baseline again
     assert "--enforce-eager" in cmds["eager"] and "--enforce-eager" not in cmds["compiled"]

@@ -65,7 +65,13 @@ def test_report_is_published_with_data(study_run):
         for f in ("records.jsonl", "run.json", "server_metrics.jsonl"):
             assert (pub / "data" / cid / f).stat().st_size > 0
         nbs = sorted(p.name for p in (base / "runs" / "local-cpu-kv" / cid / "notebooks").glob("*.ipynb"))
-        assert nbs == ["01_provision.ipynb", "02_launch.ipynb", "03_benchmark.ipynb", "04_diagnose.ipynb"]
+        assert nbs == ["01_provision.ipynb", "02_launch.ipynb", "04_diagnose.ipynb"]
+    # both engines ran side by side: one benchmark notebook measured them interleaved
+    shared = base / "runs" / "local-cpu-kv" / "notebooks" / "03_benchmark.ipynb"
+    assert shared.exists() and "roomy" in shared.read_text() and "kv-tight" in shared.read_text()
+    design = json.loads((pub / "data" / "design.json").read_text())
+    assert design["interleaved"] and design["order"] == ["roomy", "kv-tight"]
+    assert [x["stopped"] for x in design["levels"]] == ["fixed"] * 4  # no budget: the workload's rounds
     html = (pub / "index.html").read_text()
     assert "kv-tight" in html and "Reproducibility record" in html and "args.num-gpu-blocks-override" in html
 

@@ -1,6 +1,7 @@
-"""report.progress: the headline says where a change matters and where it does nothing (per level,
-beyond noise), in both languages with the grammar right; the progression table's outputs column
-says quality is not measurable for dummy weights instead of a reassuring 100 %."""
+"""report.progress: the headline gives each change's verdict per level (faster / slower / no
+detectable change with what the study could tell apart), in both languages with the grammar right;
+the progression table's outputs column says quality is not measurable for dummy weights instead of
+a reassuring 100 %."""
 
 from __future__ import annotations
 
@@ -17,21 +18,24 @@ def kv():
     return load_study_data(ROOT / "reports" / "local-cpu-kv")
 
 
-def test_headline_names_the_three_levels_where_the_tight_cache_matters(kv):
+def test_headline_names_the_three_levels_where_the_tight_cache_is_slower(kv):
+    """The KV study starts each configuration once; its between-start sd (6.0 %) was measured by
+    two runs days apart (params/local-cpu-kv.yaml): the intervals carry it."""
     h = progress.headline(kv)
-    line = next(x for x in h.splitlines() if "3 of 9 levels" in x)
-    assert ("in512-out128 at 16 requests in flight -29.7 %; in2048-out128 at 4 requests in flight -20.0 %; "
-            "in2048-out128 at 16 requests in flight -38.9 %") in line
-    assert "On the other 6 its change stays within the noise (largest there +17.2 %)" in line
-    assert "±18.6 %" in line and "2 rounds per level" in line
-    assert "median over" not in h
+    line = next(x for x in h.splitlines() if "over 9 levels" in x)
+    assert ("slower on 3 (in512-out128 at 16 requests in flight -29.7 %; in2048-out128 at 4 requests in flight "
+            "-20.0 %; in2048-out128 at 16 requests in flight -38.9 %)") in line
+    assert "no detectable change on the other 6 (changes smaller than ±26 to ±37 % could not be told apart" in line
+    model = next(x for x in h.splitlines() if "between engine starts" in x)
+    assert "measured one after another" in model and "a standard deviation of 6.0 %" in model
+    assert "median over" not in h and "noise" not in line
 
 
 def test_headline_grammar_in_both_languages(kv):
     en, ja = progress.headline(kv), progress.headline(kv.with_language("ja"))
     assert "1 requests" not in en and " in flight" in en
     assert progress.in_flight(kv, 1) == "1 request in flight" and progress.in_flight(kv, 4) == "4 requests in flight"
-    assert "9 レベル中 3 レベル" in ja and "in2048-out128・並列数 4 で -20.0 %" in ja
+    assert "3 レベルで遅い" in ja and "in2048-out128・並列数 4 で -20.0 %" in ja
     assert "requests" not in ja and "in flight" not in ja
 
 
@@ -40,7 +44,7 @@ def test_quality_column_says_not_measurable_for_dummy_weights(kv):
     assert progress.quality_cell(kv, "kv-tight", "roomy") == "not measurable: dummy weights"
     html = progress.progression_table(kv).data  # an IPython HTML object
     assert "not measurable: dummy weights" in html and "100 %" not in html
-    assert "3 of 9" in html
+    assert "0 faster, 3 slower, 6 no detectable change" in html
     assert "ダミー重み" in progress.quality_cell(kv.with_language("ja"), "kv-tight", "roomy")
 
 
@@ -64,9 +68,11 @@ def test_the_fastest_configuration_is_never_the_aa_repeat():
     sd = load_study_data(ROOT / "reports" / "local-cpu")
     assert progress.exact_repeats(sd) == {"eager-again"}
     s = sd.summary
-    assert s.loc[s["aggregate_output_tps"].idxmax(), "config"] == "eager-again"  # the real case
+    fastest = s.loc[s["aggregate_output_tps"].idxmax()]
+    # the repeat made the fastest: the headline still names a configuration that was chosen
+    s.loc[(s["config"] == "eager-again") & (s["bucket"] == fastest["bucket"])
+          & (s["concurrency"] == fastest["concurrency"]), "aggregate_output_tps"] = fastest["aggregate_output_tps"] * 2
     first = progress.headline(sd).splitlines()[0]
-    assert "compiled (torch.compile)" in first
-    assert "started again" not in first
+    assert "started again" not in first and "eager" not in first.split("**")[1]
     sg = load_study_data(ROOT / "reports" / "h200-llama8b-sglang")  # a repeat with its own workload stays
     assert progress.exact_repeats(sg) == set() and progress.repeats(sg)

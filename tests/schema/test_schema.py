@@ -98,24 +98,26 @@ def test_cli_dry_run_prints_commands():
 
 
 def test_format_version_decides_the_upgrade(tmp_path):
-    """study.json / run.json carry format_version 2; a file without one is servelab 0.1's shape
-    (every host kind's block, aws.mode), still readable; a newer format is refused."""
+    """study.json / run.json carry format_version 3; a file without one is servelab 0.1's shape
+    (every host kind's block, aws.mode), version 2 had `run_noise_pct`: both still readable; a
+    newer format is refused."""
     import json
 
     from servelab.runfolder import RUN_JSON, RunFolder
     from servelab.schema import FORMAT_VERSION, ParamsError, upgrade
 
-    assert FORMAT_VERSION == 2
+    assert FORMAT_VERSION == 3
     old = {"study": "s", "host": {"kind": "aws-ecs", "attach": None, "aws": {"mode": "ecs-service", "cluster": "c"}}}
     assert upgrade(old) == {"study": "s", "host": {"kind": "aws-ecs", "aws": {"cluster": "c"}}}
-    assert upgrade(old, 2) is old  # the current format is taken as it is
-    with pytest.raises(ParamsError, match="format_version 3 is newer"):
-        upgrade(old, 3)
+    assert upgrade({"study": "s", "run_noise_pct": 18.6}, 2) == {"study": "s"}  # no longer an estimate of anything
+    assert upgrade(old, 3) is old  # the current format is taken as it is
+    with pytest.raises(ParamsError, match="format_version 4 is newer"):
+        upgrade(old, 4)
     RunFolder(tmp_path).write_run({"status": "running"})
-    assert list(json.loads((tmp_path / RUN_JSON).read_text()).items()) == [("format_version", 2), ("status", "running")]
+    assert list(json.loads((tmp_path / RUN_JSON).read_text()).items()) == [("format_version", 3), ("status", "running")]
     for sj in sorted(ROOT.glob("reports/*/data/study.json")):  # older ones carry no version: all still load
         data = json.loads(sj.read_text())
-        assert data.get("format_version") in (None, FORMAT_VERSION)
+        assert data.get("format_version") in (None, 2, FORMAT_VERSION)
         from servelab.schema import study_from_dict
 
         assert study_from_dict(upgrade(data["study"], data.get("format_version"))).study == sj.parent.parent.name

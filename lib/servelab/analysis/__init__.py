@@ -8,7 +8,7 @@ show (as numbers and `phrase.Phrase`s the report words) and which rule of seed 0
 none of it talks to a server.
 """
 
-from .compare import change_effects, compare_configs, config_diff, flatten
+from .compare import compare_configs, config_diff, flatten
 from .kv import kv_capacity, kv_capacity_check, kv_residency, kv_timeseries, kv_verdict, parse_size_bytes
 from .prefill import fit_prefill
 from .saturation import KNEE_GAIN_PER_DOUBLING, goodput, knee, saturation, slo_check
@@ -16,7 +16,7 @@ from .speculative import capture_size_warnings, spec_ab, spec_stats
 from .stats import fit_ttft
 from .symptoms import RULES, Finding, symptoms
 
-__all__ = ["change_effects", "compare_configs", "config_diff", "flatten", "kv_capacity", "kv_capacity_check", "kv_residency",
+__all__ = ["compare_configs", "config_diff", "flatten", "kv_capacity", "kv_capacity_check", "kv_residency",
            "kv_timeseries", "kv_verdict", "parse_size_bytes", "fit_prefill", "KNEE_GAIN_PER_DOUBLING", "goodput",
            "knee", "saturation", "slo_check", "capture_size_warnings", "spec_ab", "spec_stats", "fit_ttft",
            "RULES", "Finding", "symptoms"]

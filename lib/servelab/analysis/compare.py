@@ -7,7 +7,6 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from ..engines.flags import json_value
@@ -101,51 +100,3 @@ def compare_configs(study_configs: Sequence[tuple[str, Mapping[str, Any]]], summ
                          "aggregate_change_pct": pct_change(r["aggregate_output_tps_b"], r["aggregate_output_tps_a"]),
                          "decode_change_pct": pct_change(r["decode_tps_p50_b"], r["decode_tps_p50_a"])})
     return pd.DataFrame(rows, columns=cols)
-
-
-def change_effects(summary: pd.DataFrame, rounds: pd.DataFrame, baselines: Mapping[str, str], *,
-                   n_boot: int = 2000, seed: int = 0) -> pd.DataFrame:
-    """Each configuration against its baseline on the levels both measured (one row per change).
-
-    `agg_change_pct` is the median over shared levels of the change in median aggregate tok/s
-    (`(config - baseline) / baseline * 100`); its 95 % interval comes from a bootstrap over the
-    measured rounds (each level's rounds resampled with replacement, `n_boot` times, a fixed
-    seed so a report re-renders identically); `beyond_noise` is False when the interval
-    crosses zero. `ttft_change_pct` is the median change of TTFT p50 over the same levels.
-    `rounds` is `summary.round_throughput(records)`."""
-    cols = ["config", "baseline", "levels", "agg_change_pct", "agg_ci_low_pct", "agg_ci_high_pct", "ttft_change_pct",
-            "beyond_noise"]
-    keys = ["bucket", "concurrency"]
-    rng = np.random.default_rng(seed)
-    rows = []
-    for cur, base in baselines.items():
-        a = summary[summary["config"] == base].set_index(keys)
-        b = summary[summary["config"] == cur].set_index(keys)
-        shared = [k for k in b.index if k in a.index]
-        if not shared:
-            continue
-        agg = [pct_change(b.loc[k, "aggregate_output_tps"], a.loc[k, "aggregate_output_tps"]) for k in shared]
-        ttft = [pct_change(b.loc[k, "ttft_p50_s"], a.loc[k, "ttft_p50_s"]) for k in shared]
-        boots = []
-        for k in shared:
-            ra = _level_rounds(rounds, base, k)
-            rb = _level_rounds(rounds, cur, k)
-            if len(ra) == 0 or len(rb) == 0:
-                continue
-            ma = np.median(ra[rng.integers(0, len(ra), (n_boot, len(ra)))], axis=1)
-            mb = np.median(rb[rng.integers(0, len(rb), (n_boot, len(rb)))], axis=1)
-            boots.append((mb - ma) / ma * 100.0)
-        lo = hi = math.nan
-        if boots:
-            dist = np.median(np.vstack(boots), axis=0)
-            lo, hi = (float(x) for x in np.percentile(dist, [2.5, 97.5]))
-        rows.append({"config": cur, "baseline": base, "levels": len(shared),
-                     "agg_change_pct": float(np.nanmedian(agg)), "agg_ci_low_pct": lo, "agg_ci_high_pct": hi,
-                     "ttft_change_pct": float(np.nanmedian(ttft)),
-                     "beyond_noise": bool(math.isfinite(lo) and (lo > 0 or hi < 0))})
-    return pd.DataFrame(rows, columns=cols)
-
-
-def _level_rounds(rounds: pd.DataFrame, config: str, key: tuple[Any, Any]) -> np.ndarray:
-    r = rounds[(rounds["config"] == config) & (rounds["bucket"] == key[0]) & (rounds["concurrency"] == key[1])]
-    return r["aggregate_output_tps"].dropna().to_numpy(dtype=float)

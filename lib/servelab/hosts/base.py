@@ -34,6 +34,8 @@ class Host:
     kinds: tuple[str, ...] = ()
     #: servelab starts the engine itself (so it knows the weights: the smoke check's dummy rule)
     launches_engine = False
+    #: several engines of one study may run here at once (measured interleaved: measure.interleave)
+    side_by_side = False
     #: what the cost section prices: "local" (nothing billed), "instance" (hours), "endpoint" (tokens)
     cost_basis = "local"
 

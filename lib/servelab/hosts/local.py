@@ -29,6 +29,7 @@ class LocalHost(Host):
     kind = "local"
     kinds = ("local",)
     launches_engine = True
+    side_by_side = True
 
     def _provision(self, config_id: str, rdir: Path, engine: EngineParams) -> dict[str, Any]:
         return {"model_dir": model_dir_for(engine)}

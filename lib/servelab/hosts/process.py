@@ -89,6 +89,24 @@ class Server:
     tokenizer_dir: str | None = None
 
 
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory of a process and all its children now (0 when it is gone)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
 class RssWatcher(threading.Thread):
     """Samples the resident memory of a process tree; keeps the peak."""
 
@@ -100,17 +118,10 @@ class RssWatcher(threading.Thread):
     def run(self) -> None:
         import psutil
 
-        try:
-            root = psutil.Process(self.pid)
-        except psutil.Error:
+        if not psutil.pid_exists(self.pid):
             return
         while not self._stop.is_set():
-            try:
-                procs = [root, *root.children(recursive=True)]
-                rss = sum(p.memory_info().rss for p in procs if p.is_running())
-                self.peak_bytes = max(self.peak_bytes, rss)
-            except psutil.Error:
-                pass
+            self.peak_bytes = max(self.peak_bytes, tree_rss_bytes(self.pid))
             self._stop.wait(self.interval_s)
 
     def stop(self) -> None:

@@ -21,7 +21,8 @@ from ..hosts.base import Server
 from ..runfolder import LEVELS, RECORDS, RunFolder, read_jsonl
 from ..schema import Workload
 from .grid import make_sources
-from .runner import Level, LevelRunner, finalize, open_run_folder, server_counter
+from .runfiles import finalize, open_run_folder
+from .runner import Level, LevelRunner, server_counter
 from .slo_search import SearchSpec, Targets, Trial, result, state
 from .rounds import run_sync
 

@@ -164,6 +164,7 @@ class MetricsSampler:
         self._task_error: BaseException | None = None
         self._started = False
         self._stopped = False
+        self.paused = False
         self.available: bool | None = None  # None until a scrape succeeds or the first one says "no metrics"
         self.unavailable_reason: str | None = None
         self.n_samples = 0
@@ -178,6 +179,11 @@ class MetricsSampler:
     def set_level(self, label: str | None) -> None:
         """Label attached to every following sample (e.g. ``"c=4 in=512"``)."""
         self._level = label
+
+    def pause(self, paused: bool = True) -> None:
+        """Skip the periodic scrapes while paused (an idle engine of an interleaved run: its
+        /metrics would cost the measured engine CPU and say nothing)."""
+        self.paused = paused
 
     async def start(self) -> None:
         if self._started:
@@ -267,7 +273,8 @@ class MetricsSampler:
                 return  # stop requested while waiting for the next tick
             except asyncio.TimeoutError:
                 pass
-            await self._sample_once()
+            if not self.paused:
+                await self._sample_once()
 
     async def _sample_once(self) -> bool:
         assert self._client is not None

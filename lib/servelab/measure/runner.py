@@ -15,18 +15,21 @@ Not for starting engines (`hosts`) or the notebook/report layer.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any, Callable
 
 from tqdm.auto import tqdm
 
 from ..hosts.base import Server
-from ..runfolder import CLIENT_STATS, GPU_METRICS, LEVELS, RECORDS, SERVER_METRICS, JsonlWriter, RunFolder, now_iso, read_jsonl
+from ..runfolder import CLIENT_STATS, GPU_METRICS, LEVELS, RECORDS, SERVER_METRICS, JsonlWriter, RunFolder, now_iso
+from .runfiles import ResumeState, finalize, open_run_folder
 from ..schema import Workload
 from . import client as sc
 from ..errors import ServelabError
@@ -41,11 +44,6 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 SERVER_GONE = {sc.CONNECT, sc.DISCONNECT, sc.TIMEOUT}
 
-# A level is flagged as client-limited when the client's event loop lagged this much (p99)
-# or the client process used this share of one CPU core (see `client_limited`).
-LAG_LIMIT_S = 0.005
-
-CPU_LIMIT_FRAC = 0.9
 
 
 class RunAborted(ServelabError, RuntimeError):
@@ -73,35 +71,6 @@ async def _server_healthy(c: sc.StreamClient) -> bool:
         if await c.status(path) == 200:
             return True
     return False
-
-
-@dataclass
-class ResumeState:
-    done_levels: set[int]
-    next_seq: int
-
-
-def prepare_resume(run_dir: Path) -> ResumeState:
-    """Keep records of finished levels only; move the rest aside. Returns what to skip."""
-    done = {int(x["level"]) for x in read_jsonl(run_dir / LEVELS)}
-    recs = read_jsonl(run_dir / RECORDS)
-    keep = [r for r in recs if r.get("level") in done]
-    drop = [r for r in recs if r.get("level") not in done]
-    if drop:
-        with JsonlWriter(run_dir / f"records.superseded-{int(time.time())}.jsonl") as w:
-            for r in drop:
-                w.write(r)
-    tmp = run_dir / (RECORDS + ".tmp")
-    with JsonlWriter(tmp) as w:
-        for r in keep:
-            w.write(r)
-    tmp.replace(run_dir / RECORDS)
-    stats = [s for s in read_jsonl(run_dir / CLIENT_STATS) if s.get("level") in done]
-    (run_dir / CLIENT_STATS).unlink(missing_ok=True)
-    with JsonlWriter(run_dir / CLIENT_STATS) as w:
-        for s in stats:
-            w.write(s)
-    return ResumeState(done, max((r["seq"] for r in recs), default=-1) + 1)
 
 
 class LevelRunner:
@@ -133,24 +102,24 @@ class LevelRunner:
         self.workers: list[dict[str, Any]] = []  # the pool's workers (run.json `workers`)
 
     # -- signals --------------------------------------------------------------------------
-    def _on_signal(self, sig: signal.Signals) -> None:
+    def on_signal(self, sig: signal.Signals) -> None:
         self.signals.append(sig.name)
         self.stop.set()
         if self.wl.on_interrupt == "cancel" or len(self.signals) > 1 or sig != signal.SIGINT:
             for t in list(self.in_flight):
                 t.cancel()
 
-    def _install_signals(self) -> bool:
+    def install_signals(self) -> bool:
         loop = asyncio.get_running_loop()
         self._previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
         try:
             for sig in STOP_SIGNALS:
-                loop.add_signal_handler(sig, self._on_signal, sig)
+                loop.add_signal_handler(sig, self.on_signal, sig)
             return True
         except (RuntimeError, ValueError, NotImplementedError):  # not the main thread (Jupyter)
             return False
 
-    def _remove_signals(self) -> None:
+    def remove_signals(self) -> None:
         """Hand the signals back to whoever held them before the run (asyncio's own removal
         would reset them to the default action: a later SIGTERM would then kill the pipeline
         before its teardown)."""
@@ -227,75 +196,93 @@ class LevelRunner:
         return await run_round(http, jobs, lv.concurrency, wl.timeout_s, on_result, self.stop, budget,
                                duration_s=wl.round_duration_s if timed else None)
 
-    async def _level(self, http: sc.StreamClient, pool: WorkerPool | None, li: int, lv: Level, w: JsonlWriter,
-                     cw: JsonlWriter, lw: JsonlWriter, bar: Any) -> None:
-        wl = self.wl
-        n_rounds, n_req = wl.warmup_rounds + wl.rounds, requests_per_round(wl, lv)
+    async def level_begin(self, li: int, lv: Level) -> "LevelState":
+        """A level starts: its samples are labelled with it (`level_end` closes it)."""
         for s in self.samplers:
             s.set_level(lv.label)
-        sent = failed = 0
-        verdict = "complete"
-        counters0 = None
-        t0 = time.monotonic()
-        before, t_measured = None, t0
-        for rnd in range(n_rounds):
-            warm = rnd < wl.warmup_rounds
-            if rnd == wl.warmup_rounds:  # the engine's counters over the measured rounds only
-                before, t_measured = await self._counters(), time.monotonic()
-            bar.set_description(f"{self.config_id} {lv.label} {'warmup' if warm else 'round'} {rnd + 1}/{n_rounds}")
-            results: list[dict[str, Any]] = []
-            if rnd == wl.warmup_rounds:
-                counters0 = await cache_counters(self.server)
-            def on_result(job: Job, res: Any, lag: float | None) -> None:
-                nonlocal sent, failed
-                rec = self._record(li, lv, rnd, warm, job, res, lag)
-                w.write(rec)
-                results.append(rec)
-                if not warm:
-                    sent += 1
-                    failed += 0 if rec["ok"] else 1
-                bar.update(1)
+        return LevelState(li, lv, t0=time.monotonic(), failure_budget=self.wl.failure_budget)
 
-            def budget_spent() -> bool:
-                return bool(wl.failure_budget and sent >= 4 and failed / sent > wl.failure_budget)
+    async def level_round(self, st: "LevelState", rnd: int, meter: Any = None) -> list[dict[str, Any]]:
+        """One round of the level (a warm-up round while `rnd < warmup_rounds`): its records written
+        as they end and returned; its client stats (and `meter.stop()`'s, when given: what a caller
+        measured around it, e.g. idle engines' CPU) to client_stats.jsonl. Raises RunAborted when a
+        stop signal arrived or the server stopped answering."""
+        wl, li, lv, w = self.wl, st.li, st.lv, self.out.records
+        warm = rnd < wl.warmup_rounds
+        n_req = requests_per_round(wl, lv)
+        for s in self.samplers:
+            s.set_level(lv.label)
+        if not warm and not st.measuring:  # the engine's counters over the measured rounds only
+            st.measuring = True
+            st.before, st.t_measured = await self._counters(), time.monotonic()
+            st.counters0 = await cache_counters(self.server)
+        self.bar.set_description(f"{self.config_id} {lv.label} {'warmup' if warm else 'round'} {rnd + 1}")
+        results: list[dict[str, Any]] = []
 
-            task = asyncio.ensure_future(self._send_round(http, pool, li, lv, rnd, n_req, on_result,
-                                                          budget_spent if not warm else None))
-            self.in_flight.add(task)
-            try:
-                stats = await task
-            except asyncio.CancelledError:
-                stats = {}
-            finally:
-                self.in_flight.discard(task)
-            cw.write({"level": li, "label": lv.label, "round": rnd, "warmup": warm, "requests": len(results),
-                      "workers": worker_count(wl.workers), **stats})
-            if self.stop.is_set():
-                how = "cancelled" if wl.on_interrupt == "cancel" or self.signals[-1:] != ["SIGINT"] else "drained"
-                who = "the user (Ctrl-C)" if self.signals[-1:] == ["SIGINT"] else self.signals[-1]
-                raise RunAborted(f"interrupted by {who} during level '{lv.label}' round {rnd + 1}; in-flight "
-                                 f"requests {how}; {w.count} records kept in {self.rf / RECORDS}")
-            if results and all(not r["ok"] and r["error_kind"] in SERVER_GONE for r in results):
-                if not await _server_healthy(http):
-                    kinds = sorted({r["error_kind"] for r in results})
-                    raise RunAborted(
-                        f"server at {self.server.base_url} stopped answering during level '{lv.label}' round "
-                        f"{rnd + 1}: all {len(results)} requests failed ({', '.join(kinds)}: "
-                        f"{results[-1]['error_detail']}); {w.count} records kept in {self.rf / RECORDS}")
-            if not warm and budget_spent():
-                verdict = (f"stopped early: {failed} of {sent} requests failed "
-                           f"(> failure budget {wl.failure_budget:.0%})")
-                self.message += f"level '{lv.label}': {verdict}. "
-                self.status = "partial"
+        def on_result(job: Job, res: Any, lag: float | None) -> None:
+            rec = self._record(li, lv, rnd, warm, job, res, lag)
+            w.write(rec)
+            results.append(rec)
+            if not warm:
+                st.sent += 1
+                st.failed += 0 if rec["ok"] else 1
+            self.bar.update(1)
+
+        if meter is not None:
+            meter.start()
+        task = asyncio.ensure_future(self._send_round(self.out.http, self.out.pool, li, lv, rnd, n_req, on_result,
+                                                      st.budget_spent if not warm else None))
+        self.in_flight.add(task)
+        try:
+            stats = await task
+        except asyncio.CancelledError:
+            stats = {}
+        finally:
+            self.in_flight.discard(task)
+        extra = meter.stop() if meter is not None else {}
+        self.out.stats.write({"level": li, "label": lv.label, "round": rnd, "warmup": warm, "requests": len(results),
+                              "workers": worker_count(wl.workers), **stats, **extra})
+        if self.stop.is_set():
+            how = "cancelled" if wl.on_interrupt == "cancel" or self.signals[-1:] != ["SIGINT"] else "drained"
+            who = "the user (Ctrl-C)" if self.signals[-1:] == ["SIGINT"] else self.signals[-1]
+            raise RunAborted(f"interrupted by {who} during level '{lv.label}' round {rnd + 1}; in-flight "
+                             f"requests {how}; {w.count} records kept in {self.rf / RECORDS}")
+        if results and all(not r["ok"] and r["error_kind"] in SERVER_GONE for r in results):
+            if not await _server_healthy(self.out.http):
+                kinds = sorted({r["error_kind"] for r in results})
+                raise RunAborted(
+                    f"server at {self.server.base_url} stopped answering during level '{lv.label}' round "
+                    f"{rnd + 1}: all {len(results)} requests failed ({', '.join(kinds)}: "
+                    f"{results[-1]['error_detail']}); {w.count} records kept in {self.rf / RECORDS}")
+        if not warm and st.budget_spent():
+            st.verdict = (f"stopped early: {st.failed} of {st.sent} requests failed "
+                          f"(> failure budget {wl.failure_budget:.0%})")
+            self.message += f"level '{lv.label}': {st.verdict}. "
+            self.status = "partial"
+        return results
+
+    async def level_end(self, st: "LevelState", **extra: Any) -> None:
+        """The level's line in levels.jsonl (what --resume skips; `extra` adds fields, e.g. how
+        its sampling stopped) and its line on the terminal."""
+        lv = st.lv
+        counters1 = await cache_counters(self.server) if st.counters0 else None
+        cache = ({"prefix_cache_queries": counters1[0] - st.counters0[0], "prefix_cache_hits": counters1[1] - st.counters0[1]}
+                 if st.counters0 and counters1 else {})
+        self.out.levels.write({"level": st.li, "label": lv.label, "status": st.verdict, "sent": st.sent,
+                               "failed": st.failed, **cache, **await self._counter_delta(st.before, st.t_measured),
+                               **extra})
+        k = self.plan.index((st.li, lv)) + 1
+        self.log(f"{self.config_id}: level {k}/{len(self.plan)} {lv.label}: {st.sent} measured requests, "
+                 f"{st.failed} failed, {time.monotonic() - st.t0:.1f} s"
+                 + (f" ({st.verdict})" if st.verdict != "complete" else ""))
+
+    async def _level(self, li: int, lv: Level) -> None:
+        st = await self.level_begin(li, lv)
+        for rnd in range(self.wl.warmup_rounds + self.wl.rounds):
+            await self.level_round(st, rnd)
+            if st.verdict != "complete":
                 break
-        counters1 = await cache_counters(self.server) if counters0 else None
-        cache = ({"prefix_cache_queries": counters1[0] - counters0[0], "prefix_cache_hits": counters1[1] - counters0[1]}
-                 if counters0 and counters1 else {})
-        lw.write({"level": li, "label": lv.label, "status": verdict, "sent": sent, "failed": failed, **cache,
-                  **await self._counter_delta(before, t_measured)})
-        k = self.plan.index((li, lv)) + 1
-        self.log(f"{self.config_id}: level {k}/{len(self.plan)} {lv.label}: {sent} measured requests, "
-                 f"{failed} failed, {time.monotonic() - t0:.1f} s" + (f" ({verdict})" if verdict != "complete" else ""))
+        await self.level_end(st)
 
     async def _counters(self) -> Any:
         """One /metrics scrape through the engine's mapping (None when the server has none)."""
@@ -339,67 +326,100 @@ class LevelRunner:
                 s.__exit__(None, None, None)
 
     async def run(self) -> tuple[int, str, str]:
+        have_handlers = self.install_signals()
+        try:
+            async with self.session():
+                try:
+                    for li, lv in self.plan:
+                        await self._level(li, lv)
+                    return self.out.records.count, self.status, self.message.strip()
+                except (RunAborted, PoolLost) as e:
+                    return self.out.records.count, "partial", str(e)
+        finally:
+            if have_handlers:
+                self.remove_signals()
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator["Outputs"]:
+        """Everything a run holds open: the pool's workers (Ray actors, processes), the HTTP client,
+        the samplers and the run folder's writers; closed on every exit path."""
         wl = self.wl
-        have_handlers = self._install_signals()
         max_c = max(lv.concurrency for lv in self.grid)
+        total = sum((wl.warmup_rounds + wl.rounds) * requests_per_round(wl, lv)
+                    * (lv.bucket.session.turns if lv.bucket.session else 1) for _, lv in self.plan)
+        self.bar = tqdm(total=total, desc=self.config_id, unit="req", disable=not self.progress, dynamic_ncols=True)
         pool = None
         try:
             pool = make_pool(wl.workers, self.server, max_c)
             self.workers = pool.describe() if pool else []
-            return await self._run_grid(max_c, pool)
-        finally:  # the pool's workers (Ray actors, processes) end on every exit path
+            async with sc.StreamClient(self.server.base_url, concurrency=min(max_c, 4096),
+                                       headers=self.server.headers) as http:
+                await self._start_samplers()
+                try:
+                    with self.rf.writer(RECORDS) as w, self.rf.writer(CLIENT_STATS) as cw, self.rf.writer(LEVELS) as lw:
+                        self.out = Outputs(http, pool, w, cw, lw)
+                        yield self.out
+                finally:
+                    await self._stop_samplers()
+        finally:
+            self.bar.close()
             if pool:
                 pool.close()
                 self.workers = pool.describe()
-            if have_handlers:
-                self._remove_signals()
-
-    async def _run_grid(self, max_c: int, pool: Any) -> tuple[int, str, str]:
-        wl = self.wl
-        total = sum((wl.warmup_rounds + wl.rounds) * requests_per_round(wl, lv)
-                    * (lv.bucket.session.turns if lv.bucket.session else 1) for _, lv in self.plan)
-        bar = tqdm(total=total, desc=self.config_id, unit="req", disable=not self.progress, dynamic_ncols=True)
-        async with sc.StreamClient(self.server.base_url, concurrency=min(max_c, 4096),
-                                   headers=self.server.headers) as http:
-            await self._start_samplers()
-            w = self.rf.writer(RECORDS)
-            try:
-                with w, self.rf.writer(CLIENT_STATS) as cw, self.rf.writer(LEVELS) as lw:
-                    for li, lv in self.plan:
-                        await self._level(http, pool, li, lv, w, cw, lw, bar)
-                return w.count, self.status, self.message.strip()
-            except (RunAborted, PoolLost) as e:
-                return w.count, "partial", str(e)
-            finally:
-                bar.close()
-                await self._stop_samplers()
 
 
-def open_run_folder(run_dir: Path, resume: bool) -> tuple[RunFolder, ResumeState | None]:
-    """The run folder to write, created if new; with `resume`, an existing one prepared to continue
-    (`prepare_resume`). Raises FileExistsError for an existing run without `resume` (runs are
-    immutable)."""
-    rf, state = RunFolder(run_dir), None
-    if rf.exists(RECORDS):
-        if not resume:
-            raise FileExistsError(f"{rf / RECORDS} exists: runs are immutable; remove the folder, use a new id "
-                                  "or --resume")
-        state = prepare_resume(rf.path)
-    rf.path.mkdir(parents=True, exist_ok=True)
-    return rf, state
+@dataclass
+class Outputs:
+    """What `LevelRunner.session` holds open for its levels."""
+
+    http: sc.StreamClient
+    pool: WorkerPool | None
+    records: JsonlWriter
+    stats: JsonlWriter
+    levels: JsonlWriter
 
 
-def run_workload(server: Server, wl: Workload, run_dir: Path, *, study: str, config_id: str,
-                 record: dict[str, Any], progress: bool = True, metrics_interval_s: float | None = None,
-                 log: Callable[[str], None] | None = None, resume: bool = False,
-                 gpu_devices: list[int] | None = None,
-                 before_final: Callable[[dict[str, Any]], None] | None = None) -> RunResult:
-    """Calibrate prompts, run the grid, write run.json (running at the start, then once more at
-    the end with the status, headline and summary). Never loses records: on abort, a stop
-    signal or Ctrl-C, run.json is written with status 'partial' and the reason.
-    `metrics_interval_s` overrides the workload's /metrics sampling period (0 = off);
-    `gpu_devices` (a list, [] = all) samples those GPUs through NVML; `before_final(record)`
-    adds what the caller measured beside the run (e.g. the engine's peak RSS)."""
+@dataclass
+class LevelState:
+    """One level in progress: its measured requests and failures, its verdict ("complete" or why
+    it stopped early), the engine counters read where its measured rounds began."""
+
+    li: int
+    lv: Level
+    t0: float
+    sent: int = 0
+    failed: int = 0
+    verdict: str = "complete"
+    counters0: Any = None
+    before: Any = None
+    t_measured: float = 0.0
+    measuring: bool = False
+    failure_budget: float | None = None
+
+    def budget_spent(self) -> bool:
+        return bool(self.failure_budget and self.sent >= 4 and self.failed / self.sent > self.failure_budget)
+
+
+@dataclass
+class Prepared:
+    """A run folder opened for one server's grid: the runner, the run.json record being built and
+    when its measurement began (`prepare_run`, then `finish_run`)."""
+
+    rf: RunFolder
+    runner: LevelRunner
+    record: dict[str, Any]
+    started: str
+    calibration: dict[str, Any]
+    before_final: Callable[[dict[str, Any]], None] | None = None
+
+
+def prepare_run(server: Server, wl: Workload, run_dir: Path, *, study: str, config_id: str,
+                record: dict[str, Any], progress: bool = True, metrics_interval_s: float | None = None,
+                log: Callable[[str], None] | None = None, resume: bool = False,
+                gpu_devices: list[int] | None = None,
+                before_final: Callable[[dict[str, Any]], None] | None = None) -> Prepared:
+    """Open the run folder (`open_run_folder`), calibrate the workload's sources on this server and
+    write run.json as running; returns the runner that sends the grid."""
     if metrics_interval_s is None:
         metrics_interval_s = wl.metrics_interval_s
     log = log or (lambda m: print(f"[servelab] {m}", file=sys.stderr, flush=True))
@@ -416,69 +436,38 @@ def run_workload(server: Server, wl: Workload, run_dir: Path, *, study: str, con
     record.update({"server": server.info, "model_name": server.model, "workload": wl.model_dump(),
                    "calibration": cal, "status": "running"})
     rf.write_run(record)
-    status, message = "failed", ""
-    t0 = now_iso()
     lr = LevelRunner(server, wl, rf, study=study, config_id=config_id, sources=sources, progress=progress,
                      metrics_interval_s=metrics_interval_s, resume=state, log=log, gpu_devices=gpu_devices,
                      counter=counter)
+    return Prepared(rf, lr, record, now_iso(), cal, before_final)
+
+
+def finish_run(p: Prepared, status: str, message: str) -> RunResult:
+    """run.json's closing write (`finalize`) with what the caller measured beside the run."""
+    if p.runner.workers:
+        p.record["workers"] = p.runner.workers
+    if p.before_final:
+        p.before_final(p.record)
+    summ = finalize(p.rf, p.record, status=status, message=message, measured_from=p.started)
+    return RunResult(p.rf.path, status, p.record["records"], summ, message, p.calibration)
+
+
+def run_workload(server: Server, wl: Workload, run_dir: Path, **kw: Any) -> RunResult:
+    """Calibrate prompts, run the grid, write run.json (running at the start, then once more at
+    the end with the status, headline and summary). Never loses records: on abort, a stop
+    signal or Ctrl-C, run.json is written with status 'partial' and the reason. Keywords as
+    `prepare_run`: `metrics_interval_s` overrides the workload's /metrics sampling period
+    (0 = off); `gpu_devices` (a list, [] = all) samples those GPUs through NVML;
+    `before_final(record)` adds what the caller measured beside the run (the engine's peak RSS)."""
+    p = prepare_run(server, wl, run_dir, **kw)
+    status, message = "failed", ""
     try:
-        _, status, message = run_sync(lr.run())
+        _, status, message = run_sync(p.runner.run())
     except KeyboardInterrupt:
         status, message = "partial", "interrupted by the user (Ctrl-C)"
         raise
     finally:
-        if lr.workers:
-            record["workers"] = lr.workers
-        if before_final:
-            before_final(record)
-        summ = finalize(rf, record, status=status, message=message, measured_from=t0)
-    return RunResult(rf.path, status, record["records"], summ, message, cal)
+        res = finish_run(p, status, message)
+    return res
 
 
-def finalize(rf: RunFolder, record: dict[str, Any], *, status: str, message: str,
-             measured_from: str | None = None) -> Any:
-    """Write run.json's closing fields from what the folder holds (status, reason, record count,
-    headline, client-limited levels); returns the summary. Also used by the pipeline when a
-    stage process died before it could write them itself."""
-    rf.invalidate()
-    summ = rf.summary
-    record.update({"status": status, "message": message, "finished_at": now_iso(), "records": len(rf.records),
-                   "headline": _headline(summ), "client_limited_levels": client_limited(rf.path)})
-    if measured_from:
-        record["measured_from"] = measured_from
-    rf.write_run(record)
-    return summ
-
-
-def client_limited(run_dir: Path) -> list[dict[str, Any]]:
-    """Measured rounds where the client itself may have limited the result."""
-    out = []
-    for s in read_jsonl(Path(run_dir) / CLIENT_STATS):
-        if s.get("warmup") or "loop_lag_p99_s" not in s:
-            continue
-        reasons = []
-        if s["loop_lag_p99_s"] > LAG_LIMIT_S:
-            reasons.append(f"event-loop lag p99 {s['loop_lag_p99_s'] * 1000:.1f} ms > {LAG_LIMIT_S * 1000:.0f} ms")
-        if s["cpu_frac"] > CPU_LIMIT_FRAC * max(1, s.get("workers", 1)):
-            reasons.append(f"client CPU {s['cpu_frac'] * 100:.0f}% of a core")
-        if reasons:
-            out.append({"level": s["level"], "label": s["label"], "round": s["round"], "reasons": reasons})
-    return out
-
-
-def _headline(summ: Any) -> dict[str, Any]:
-    if summ is None or getattr(summ, "empty", True):
-        return {}
-    sent = int(summ["sent"].sum())
-    return {
-        "sent": sent, "ok": int(summ["ok"].sum()),
-        "success_rate": float(summ["ok"].sum() / sent) if sent else None,
-        "max_aggregate_output_tps": float(summ["aggregate_output_tps"].max()),
-        "decode_tps_p50_at_c1": _at_c1(summ, "decode_tps_p50"),
-        "ttft_p50_s_at_c1": _at_c1(summ, "ttft_p50_s"),
-    }
-
-
-def _at_c1(summ: Any, col: str) -> dict[str, float]:
-    c1 = summ[summ["concurrency"] == summ["concurrency"].min()]
-    return {str(b): float(v) for b, v in zip(c1["bucket"], c1[col])}

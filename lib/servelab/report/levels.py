@@ -173,6 +173,9 @@ def timing_rows(sd: StudyData) -> pd.DataFrame:
     """Per configuration, in seconds: start-up (launch to healthy; `shared_server` when the same
     server process was started once for an earlier configuration), torch.compile's share, the
     benchmark (first send -> last end, warm-up included) and the quality check."""
+    from .verdicts import design
+
+    interleaved = bool(design(sd).get("interleaved"))
     rows, seen = [], set()
     for cid in sd.config_ids:
         run, rec = sd.runs[cid], sd.folders[cid].records
@@ -183,15 +186,46 @@ def timing_rows(sd: StudyData) -> pd.DataFrame:
         comp, hit = compile_s(sd, cid)
         rows.append({"config": cid, "startup_s": float(srv.get("startup_s") or math.nan), "shared_server": shared,
                      "compile_s": comp, "compile_cache_hit": hit,
-                     "benchmark_s": float(rec["end_s"].max() - rec["start_s"].min()) if not rec.empty else math.nan,
+                     "benchmark_s": _benchmark_s(rec, interleaved),
                      "quality_s": float((quality(sd, cid) or {}).get("elapsed_s") or math.nan)})
     return pd.DataFrame(rows, columns=["config", "startup_s", "shared_server", "compile_s", "compile_cache_hit",
                                        "benchmark_s", "quality_s"])
 
 
+def _benchmark_s(rec: pd.DataFrame, interleaved: bool) -> float:
+    """First send to last end; measured interleaved, the sum of the configuration's own rounds (its
+    first and last request span the other engines' rounds too)."""
+    if rec.empty:
+        return math.nan
+    if not interleaved:
+        return float(rec["end_s"].max() - rec["start_s"].min())
+    g = rec.groupby(["level", "round"])
+    return float((g["end_s"].max() - g["start_s"].min()).sum())
+
+
 def _minutes(sd: StudyData, seconds: float) -> str:
     m, s = int(seconds // 60), round(seconds % 60)
     return sd.w("timing.minutes", m=m, s=s) if m else sd.w("timing.seconds", s=s)
+
+
+def budget_text(sd: StudyData, quality_s: float) -> str:
+    """Where an interleaved study's time went (design.json): engine starts two at a time, the
+    quality checks one engine at a time, the rounds per level and why each level stopped, against
+    the time budget."""
+    from .verdicts import design
+
+    d = design(sd)
+    if not d.get("interleaved") or not d.get("launch"):
+        return ""
+    launch, bench = float(d["launch"]["wall_s"]), float(d.get("benchmark_s") or 0.0)
+    levels = sd.w("story.list_sep").join(
+        sd.w("timing.level", level=x["label"], rounds=max(x["rounds"].values()), s=_minutes(sd, x["seconds"]),
+             why=sd.w(f"verdicts.stopped.{x['stopped']}")) for x in d.get("levels", []))
+    total = launch + quality_s + bench
+    key = "timing.budget" if d.get("budget_s") else "timing.no_budget"
+    return sd.w(key, total=_minutes(sd, total), budget=_minutes(sd, float(d.get("budget_s") or 0)),
+                launch=_minutes(sd, launch), lanes=d.get("lanes", 1), quality=_minutes(sd, quality_s),
+                bench=_minutes(sd, bench), levels=levels)
 
 
 def timing_table(sd: StudyData) -> tuple[str, Any]:
@@ -203,6 +237,9 @@ def timing_table(sd: StudyData) -> tuple[str, Any]:
     bench, qual = float(np.nansum(t["benchmark_s"])), float(np.nansum(t["quality_s"]))
     text = sd.w("timing.text" if qual > 0 else "timing.text_no_quality", total=_minutes(sd, starts + bench + qual), starts=_minutes(sd, starts),
                 bench=_minutes(sd, bench), quality=_minutes(sd, qual))
+    budget = budget_text(sd, qual)
+    if budget:
+        text = sd.w("timing.text_interleaved") + " " + budget
     c = sd.w("timing.columns")
     compiled = [sd.w("timing.cached", s=f"{x:,.0f}") if hit and math.isfinite(x) else x
                 for x, hit in zip(t["compile_s"], t["compile_cache_hit"])]

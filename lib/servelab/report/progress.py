@@ -1,7 +1,8 @@
 """The study's story, one change at a time: the headline (3-6 sentences computed from the data,
 each pointing to its section) and the progression table. A change is judged level by level
-(`analysis.effects.level_effects`): the headline says where it matters and where it does nothing,
-instead of a median over levels that hides a large effect on a few. Each change's outputs at
+(`analysis.verdicts` through data/verdicts.json): faster, slower or no detectable change with the
+smallest change the study could have told apart (MDE), instead of a median over levels that hides a
+large effect on a few. Each change's outputs at
 temperature 0 are compared with its baseline's (`quality.json`, `analysis.quality.compare`); a
 change that alters outputs or lowers the task score is said so. Dummy-weight studies say quality
 was not measurable rather than print an agreement that proves nothing.
@@ -18,9 +19,10 @@ from typing import Any
 import pandas as pd
 
 from ..analysis import config_diff, goodput, knee, kv_verdict
-from ..analysis.effects import MIN_ROUNDS, few_rounds, level_effects
+from ..analysis import verdicts as av
 from ..runfolder import ENGINE_LOG, read_json
 from . import html as rh
+from . import verdicts as rv
 from . import workload
 from .load import StudyData, baselines
 from .fmt import link, num, pct, slo_parts
@@ -122,32 +124,21 @@ def exact_repeats(sd: StudyData) -> set[str]:
     return {c for c in repeats(sd) if c in own and not own[c].workload and own[c].capacity is None}
 
 
-def run_noise(sd: StudyData) -> tuple[float | None, str | None]:
-    """(run-to-run noise in %, the configuration whose repeat measured it): the study's
-    `run_noise_pct` when given (measured elsewhere on the host, None as the source), else the
-    largest per-level change of an A/A pair in the study, else (None, None)."""
-    if sd.study.run_noise_pct is not None:
-        return sd.study.run_noise_pct, None
-    aa = repeats(sd)
-    if not aa:
-        return None, None
-    e = level_effects(sd.summary, sd.rounds, aa)
-    e = e[e["change_pct"].notna()]
-    if e.empty:
-        return None, None
-    worst = e.loc[e["change_pct"].abs().idxmax()]
-    return float(abs(worst["change_pct"])), str(worst["config"])
-
-
 def effects(sd: StudyData) -> pd.DataFrame:
-    """Per-level effects of every change against its baseline, judged against the run-to-run noise;
-    A/A repeats (nothing changed) are the noise, not changes, and are left out."""
-    floor, _ = run_noise(sd)
-    aa = repeats(sd)
-    changes = {c: b for c, b in baselines(sd).items() if c not in aa}
-    eff = level_effects(sd.summary, sd.rounds, changes, run_noise_pct=floor)
-    # open-loop trials of a capacity search share no (bucket, concurrency) level with their baseline
-    return eff.dropna(subset=["change_pct"]) if "change_pct" in eff else eff
+    """Per-level verdicts of every change against its baseline on aggregate tok/s (A/A repeats are
+    the noise model's check, not changes, and are left out): the verdict rows with `config`,
+    percent columns (`change_pct`, `ci_low_pct`, `ci_high_pct`, `mde_pct`) and the level's
+    `target_input_tokens` for ordering."""
+    r = rv.rows(sd, aa=False)
+    r = r[r["effect"].notna()].rename(columns={"configuration": "config"})
+    if r.empty:
+        return pd.DataFrame(columns=["config", "baseline", "bucket", "concurrency", "change_pct", "ci_low_pct",
+                                     "ci_high_pct", "mde_pct", "verdict", "target_input_tokens"])
+    s = sd.summary
+    tin = s.groupby(["bucket", "concurrency"])["target_input_tokens"].first() if len(s) else {}
+    return r.assign(change_pct=r["effect"] * 100, ci_low_pct=[c[0] * 100 for c in r["ci"]],
+                    ci_high_pct=[c[1] * 100 for c in r["ci"]], mde_pct=r["mde"] * 100,
+                    target_input_tokens=[tin.get((b, c), 0) for b, c in zip(r["bucket"], r["concurrency"])])
 
 
 # -- quality -------------------------------------------------------------------------------------
@@ -218,48 +209,43 @@ def _quality_sentences(sd: StudyData, cid: str, base: str) -> list[str]:
 
 # -- headline --------------------------------------------------------------------------------------
 
-MAX_LISTED_LEVELS = 4  # more levels than this are given as a range
+MAX_LISTED_LEVELS = 4  # more levels than this are given as a range (each interval in the verdict table)
 
 
 def _where(sd: StudyData, rows: pd.DataFrame) -> str:
     rows = rows.sort_values(["target_input_tokens", "concurrency"], kind="stable")
     if len(rows) > MAX_LISTED_LEVELS:
         return sd.w("story.range", lo=pct(rows["change_pct"].min()), hi=pct(rows["change_pct"].max()))
+    key = "story.level_ci" if len(rows) == 1 else "story.level"  # one level: its interval too
     return sd.w("story.list_sep").join(
-        sd.w("story.level", bucket=r.bucket, inflight=in_flight(sd, r.concurrency, r.config, r.bucket),
-               delta=pct(r.change_pct))
+        sd.w(key, bucket=r.bucket, inflight=in_flight(sd, r.concurrency, r.config, r.bucket),
+             delta=pct(r.change_pct), lo=pct(r.ci_low_pct), hi=pct(r.ci_high_pct))
         for r in rows.itertuples())
 
 
+def _mde_range(sd: StudyData, rows: pd.DataFrame) -> str:
+    lo, hi = rows["mde_pct"].min(), rows["mde_pct"].max()
+    return f"±{num(lo, 0)} %" if round(lo) == round(hi) else sd.w("story.range", lo=f"±{num(lo, 0)}", hi=f"±{num(hi, 0)} %")
+
+
 def change_sentence(sd: StudyData, e: pd.DataFrame, cid: str) -> str:
-    """Where one change matters and where it does nothing, from its per-level effects `e`."""
+    """One change's verdicts over its levels `e`: where it is faster, where slower (with the change
+    and its 95 % interval), and how small a change the rest could have told apart."""
     lab = sd.labels()
     base = e["baseline"].iloc[0]
     common = {"config": lab.get(cid, cid), "baseline": lab.get(base, base), "what": change_text(sd, cid, base),
               "n": len(e)}
-    hit, rest = e[e["matters"]], e[~e["matters"]]
-    largest = pct(rest.loc[rest["change_pct"].abs().idxmax(), "change_pct"]) if len(rest) else rh.MISSING
-    if hit.empty:
-        text = sd.w("story.change_none", largest=largest, **common)
-    elif rest.empty:
-        text = sd.w("story.change_all", where=_where(sd, hit), **common)
-    else:
-        text = sd.w("story.change_some", k=len(hit), rest=len(rest), where=_where(sd, hit), largest=largest, **common)
+    parts = []
+    for verdict, key in ((av.FASTER, "story.verdict_faster"), (av.SLOWER, "story.verdict_slower")):
+        hit = e[e["verdict"] == verdict]
+        if len(hit):
+            parts.append(sd.w(key, k=len(hit), where=_where(sd, hit)))
+    rest = e[~e["verdict"].isin([av.FASTER, av.SLOWER])]
+    if len(rest):
+        parts.append(sd.w("story.verdict_none_all" if len(rest) == len(e) else "story.verdict_none", k=len(rest),
+                          mde=_mde_range(sd, rest)))
+    text = sd.w("story.change_verdicts", parts=sd.w("story.parts_sep").join(parts), **common)
     return " ".join([text, *_quality_sentences(sd, cid, base)])
-
-
-def noise_sentence(sd: StudyData, e: pd.DataFrame) -> str:
-    floor, repeat = run_noise(sd)
-    if floor is None:
-        out = sd.w("story.no_floor")
-    elif repeat is None:
-        out = sd.w("story.noise_floor", floor=f"{floor:.1f} %")
-    else:
-        out = sd.w("story.noise_floor_aa", floor=f"{floor:.1f} %", config=sd.labels().get(repeat, repeat))
-    if few_rounds(e):
-        rounds = int(e[["rounds", "baseline_rounds"]].min(axis=1).min())
-        out += " " + sd.w("story.few_rounds", rounds=rounds, min=MIN_ROUNDS)
-    return out
 
 
 MAX_HEADLINE_CHANGES = 3
@@ -267,12 +253,13 @@ MAX_HEADLINE_CHANGES = 3
 
 def headline_changes(eff: pd.DataFrame) -> list[str]:
     """The changes the headline tells, in study order: all when there are at most
-    `MAX_HEADLINE_CHANGES`, else those with the largest effect where they matter."""
+    `MAX_HEADLINE_CHANGES`, else those with the largest detected effect."""
     eff = eff.dropna(subset=["change_pct"])  # open-loop trials (a capacity search) share no level
     order = list(dict.fromkeys(eff["config"]))
     if len(order) <= MAX_HEADLINE_CHANGES:
         return order
-    size = {c: float(g.loc[g["matters"], "change_pct"].abs().max()) if g["matters"].any() else 0.0
+    found = eff["verdict"].isin([av.FASTER, av.SLOWER])
+    size = {c: float(g.loc[found[g.index], "change_pct"].abs().max()) if found[g.index].any() else 0.0
             for c, g in eff.groupby("config", sort=False)}
     keep = set(sorted(order, key=lambda c: -size[c])[:MAX_HEADLINE_CHANGES])
     return [c for c in order if c in keep]
@@ -304,9 +291,9 @@ def headline(sd: StudyData) -> str:
     changes = [change_sentence(sd, eff[eff["config"] == cid], cid) for cid in headline_changes(eff)]
     if len(changes) < eff["config"].nunique():
         changes.append(sd.w("story.more_changes", n=eff["config"].nunique() - len(changes)))
-    if changes:
-        changes[-1] += " " + noise_sentence(sd, eff)
     out.extend(c + " " + link(sd, "progression") for c in changes)
+    if changes:
+        out.append(rv.model_sentence(sd))
     if not any(real_weights(sd, c) for c in sd.config_ids):
         out.append(sd.w("story.quality_not_measurable", reason=sd.w("story.dummy_reason")) + " "
                    + link(sd, "progression"))
@@ -406,26 +393,29 @@ def _startup_cell(sd: StudyData, cid: str, base: str) -> str:
 
 
 def progression_table(sd: StudyData) -> Any:
-    """One row per change: from -> to, what changed, on how many levels it matters, the change
-    there (range), the largest change elsewhere, start-up beside it, and outputs vs baseline."""
+    """One row per change: from -> to, what changed, its verdicts over the levels (faster / slower /
+    no detectable change), the change where one was found, the MDE where none was, start-up beside
+    it, and outputs vs baseline."""
     eff = effects(sd)
     if eff.empty:
         return None
     lab, cols, rows, multi = sd.labels(), sd.w("story.progression_columns"), [], False
     for cid, e in eff.groupby("config", sort=False):
         base = e["baseline"].iloc[0]
-        hit, rest = e[e["matters"]], e[~e["matters"]]
+        found = e[e["verdict"].isin([av.FASTER, av.SLOWER])]
+        rest = e[~e.index.isin(found.index)]
         mark = ""
         if len(settings_changed(sd, cid, base)) > 1:
             mark, multi = " †", True
         there = rh.MISSING
-        if len(hit):
-            lo, hi = hit["change_pct"].min(), hit["change_pct"].max()
-            there = pct(lo) if len(hit) == 1 else sd.w("story.range", lo=pct(lo), hi=pct(hi))
-        elsewhere = pct(rest.loc[rest["change_pct"].abs().idxmax(), "change_pct"]) if len(rest) else rh.MISSING
-        rows.append([f"{lab.get(base, base)} → {lab.get(cid, cid)}", change_text(sd, cid, base),
-                     sd.w("story.k_of_n", k=len(hit), n=len(e)) + mark, there, elsewhere,
-                     _startup_cell(sd, cid, base), quality_cell(sd, cid, base)])
+        if len(found):
+            lo, hi = found["change_pct"].min(), found["change_pct"].max()
+            there = pct(lo) if len(found) == 1 else sd.w("story.range", lo=pct(lo), hi=pct(hi))
+        counts = sd.w("story.verdict_counts", f=int((e["verdict"] == av.FASTER).sum()),
+                      s=int((e["verdict"] == av.SLOWER).sum()), n=len(rest))
+        rows.append([f"{lab.get(base, base)} → {lab.get(cid, cid)}", change_text(sd, cid, base), counts + mark, there,
+                     _mde_range(sd, rest) if len(rest) else rh.MISSING, _startup_cell(sd, cid, base),
+                     quality_cell(sd, cid, base)])
     t = pd.DataFrame(rows, columns=cols)
     notes = {"†": sd.w("story.multi_change")} if multi else None
     return rh.table(t, sd.w("story.progression_caption"), notes=notes)

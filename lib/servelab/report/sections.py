@@ -149,6 +149,18 @@ def _load(r: Any) -> Any:
     return f"{rate:.3g} req/s" if rate > 0 else int(r.concurrency)
 
 
+def verdicts_text(sd: StudyData) -> str:
+    from .verdicts import verdicts_text as text
+
+    return text(sd)
+
+
+def verdict_table(sd: StudyData) -> Any:
+    from .verdicts import verdict_table as table
+
+    return table(sd)
+
+
 def progression_table(sd: StudyData) -> Any:
     """One row per change, judged level by level (`report.progress`)."""
     from .progress import progression_table as story_table

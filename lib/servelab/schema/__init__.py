@@ -29,6 +29,24 @@ from .parts import (GPU_AMI_PARAMETER, HOST_KINDS, HOURS_PER_MONTH, AttachHostPa
 from .sources import RampUp, SessionTemplate, TraceSource
 from .capacity import CapacityParams, TuneFlag, TuneParams
 
+class Design(Strict):
+    """How a study's configurations are measured and compared (analysis.verdicts, measure.interleave)."""
+
+    interleave: Literal["auto", "off"] = Field(
+        "auto", description="auto: start the engines side by side when they fit in memory (local host, one shared "
+        "workload) and measure them in alternating order, one round at a time; off: one configuration after another")
+    budget_s: float | None = Field(
+        None, gt=0, description="wall time of the measurement (engine starts, quality checks, rounds) in seconds: "
+        "rounds beyond the workload's go where a verdict is still open until it is spent (None: no extra rounds)")
+    mde_target_pct: float = Field(
+        10.0, gt=0, le=100, description="the minimum detectable effect (percent of aggregate tok/s) at which a "
+        "comparison needs no more rounds")
+    max_rounds: int = Field(30, ge=1, description="measured rounds per level and start at most")
+    between_starts_sd_pct: float | None = Field(
+        None, ge=0, description="between-start standard deviation of aggregate tok/s on this host (percent), measured "
+        "by a separate A/A experiment; used only when the study repeats no start itself")
+
+
 class Study(Strict):
     @model_validator(mode="before")
     @classmethod
@@ -49,10 +67,8 @@ class Study(Strict):
     engine: EngineParams = Field(default_factory=EngineParams, description="engine set-up shared by configurations")
     workload: Workload = Field(..., description="what is sent")
     slo: Slo = Field(default_factory=Slo, description="service-level objective for goodput")
-    run_noise_pct: float | None = Field(
-        None, ge=0, description="run-to-run noise of aggregate tok/s on this host, in percent: the largest per-level "
-        "change between two runs of one configuration (an A/A repeat, analysis.effects.run_noise_pct); the report "
-        "says a change matters on a level only beyond it (None: not measured, rounds alone judge)")
+    design: Design = Field(default_factory=lambda: Design(),
+                           description="how the configurations are measured: interleaved, sampled within a time budget")
     cost: CostParams | None = Field(None, description="prices and cost model for the write-up")
     configurations: list[Configuration] = Field(..., min_length=1, description="ordered, one change at a time")
     device: DeviceParams | None = Field(None, description="how the study runs on the GPU device machine")
@@ -279,7 +295,7 @@ def load_params(path: str | Path) -> "Study | WorkloadBlock":
         raise ParamsError(format_errors(path, e, WorkloadBlock)) from None
 
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 """The format of study.json and run.json this code writes (their `format_version`). 1, never
 written: servelab 0.1's files, which carry no version (published reports keep loading)."""
 
@@ -288,16 +304,20 @@ def upgrade(data: dict[str, Any], format_version: int | None = None) -> dict[str
     """The study of a study.json written in `format_version` (its file's `format_version`; None
     for a file without one) in today's shape. Version 1 (servelab 0.1, published reports): the
     host carried every kind's block (`attach: null`, `aws: null`) and `aws.mode` repeated the
-    host kind. Raises ParamsError for a format newer than this code."""
+    host kind. Version 2: `run_noise_pct`, replaced by `design`. Raises ParamsError for a format newer than this code."""
     version = 1 if format_version is None else int(format_version)
     if version > FORMAT_VERSION:
         raise ParamsError(f"study.json format_version {version} is newer than this servelab ({FORMAT_VERSION})")
     if version == FORMAT_VERSION:
         return data
-    host = {k: v for k, v in (data.get("host") or {}).items() if v is not None}
-    if isinstance(host.get("aws"), dict):
-        host["aws"] = {k: v for k, v in host["aws"].items() if k != "mode"}
-    return {**data, "host": host} if "host" in data else data
+    if version < 2:
+        host = {k: v for k, v in (data.get("host") or {}).items() if v is not None}
+        if isinstance(host.get("aws"), dict):
+            host["aws"] = {k: v for k, v in host["aws"].items() if k != "mode"}
+        data = {**data, "host": host} if "host" in data else data
+    # version 2: `run_noise_pct` (the largest change of one A/A pair) is no estimate of anything the
+    # verdicts use now (analysis.verdicts); it is dropped, and a study without repeats says so
+    return {k: v for k, v in data.items() if k != "run_noise_pct"}
 
 
 def study_from_dict(data: dict[str, Any], source: str = "<params>") -> Study:
@@ -307,7 +327,7 @@ def study_from_dict(data: dict[str, Any], source: str = "<params>") -> Study:
         raise ParamsError(format_errors(source, e)) from None
 
 
-__all__ = ["Study", "ParamsError", "FORMAT_VERSION", "load_study", "study_from_dict", "upgrade", "format_errors", "validate_engines",
+__all__ = ["Study", "Design", "ParamsError", "FORMAT_VERSION", "load_study", "study_from_dict", "upgrade", "format_errors", "validate_engines",
            "resolve_profile", "resolve_engine", "GPU_AMI_PARAMETER", "HOST_KINDS", "HOURS_PER_MONTH", "AttachHostParams",
            "AttachParams", "AwsEcsHostParams", "AwsInstanceHostParams", "AwsParams", "Bucket", "Configuration",
            "CostParams", "DeviceParams", "PeerRun", "StudyTexts", "QualityParams", "EngineParams", "HostParams", "LocalHostParams", "ModelRef", "Slo", "Strict", "Workload",

@@ -1,0 +1,102 @@
+"""Noise figures of a study's measurement design, before and after: per level, the within-start
+coefficient of variation of the per-round aggregate tok/s, each change's MDE under the two-level
+model (analysis.verdicts, the same model for every folder), the measured requests per configuration
+and level, and the measurement's wall time. Any number of study folders (a published data/ folder,
+a runs/<study> folder, or a git revision's published data extracted with --rev).
+
+    .venv/bin/python benchmarks/verdict_noise.py reports/local-cpu --rev 44b6aeb:reports/local-cpu
+    .venv/bin/python benchmarks/verdict_noise.py runs-a/local-cpu runs-b/local-cpu --out benchmarks/results/x.json
+
+Not a test: it prints what the designs achieved on the machine that ran them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "lib"))
+
+from servelab.analysis import verdicts as v  # noqa: E402
+from servelab.report import load_study_data  # noqa: E402
+from servelab.report.verdicts import design, study_verdicts  # noqa: E402
+
+
+def extract(rev_path: str, into: Path) -> Path:
+    """`git archive` of REV:PATH (a published report folder) into `into`; returns the folder."""
+    rev, path = rev_path.split(":", 1)
+    into.mkdir(parents=True, exist_ok=True)
+    tar = subprocess.run(["git", "archive", rev, path], cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=tar, check=True)
+    return into / path
+
+
+def wall_s(sd) -> float:
+    """First configuration start to the last run's end (run.json stamps), seconds."""
+    starts, ends = [], []
+    for run in sd.runs.values():
+        for k, out in (("started_at", starts), ("finished_at", ends)):
+            if run.get(k):
+                out.append(datetime.fromisoformat(run[k]))
+    return (max(ends) - min(starts)).total_seconds() if starts and ends else float("nan")
+
+
+def figures(folder: Path) -> dict:
+    sd = load_study_data(folder)
+    rt = sd.rounds
+    cv = (rt.groupby(["config", "bucket", "concurrency"])["aggregate_output_tps"]
+          .agg(lambda x: float(np.std(np.log(x), ddof=1)) if len(x) > 1 else float("nan"))
+          .groupby(["bucket", "concurrency"]).median())
+    out = v.from_json(study_verdicts(sd))
+    out = out[(out["metric"] == v.PRIMARY) & (~out["aa"].astype(bool))]
+    mde = out.groupby(["bucket", "concurrency"])["mde"].max()
+    req = sd.records[~sd.records["warmup"]].groupby(["config", "bucket", "concurrency"]).size()
+    levels = []
+    for (b, c), x in cv.items():
+        levels.append({"level": f"{b} c={int(c)}", "within_start_cv_pct": round(100 * x, 1),
+                       "largest_change_mde_pct": round(100 * float(mde.get((b, c), float("nan"))), 1),
+                       "requests_per_config": {k[0]: int(n) for k, n in req.items() if k[1] == b and k[2] == c}})
+    d = design(sd)
+    verdicts = {f"{r.configuration} {r.level}": r.verdict for r in out.itertuples()}
+    return {"folder": str(folder), "interleaved": bool(d.get("interleaved")), "wall_s": round(wall_s(sd), 1),
+            "levels": levels, "verdicts": verdicts}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("folders", nargs="*", help="study folders (reports/<study>, runs/<study>)")
+    ap.add_argument("--rev", action="append", default=[], help="REV:reports/<study> from git (repeatable)")
+    ap.add_argument("--out", help="write the figures as JSON here")
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folders = [extract(r, Path(tmp) / str(i)) for i, r in enumerate(a.rev)] + [Path(f) for f in a.folders]
+        res = [figures(f) for f in folders]
+    for r, name in zip(res, [*a.rev, *a.folders]):
+        print(f"\n{name}: {'interleaved' if r['interleaved'] else 'one at a time'}, measurement {r['wall_s']:.0f} s")
+        t = pd.DataFrame([{"level": x["level"], "within-start CV %": x["within_start_cv_pct"],
+                           "largest MDE %": x["largest_change_mde_pct"],
+                           "requests per config": "/".join(str(n) for n in x["requests_per_config"].values())}
+                          for x in r["levels"]])
+        print(t.to_string(index=False))
+    if len(res) >= 2:
+        a0, b0 = res[-2]["verdicts"], res[-1]["verdicts"]
+        same = [k for k in a0 if a0[k] == b0.get(k)]
+        flips = [k for k in a0 if {a0[k], b0.get(k)} == {v.FASTER, v.SLOWER}]
+        print(f"\nverdicts of the last two folders agree on {len(same)} of {len(a0)}; opposite: {flips or 'none'}")
+        for k in a0:
+            print(f"  {k:28s} {a0[k]:22s} {b0.get(k)}")
+    if a.out:
+        Path(a.out).write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Executing the stage notebooks: papermill on a jupytext notebook from the repository root (the
+executed copy kept, scrubbed), their `[servelab]` lines forwarded to the terminal, a stage's failure
+as `StageFailed`, and the stop signals (SIGTERM, SIGHUP -> `Stopped`, as Ctrl-C) with what a stop
+leaves to close: the kernels this process started, a run.json still "running". Not for deciding
+what runs (`pipeline`, `sidebyside`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .errors import ServelabError
+from .measure.runfiles import finalize
+from .runfolder import RECORDS, RunFolder, project_root
+from .secrets import scrub_file
+
+STAGES = ["01_provision", "02_launch", "03_benchmark", "04_diagnose"]
+WRITEUP = "05_writeup"
+
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived: end the run as Ctrl-C does (a KeyboardInterrupt, so every
+    `finally` runs), with the signal's name as the reason. A signal, not an error: the one
+    exception class outside `ServelabError` (an `except Exception` must not swallow it)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+def log(msg: str) -> None:
+    print(f"[servelab] {msg}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[None]:
+    """SIGTERM / SIGHUP -> `Stopped` in the main thread while a run is in progress."""
+
+    def handler(signum: int, frame: Any) -> None:
+        raise Stopped(signal.Signals(signum).name)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+class _ServelabLines(logging.Handler):
+    """Forwards the `[servelab]` lines a stage notebook prints (one per load level) to the terminal
+    while papermill runs it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        for line in record.getMessage().splitlines():
+            if line.startswith("[servelab]"):
+                print(line, file=sys.stderr, flush=True)
+
+
+def _kernel_manager_class() -> Any:
+    """A kernel manager on IPC sockets: the kernel and papermill talk through files in the
+    runtime folder, not TCP on localhost (and the kernel's 'running over TCP without
+    encryption' warning does not reach the terminal)."""
+    import tempfile
+    import uuid
+
+    from jupyter_client.manager import AsyncKernelManager
+    from traitlets import CaselessStrEnum, default
+
+    class IpcKernelManager(AsyncKernelManager):
+        transport = CaselessStrEnum(["tcp", "ipc"], default_value="ipc", config=True)
+
+        @default("ip")
+        def _ip_default(self) -> str:
+            # jupyter_client's default is `kernel-ipc` in the working folder, numbered by the first
+            # free file: two processes starting kernels at once (`report --all`, two runs in one
+            # checkout) took the same sockets ("Invalid Signature"). One unique prefix per kernel.
+            return str(Path(tempfile.gettempdir()) / f"servelab-kernel-{uuid.uuid4().hex[:16]}")
+
+    return IpcKernelManager
+
+
+def notebooks_dir() -> Path:
+    return project_root() / "notebooks"
+
+
+def execute_notebook(name: str, out_dir: Path, parameters: dict[str, Any], *, out_name: str | None = None) -> Path:
+    """Execute notebooks/<name>.py (jupytext percent, kernelspec in its header) with papermill
+    from the repository root; the executed copy is written scrubbed to out_dir/<name>.ipynb."""
+    import jupytext
+    import papermill as pm
+
+    src = notebooks_dir() / f"{name}.py"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    nb_in = out_dir / f"{out_name or name}.input.ipynb"
+    jupytext.write(jupytext.read(src), nb_in)
+    nb_out = out_dir / f"{out_name or name}.ipynb"
+    plog = logging.getLogger("papermill")
+    handler = _ServelabLines()
+    plog.addHandler(handler)
+    plog.setLevel(logging.INFO)
+    plog.propagate = False
+    try:
+        pm.execute_notebook(str(nb_in), str(nb_out), parameters=parameters, kernel_name="python3",
+                            language="python", cwd=str(project_root()), progress_bar=False, log_output=True,
+                            request_save_on_cell_execute=True, kernel_manager_class=_kernel_manager_class())
+    finally:
+        plog.removeHandler(handler)
+        nb_in.unlink(missing_ok=True)
+        if nb_out.exists():
+            scrub_file(nb_out)
+    return nb_out
+
+
+
+def close_partial(rdir: Path, reason: str) -> None:
+    """A stage process died with the run still 'running' (a signal reached only us): write the
+    summary and a partial run.json with the reason from the records on disk."""
+    rf = RunFolder(rdir)
+    if rf.run.get("status") == "running":
+        finalize(rf, dict(rf.run), status="partial", message=f"stopped by {reason}; "
+                 f"{len(rf.records)} records kept in {rf / RECORDS} (continue with --resume)")
+
+
+def stop_children() -> None:
+    """End the papermill kernels this process started (a signal may leave one running)."""
+    import psutil
+
+    procs = psutil.Process().children(recursive=True)
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+
+
+
+class StageFailed(ServelabError, RuntimeError):
+    def __init__(self, stage: str, rdir: Path, err: Exception) -> None:
+        ename = getattr(err, "ename", type(err).__name__)
+        evalue = getattr(err, "evalue", str(err))
+        super().__init__(f"stage {stage} failed for {rdir.name}: {ename}: {evalue}\n"
+                         f"executed notebook: {rdir / 'notebooks' / (stage + '.ipynb')}")

@@ -1,0 +1,172 @@
+"""A study's verdicts, derived once from its files: every change against its baseline per level
+and metric under the two-level model (`analysis.verdicts`), with how the study was measured
+(design.json: interleaved or one at a time, the time budget, why each level's sampling stopped).
+`study_verdicts` is what `data/verdicts.json` holds; the headline, the progression table and the
+verdict table read it. Not for the statistics themselves (`analysis.verdicts`)."""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any
+
+import pandas as pd
+
+from ..analysis import verdicts as v
+from ..runfolder import DESIGN_JSON, VERDICTS_JSON, read_json, write_json
+from . import html as rh
+from .fmt import link, num, pct
+from .load import StudyData, baselines
+
+
+def design(sd: StudyData) -> dict[str, Any]:
+    """design.json beside the configurations ({} for a study measured before it existed)."""
+    for d in (sd.root / "data", sd.root):
+        if (d / DESIGN_JSON).exists():
+            return read_json(d / DESIGN_JSON)
+    return {}
+
+
+def _groups(sd: StudyData) -> dict[str, tuple[str, ...]]:
+    """Starts of one engine setting, whatever their workloads: a repeat that sweeps levels of its
+    own (a saturation run) is a second start on the levels it shares."""
+    return v.setting_groups({c: sd.engine_params(c) for c in sd.config_ids})
+
+
+def _requests(sd: StudyData) -> pd.DataFrame:
+    r = sd.records
+    if r.empty:
+        return pd.DataFrame(columns=["config", "bucket", "concurrency", "n"])
+    m = r[~r["warmup"]]
+    return m.groupby(["config", "bucket", "concurrency"]).size().rename("n").reset_index()
+
+
+def study_verdicts(sd: StudyData) -> dict[str, Any]:
+    """verdicts.json of the study, computed from its records (deterministic)."""
+    d = design(sd)
+    target = float(d.get("mde_target") or sd.study.design.mde_target_pct / 100.0)
+    groups = _groups(sd)
+    cmps = v.comparisons(baselines(sd), groups)
+    rows, betweens = v.verdict_rows(sd.rounds, cmps, groups.values(), target=target, requests=_requests(sd),
+                                    given_sd_pct=sd.study.design.between_starts_sd_pct)
+    stopped = {x["label"]: x["stopped"] for x in d.get("levels", [])}
+    rows["stopped"] = [stopped.get(lv, "fixed") for lv in rows["level"]]
+    out = v.to_json(rows, betweens, target=target,
+                    design={"interleaved": bool(d.get("interleaved")), "reason": d.get("reason"),
+                            "budget_s": d.get("budget_s"), "first_rounds": d.get("first_rounds"),
+                            "max_rounds": d.get("max_rounds")})
+    return out
+
+
+def write_study_verdicts(sd: StudyData) -> dict[str, Any]:
+    """Compute and write `data/verdicts.json` (the write-up renders from it)."""
+    out = study_verdicts(sd)
+    write_json((sd.root / "data" if (sd.root / "data").is_dir() else sd.root) / VERDICTS_JSON, out)
+    return out
+
+
+@lru_cache(maxsize=8)
+def _cached(path: str, mtime: float) -> dict[str, Any]:
+    return read_json(path)
+
+
+def load(sd: StudyData) -> dict[str, Any]:
+    """The study's verdicts.json (computed when the folder has none, e.g. a runs/ folder)."""
+    for d in (sd.root / "data", sd.root):
+        p = d / VERDICTS_JSON
+        if p.exists():
+            return _cached(str(p), p.stat().st_mtime)
+    return study_verdicts(sd)
+
+
+def rows(sd: StudyData, metric: str = v.PRIMARY, *, aa: bool | None = None) -> pd.DataFrame:
+    """The verdict rows of one metric (A/A rows only, none, or both with `aa` None)."""
+    r = v.from_json(load(sd))
+    r = r[r["metric"] == metric]
+    if aa is not None:
+        r = r[r["aa"] == aa]
+    return r.reset_index(drop=True)
+
+
+def between_starts(sd: StudyData, metric: str = v.PRIMARY) -> dict[str, Any]:
+    """verdicts.json's between-start estimate of one metric (sd_pct, df, source, starts)."""
+    return (load(sd).get("between_starts") or {}).get(metric) or {}
+
+
+# -- the write-up's words for them ------------------------------------------------------------------
+
+def model_sentence(sd: StudyData, *, with_link: bool = True) -> str:
+    """How the verdicts were reached: the two-level model, where its between-start variance comes
+    from, and whether the configurations were measured interleaved."""
+    b, d = between_starts(sd), load(sd).get("design") or {}
+    how = sd.w("story.measured_interleaved") if d.get("interleaved") else sd.w("story.measured_one_by_one")
+    if b.get("source") == "repeats":
+        starts = ", ".join(" / ".join(sd.labels().get(x, x) for x in g) for g in b.get("starts", []))
+        key = "story.between_repeats" if (b.get("sd_pct") or 0.0) >= 0.05 else "story.between_repeats_none"
+        text = sd.w(key, sd=num(b.get("sd_pct") or 0.0, 1), df=num(b.get("df") or 0, 0), starts=starts)
+    elif b.get("source") == "given":
+        text = sd.w("story.between_given", sd=num(b.get("sd_pct") or 0.0, 1))
+    else:
+        text = sd.w("story.between_not_measured")
+    return " ".join([how, text, *([link(sd, "verdicts")] if with_link else [])])
+
+
+def verdict_table(sd: StudyData) -> Any:
+    """Every comparison (A/A repeats included) level by level: the change of aggregate tok/s with
+    its 95 % interval, the MDE, the verdict and the rounds (starts) behind it; TTFT p50's verdict
+    beside it."""
+    r = rows(sd)
+    if r.empty:
+        return None
+    ttft = rows(sd, "ttft_p50_s").set_index(["configuration", "level"])
+    lab, cols = sd.labels(), sd.w("verdicts.columns")
+    out = []
+    for x in r.itertuples():
+        t = ttft.loc[(x.configuration, x.level)] if (x.configuration, x.level) in ttft.index else None
+        ci = x.ci if isinstance(x.ci, list) else [math.nan, math.nan]
+        out.append([f"{lab.get(x.baseline, x.baseline)} → {lab.get(x.configuration, x.configuration)}"
+                    + (" (A/A)" if x.aa else ""), x.level, pct(_p(x.effect)),
+                    sd.w("story.range", lo=pct(_p(ci[0])), hi=pct(_p(ci[1]))), f"±{num(_p(x.mde), 0)} %",
+                    sd.w(f"verdict.{_vkey(x.verdict)}"),
+                    sd.w("verdicts.rounds", n=int(x.rounds or 0), b=int(x.baseline_rounds or 0),
+                         s=int(x.starts or 0), bs=int(x.baseline_starts or 0)),
+                    sd.w(f"verdicts.stopped.{x.stopped}") if isinstance(x.stopped, str) else rh.MISSING,
+                    rh.MISSING if t is None else f"{pct(_p(t['effect']))} ({sd.w('verdict.' + _vkey(t['verdict']))})"])
+    return rh.table(pd.DataFrame(out, columns=cols), sd.w("verdicts.caption"))
+
+
+def neighbour_cpu_pct(sd: StudyData) -> tuple[float, float] | None:
+    """(median, max) over measured rounds of the CPU the idle engines used together while one was
+    measured, in percent of one core (client_stats.jsonl); None when no round recorded it."""
+    from ..runfolder import CLIENT_STATS, read_jsonl
+
+    vals = [s["neighbour_cpu_frac_sum"] * 100 for f in sd.folders.values()
+            for s in read_jsonl(f.path / CLIENT_STATS) if not s.get("warmup") and "neighbour_cpu_frac_sum" in s]
+    return (float(pd.Series(vals).median()), float(max(vals))) if vals else None
+
+
+def verdicts_text(sd: StudyData) -> str:
+    """The verdict section's paragraph: the model, and the sampling rule the study ran with."""
+    d = load(sd).get("design") or {}
+    first = d.get("first_rounds") or sd.study.workload.rounds
+    if d.get("budget_s"):
+        sampling = sd.w("verdicts.sampling", first=first, target=f"{num((load(sd)['model']['mde_target']) * 100, 0)} %",
+                        most=d.get("max_rounds"), budget=num(d["budget_s"], 0))
+    else:
+        sampling = sd.w("verdicts.fixed", first=first)
+    out = sd.w("verdicts.text", sampling=sampling) + " " + model_sentence(sd, with_link=False)
+    cpu = neighbour_cpu_pct(sd)
+    if cpu is not None:
+        out += " " + sd.w("verdicts.neighbours", med=num(cpu[0], 1), most=num(cpu[1], 1))
+    return out
+
+
+def _p(x: Any) -> float:
+    try:
+        return float(x) * 100.0
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _vkey(verdict: Any) -> str:
+    return {v.FASTER: "faster", v.SLOWER: "slower", v.NO_CHANGE: "none"}.get(verdict, "undetermined")

@@ -1,0 +1,215 @@
+"""A study's configurations measured side by side: every engine started (the first alone, its memory
+checked against the rest; then two at a time), the quality checks one engine at a time, the
+interleaved benchmark with sequential sampling in the study's time budget (notebook 03 with
+`configs`: `stages.benchmark_interleaved`), every engine stopped, each configuration diagnosed.
+`interleave_blocked` says why a study cannot be measured this way. Not for one configuration at a
+time (`pipeline.run_config`) nor for the statistics (`analysis.verdicts`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import stages
+from .execute import STAGES, StageFailed, Stopped, close_partial, execute_notebook, log, stop_children
+from .hosts import EngineError
+from .plan import ConfigPlan, plan_config
+from .runfolder import DESIGN_JSON, ENGINE_JSON, PARAMS_EFFECTIVE, RunFolder, read_json, write_json
+from .schema import Study
+
+def write_effective(study: Study, rdir: Path) -> Path:
+    """The study as validated here (--reduced and --url applied, ports assigned) for the notebooks."""
+    rdir.mkdir(parents=True, exist_ok=True)
+    effective = rdir / PARAMS_EFFECTIVE
+    effective.write_text(yaml.safe_dump(json.loads(study.model_dump_json()), sort_keys=False))
+    return effective
+
+
+def write_design(root: Path, d: dict[str, Any]) -> None:
+    write_json(root / DESIGN_JSON, {"format_version": 1, **d})
+
+
+def interleave_blocked(study: Study, todo: list[ConfigPlan], resume: bool) -> str | None:
+    """Why these configurations cannot be measured side by side and interleaved (None: they can;
+    whether their engines fit in memory is checked once the first one runs)."""
+    from .measure.pools import worker_count
+
+    if study.design.interleave == "off":
+        return "design.interleave is off"
+    if len(todo) < 2:
+        return "one configuration"
+    if resume:
+        return "--resume continues one configuration at a time"
+    if not todo[0].host.side_by_side:
+        return f"the {todo[0].host.kind} host runs one engine at a time"
+    if any(study.capacity_for(p.config_id) is not None for p in todo):
+        return "a capacity search chooses its own levels"
+    if any(p.workload != todo[0].workload for p in todo[1:]):
+        return "the configurations send different workloads"
+    if worker_count(todo[0].workload.workers) != 1:
+        return "the client sends from several worker processes"
+    return None
+
+
+def with_ports(study: Study, ids: list[str]) -> Study:
+    """The study with each of `ids` on its own port (the engine's port + its index): engines that
+    run side by side cannot share one. Ports are not settings a change compares (compare.config_diff)."""
+    base = {c: study.engine_for(c).port for c in ids}
+    confs = [c.model_copy(update={"engine": {**c.engine, "port": base[c.id] + ids.index(c.id)}}) if c.id in ids else c
+             for c in study.configurations]
+    return study.model_copy(update={"configurations": confs})
+
+
+def fits_side_by_side(rdir: Path, n: int, headroom_bytes: float = 2**30) -> tuple[bool, str]:
+    """Whether n engines like the one running for `rdir` fit in this machine's free memory (its
+    resident memory now, 15 % more each for growth, and `headroom_bytes`), with the numbers."""
+    import psutil
+
+    from .hosts.process import tree_rss_bytes
+
+    pid = read_json(rdir / ENGINE_JSON).get("pid")
+    rss = tree_rss_bytes(pid) if pid else 0
+    free = psutil.virtual_memory().available
+    need = rss * (n - 1) * 1.15 + headroom_bytes
+    gib = 2.0**30
+    text = (f"one engine holds {rss / gib:.2f} GiB; {n - 1} more need {need / gib:.1f} GiB with headroom, "
+            f"{free / gib:.1f} GiB free")
+    return bool(rss and need <= free), text
+
+
+def _launch_stages(plan: ConfigPlan, effective: Path, rdir: Path, notebooks: bool) -> float:
+    """Provision and launch one configuration and leave its engine running (its quality check waits
+    for the interleaved benchmark: two engines decoding at once on this CPU slow each other down
+    tens of times, measured: 1-9 tok/s instead of ~40); returns the seconds it took. Raises StageFailed."""
+    t0 = time.monotonic()
+    params = {"params_path": str(effective.resolve()), "config_id": plan.config_id, "run_dir": str(rdir.resolve()),
+              "reduced": False, "resume": False, "start": True, "check_quality": False}
+    for name in STAGES[:2]:
+        if notebooks:
+            try:
+                execute_notebook(name, rdir / "notebooks", params)
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:  # papermill wraps the cell's exception
+                raise StageFailed(name, rdir, e) from None
+        elif name == "01_provision":
+            stages.provision(plan, rdir)
+        else:
+            stages.launch(plan, rdir)
+    return time.monotonic() - t0
+
+
+def _launch_in_worker(params_path: str, config_id: str, rdir: str, notebooks: bool) -> float:
+    """`_launch_stages` in a worker process (its own plan and host, rebuilt from the study file)."""
+    from .plan import load_plan
+
+    return _launch_stages(load_plan(params_path, config_id), Path(params_path), Path(rdir), notebooks)
+
+
+def _diagnose_in_worker(params_path: str, config_id: str, rdir: str) -> None:
+    execute_notebook(STAGES[3], Path(rdir) / "notebooks", {
+        "params_path": str(Path(params_path).resolve()), "config_id": config_id, "run_dir": str(Path(rdir).resolve()),
+        "reduced": False, "resume": False, "start": True})
+
+
+LANES = 2  # engines started at once: start-up is mostly one busy core (imports, compilation)
+
+
+def _launch_all(todo: list[ConfigPlan], effective: Path, root: Path, notebooks: bool) -> dict[str, float]:
+    """Launch `todo` two at a time (each lane takes the next configuration when its last is up)."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    took: dict[str, float] = {}
+    with ProcessPoolExecutor(min(LANES, len(todo))) as pool:
+        futs = {pool.submit(_launch_in_worker, str(effective), p.config_id, str(root / p.config_id), notebooks):
+                p.config_id for p in todo}
+        for f in as_completed(futs):
+            cid = futs[f]
+            took[cid] = f.result()  # StageFailed / EngineError travel here
+            log(f"{cid}: launched and checked in {took[cid]:.1f} s")
+    return took
+
+
+def measure_interleaved(study: Study, todo: list[ConfigPlan], root: Path, *, notebooks: bool,
+                        started: float | None, fallback: Callable[[Study, list[ConfigPlan], Path], list[str]]) -> list[str]:
+    """Start every configuration's engine (the first alone, its memory checked; then two at a time),
+    measure them interleaved with sequential sampling within `design.budget_s` (counted from
+    `started`, time.monotonic()), stop them, diagnose each. Falls back to one at a time when the
+    engines do not fit side by side."""
+    ids = [p.config_id for p in todo]
+    study = with_ports(study, ids)
+    host = todo[0].host
+    plans = [plan_config(study, cid, host) for cid in ids]
+    effective = None
+    for cid in ids:
+        effective = write_effective(study, root / cid)
+    assert effective is not None
+    t0 = time.monotonic()
+    started = started if started is not None else t0
+    deadline = (time.time() + study.design.budget_s - (t0 - started)) if study.design.budget_s else None
+    design: dict[str, Any] = {"interleaved": True, "lanes": LANES}
+    launched: list[Path] = []
+    try:
+        log(f"configuration {ids[0]}: start (the first of {len(ids)}, to be measured side by side)")
+        launched.append(root / ids[0])
+        took = {ids[0]: _launch_stages(plans[0], effective, root / ids[0], notebooks)}
+        fits, why = fits_side_by_side(root / ids[0], len(ids))
+        if not fits:
+            log(f"configurations measured one at a time: {why}")
+            log(f"{ids[0]}: {host.stop(root / ids[0])}")
+            write_design(root, {"interleaved": False, "reason": why})
+            return fallback(study, plans, root)
+        log(f"engines side by side: {why}")
+        design["memory"] = why
+        launched += [root / c for c in ids[1:]]
+        took.update(_launch_all(plans[1:], effective, root, notebooks))
+        design["launch"] = {"wall_s": time.monotonic() - t0, "per_config_s": took}
+        write_design(root, design)
+        t1 = time.monotonic()
+        if notebooks:
+            execute_notebook("03_benchmark", root / "notebooks", {
+                "params_path": str(effective.resolve()), "config_id": ids[0], "run_dir": str((root / ids[0]).resolve()),
+                "reduced": False, "resume": False, "start": True, "configs": ids, "deadline_unix": deadline or 0.0})
+        else:
+            for plan in plans:
+                stages.quality(plan, root / plan.config_id)
+            stages.benchmark_interleaved(plans, [root / c for c in ids], deadline_unix=deadline)
+        log(f"interleaved benchmark of {len(ids)} configurations done in {time.monotonic() - t1:.1f} s")
+    except (StageFailed, EngineError) as e:
+        log(str(e))
+        return [c for c in ids if RunFolder(root / c).run.get("status") != "complete"]
+    except KeyboardInterrupt as e:
+        reason = e.name if isinstance(e, Stopped) else "the user (Ctrl-C)"
+        stop_children()
+        for rdir in launched:
+            close_partial(rdir, reason)
+        raise
+    finally:
+        for rdir in launched:
+            log(f"{rdir.name}: {host.stop(rdir)}")
+    return _diagnose_all(plans, effective, root, notebooks)
+
+
+def _diagnose_all(plans: list[ConfigPlan], effective: Path, root: Path, notebooks: bool) -> list[str]:
+    """04_diagnose for each configuration (files only), two at a time; the configurations whose
+    run did not complete."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    if notebooks:
+        with ProcessPoolExecutor(LANES) as pool:
+            for f in [pool.submit(_diagnose_in_worker, str(effective), p.config_id, str(root / p.config_id))
+                      for p in plans]:
+                f.result()
+    failed = []
+    for plan in plans:
+        run = RunFolder(root / plan.config_id).run
+        if run.get("status") != "complete":
+            log(f"{plan.config_id}: run {run.get('status', 'missing')}: {run.get('message', '')}")
+            failed.append(plan.config_id)
+    return failed

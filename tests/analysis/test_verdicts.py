@@ -1,0 +1,180 @@
+"""The two-level verdict model (analysis.verdicts): exact values on small cases, and a simulation
+with a known effect and known between-start and within-start noise (1,000 seeded studies)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from servelab.analysis import verdicts as v
+
+SIGMA_B, SIGMA_W, SIGMA_BLOCK = 0.03, 0.10, 0.15  # log-scale sd between starts, within a start, between rounds
+LEVELS = 4
+
+
+def _study(rng: np.random.Generator, effect: float, rounds: int) -> list[dict[str, np.ndarray]]:
+    """Per level: y of starts base0, base1 (an A/A pair), null (no effect) and change (`effect`,
+    relative), each with its own start effect, over `rounds` shared round blocks."""
+    out = []
+    mus = np.array([0.0, 0.0, 0.0, math.log1p(effect)])
+    for _ in range(LEVELS):
+        b = rng.normal(0, SIGMA_B, 4)
+        blocks = rng.normal(0, SIGMA_BLOCK, rounds)
+        y = mus[:, None] + b[:, None] + blocks[None, :] + rng.normal(0, SIGMA_W, (4, rounds))
+        out.append({"y": y})
+    return out
+
+
+STARTS = ["base0", "base1", "null", "change"]
+AA = (["base1"], ["base0"])
+NULL = (["null"], ["base0", "base1"])
+CHANGE = (["change"], ["base0", "base1"])
+
+
+def _fit(y: np.ndarray, idx: list[int], n: int) -> v.LevelFit:
+    sub = y[idx, :n]
+    return v.fit_arrays(np.repeat(np.arange(len(idx)), n), np.tile(np.arange(n), len(idx)), sub.ravel(),
+                        [STARTS[i] for i in idx])
+
+
+def _verdicts(study: list[dict[str, np.ndarray]], n: int) -> dict[str, list[dict]]:
+    between = v.between_from_fits([_fit(lv["y"], [0, 1], n) for lv in study])
+    out: dict[str, list[dict]] = {"aa": [], "null": [], "change": []}
+    for lv in study:
+        for name, (ks, bs), idx in (("aa", AA, [0, 1]), ("null", NULL, [0, 1, 2]), ("change", CHANGE, [0, 1, 3])):
+            out[name].append(v.effect_of(_fit(lv["y"], idx, n), ks, bs, between))
+    return out
+
+
+def test_fit_recovers_start_effects_exactly_without_noise():
+    y = np.array([[0.0, 0.5, 0.2], [0.1, 0.6, 0.3]])  # start 2 = start 1 + 0.1 in every round
+    f = _fit(np.vstack([y, y]), [0, 1], 3)
+    assert f.alpha[1] - f.alpha[0] == pytest.approx(0.1)
+    assert f.sigma_w2 == pytest.approx(0.0, abs=1e-20) and f.df == 2
+
+
+def test_effect_interval_and_mde_of_a_known_case():
+    # two starts, 4 rounds, residuals +-e: a textbook paired comparison
+    base = np.array([0.0, 0.2, -0.1, 0.3])
+    e = np.array([0.02, -0.02, 0.02, -0.02])
+    y = np.vstack([base, base + math.log(1.2) + e])
+    f = v.fit_arrays(np.repeat([0, 1], 4), np.tile(np.arange(4), 2), y.ravel(), ["a", "b"])
+    r = v.effect_of(f, ["b"], ["a"], v.Between(None, math.inf, "not measured"))
+    d = np.diff(y, axis=0).ravel()
+    se = d.std(ddof=1) / 2  # paired differences: sd / sqrt(n)
+    assert r["effect"] == pytest.approx(0.2)
+    assert r["se"] == pytest.approx(se) and r["df"] == 3
+    t = 3.182446305284263  # t(0.975, 3)
+    assert r["ci"][0] == pytest.approx(math.expm1(math.log(1.2) - t * se))
+    assert r["mde"] == pytest.approx(math.expm1((t + 0.9784723123633045) * se))  # t(0.8, 3)
+    assert r["verdict"] == v.FASTER
+    slower = v.effect_of(f, ["b"], ["a"], v.Between(None, math.inf, "not measured"), direction=-1)
+    assert slower["verdict"] == v.SLOWER  # the same change of a lower-is-better metric (TTFT)
+
+
+def test_between_start_variance_widens_the_interval():
+    rng = np.random.default_rng(1)
+    study = _study(rng, 0.2, 6)
+    f = _fit(study[0]["y"], [0, 1, 3], 6)
+    none = v.effect_of(f, ["change"], ["base0", "base1"], v.Between(None, math.inf, "not measured"))
+    given = v.effect_of(f, ["change"], ["base0", "base1"], v.Between(0.05**2, math.inf, "given"))
+    assert given["se"] ** 2 == pytest.approx(none["se"] ** 2 + 0.05**2 * 1.5)  # 1/1 + 1/2 starts
+    assert given["mde"] > none["mde"]
+    # measured by repeats: a start mean's variance (ms) from the A/A with its few degrees of freedom
+    reps = v.Between(0.05**2, 4, "repeats", ms=0.05**2 + 0.001, within=0.001, within_df=40)
+    r = v.effect_of(f, ["change"], ["base0", "base1"], reps)
+    a = none["se"] ** 2
+    assert r["se"] ** 2 == pytest.approx(1.5 * (0.05**2 + 0.001) + (a - 1.5 * 0.001))
+    assert r["df"] < 10  # the A/A's 4 degrees of freedom dominate, not the rounds' many
+
+
+def test_between_start_estimate_is_unbiased_in_the_mean():
+    rng = np.random.default_rng(2)
+    est = [v.between_from_fits([_fit(lv["y"], [0, 1], 8) for lv in _study(rng, 0.0, 8)]).var for _ in range(400)]
+    # the floor at 0 biases it upwards a little; the mean stays near the true variance
+    assert np.mean(est) == pytest.approx(SIGMA_B**2, rel=0.35)
+
+
+@pytest.fixture(scope="module")
+def simulated() -> dict[str, float]:
+    """1,000 seeded studies at 8 rounds per start: the null change's false-positive rate, the A/A
+    rows', the typical MDE, then the power at an effect of 2x that MDE and at 1x."""
+    rng = np.random.default_rng(20261202)
+    fp = {"aa": 0, "null": 0}
+    mdes = []
+    n_rows = 0
+    for _ in range(1000):
+        res = _verdicts(_study(rng, 0.0, 8), 8)
+        for k in fp:
+            fp[k] += sum(r["verdict"] != v.NO_CHANGE for r in res[k])
+        mdes += [r["mde"] for r in res["null"]]
+        n_rows += LEVELS
+    mde = float(np.median(mdes))
+    power = {}
+    for mult in (2, 1):
+        hits = 0
+        for _ in range(1000):
+            res = _verdicts(_study(rng, mult * mde, 8), 8)
+            hits += sum(r["verdict"] == v.FASTER for r in res["change"])
+        power[mult] = hits / n_rows
+    return {"fpr_null": fp["null"] / n_rows, "fpr_aa": fp["aa"] / n_rows, "mde": mde, "power2": power[2],
+            "power1": power[1]}
+
+
+def test_false_positive_rate_at_most_5_percent(simulated):
+    assert simulated["fpr_null"] <= 0.05
+    assert simulated["fpr_aa"] <= 0.05
+
+
+def test_power_at_twice_the_mde_at_least_80_percent(simulated):
+    assert simulated["power2"] >= 0.80
+    # and the MDE means what it says: about 80 % power at 1x (not far below)
+    assert simulated["power1"] >= 0.65
+    # the model's MDE is near the design's: (t + t_power) * sqrt(sb^2 * 1.5 + sw^2 * 1.5 / 8)
+    expect = math.expm1(2.9 * math.sqrt(SIGMA_B**2 * 1.5 + SIGMA_W**2 * 1.5 / 8))
+    assert simulated["mde"] == pytest.approx(expect, rel=0.3)
+
+
+def _sequential(rng: np.random.Generator, effect: float, first: int, most: int, target: float) -> tuple[dict, int]:
+    """One study run as servelab samples: level by level, `first` rounds, then one more round at a
+    time while a comparison is open (`open_starts`) up to `most`; the final verdicts on all data.
+    (Every start keeps getting rounds here: the A/A stays open, so its baselines do too.)"""
+    study = _study(rng, effect, most)
+    done: list[int] = []
+    done_fits: list[v.LevelFit] = []  # the A/A fits of finished levels (they do not change)
+    for li, lv in enumerate(study):
+        n = first
+        while True:
+            between = v.between_from_fits([*done_fits, _fit(lv["y"], [0, 1], n)])
+            res = [(v.Comparison(name, "base0", tuple(ks), tuple(bs), name == "aa"),
+                    v.effect_of(_fit(lv["y"], idx, n), ks, bs, between))
+                   for name, (ks, bs), idx in (("aa", AA, [0, 1]), ("null", NULL, [0, 1, 2]),
+                                               ("change", CHANGE, [0, 1, 3]))]
+            if n >= most or not v.open_starts(res, target):
+                break
+            n += 1
+        done.append(n)
+        done_fits.append(_fit(lv["y"], [0, 1], n))
+    between = v.between_from_fits([_fit(study[j]["y"], [0, 1], done[j]) for j in range(LEVELS)])
+    final = {"null": [], "change": []}
+    for j, lv in enumerate(study):
+        final["null"].append(v.effect_of(_fit(lv["y"], [0, 1, 2], done[j]), *NULL, between))
+        final["change"].append(v.effect_of(_fit(lv["y"], [0, 1, 3], done[j]), *CHANGE, between))
+    return final, sum(done)
+
+
+def test_sequential_sampling_keeps_the_false_positive_rate():
+    """Looking after every round (3 to 10) and stopping where the 99.9 % interval already excludes
+    zero (Haybittle-Peto) must not raise the final verdict's false-positive rate above 5 %; a large
+    effect is found, and stops its level early."""
+    rng = np.random.default_rng(7)
+    fp = rows = 0
+    for _ in range(1000):
+        final, _ = _sequential(rng, 0.0, 3, 10, 0.10)
+        fp += sum(r["verdict"] != v.NO_CHANGE for r in final["null"])
+        rows += LEVELS
+    assert fp / rows <= 0.05
+    found = [_sequential(rng, 0.5, 3, 10, 0.10)[0]["change"] for _ in range(50)]
+    assert np.mean([r["verdict"] == v.FASTER for f in found for r in f]) >= 0.95

@@ -1,0 +1,64 @@
+"""Every published study's data/verdicts.json is what its records give (report.verdicts re-derives
+it), in the documented format; the KV study's between-start figure is what its two runs measure."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from servelab.analysis import verdicts as v
+from servelab.report import load_study_data
+from servelab.report.verdicts import study_verdicts
+from servelab.runfolder import VERDICTS_JSON, read_json
+from paths import ROOT
+
+PUBLISHED = sorted(p.parent.parent for p in ROOT.glob("reports/*/data/study.json"))
+KEYS = {"configuration", "baseline", "level", "metric", "effect", "ci", "mde", "verdict", "requests",
+        "baseline_requests", "starts", "aa"}
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return (a is None and b is None) or (a is not None and b is not None and math.isclose(a, b, rel_tol=1e-9,
+                                                                                                abs_tol=1e-12))
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+@pytest.mark.parametrize("study", PUBLISHED, ids=lambda p: p.name)
+def test_published_verdicts_are_what_the_records_give(study):
+    path = study / "data" / VERDICTS_JSON
+    assert path.exists(), f"{path}: re-render with `servelab report {study.name}`"
+    published, fresh = read_json(path), study_verdicts(load_study_data(study))
+    assert published["format_version"] == v.FORMAT_VERSION
+    assert len(published["rows"]) == len(fresh["rows"])
+    for a, b in zip(published["rows"], fresh["rows"]):
+        assert KEYS <= set(a)
+        assert all(_same(a[k], b[k]) for k in a), (a, b)
+    assert published["between_starts"] == fresh["between_starts"]
+
+
+def test_the_default_study_compares_every_change_and_its_aa_on_every_level():
+    r = v.from_json(read_json(ROOT / "reports" / "local-cpu" / "data" / VERDICTS_JSON))
+    agg = r[r["metric"] == v.PRIMARY]
+    assert set(agg["configuration"]) == {"compiled", "ngram", "budget", "eager-again"}
+    assert agg.groupby("configuration").size().to_dict() == {"budget": 4, "compiled": 4, "eager-again": 4, "ngram": 4}
+    assert agg.loc[agg["aa"], "configuration"].unique().tolist() == ["eager-again"]
+    changes = agg[~agg["aa"]]
+    assert (changes["baseline_starts"] == 2).all()  # eager and its A/A repeat pool as the baseline
+    assert set(agg["verdict"]) <= {v.FASTER, v.SLOWER, v.NO_CHANGE}
+
+
+def test_the_kv_studys_between_start_sd_is_what_its_two_runs_measure():
+    """params/local-cpu-kv.yaml gives 6.0 %: its two published runs (the fixture's earlier one and
+    the one in reports/) are two starts of each configuration."""
+    sd = load_study_data(ROOT / "reports" / "local-cpu-kv")
+    old = pd.read_csv(ROOT / "tests" / "fixtures" / "local-cpu-kv-aa" / "rounds-fcadee0.csv")
+    old["config"] = old["config"] + "-old"
+    y = v.log_rounds(pd.concat([sd.rounds, old], ignore_index=True), v.PRIMARY)
+    b = v.between_starts(y, [("roomy", "roomy-old"), ("kv-tight", "kv-tight-old")])
+    assert b.source == "repeats" and b.df == 18
+    assert round(b.sd_pct, 1) == sd.study.design.between_starts_sd_pct == 6.0
