@@ -1,5 +1,5 @@
-"""A study's configurations measured side by side: every engine started (the first alone, its memory
-checked against the rest; then two at a time), the quality checks one engine at a time, the
+"""A study's configurations measured side by side: every engine started two at a time (once the
+first is up, its memory checked against the rest), the quality checks one engine at a time, the
 interleaved benchmark with sequential sampling in the study's time budget (notebook 03 with
 `configs`: `stages.benchmark_interleaved`), every engine stopped, each configuration diagnosed.
 `interleave_blocked` says why a study cannot be measured this way. Not for one configuration at a
@@ -121,25 +121,45 @@ def _diagnose_in_worker(params_path: str, config_id: str, rdir: str) -> None:
 LANES = 2  # engines started at once: start-up is mostly one busy core (imports, compilation)
 
 
-def _launch_all(todo: list[ConfigPlan], effective: Path, root: Path, notebooks: bool) -> dict[str, float]:
-    """Launch `todo` two at a time (each lane takes the next configuration when its last is up)."""
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+def _launch_all(plans: list[ConfigPlan], effective: Path, root: Path, notebooks: bool
+                ) -> tuple[dict[str, float], bool, str]:
+    """Launch `plans` two at a time (each lane takes the next configuration when its last is up).
+    When the first engine is up, check that all of them fit in memory side by side; if not,
+    launch nothing more. Returns (seconds per launched configuration, fits, the memory check)."""
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     took: dict[str, float] = {}
-    with ProcessPoolExecutor(min(LANES, len(todo))) as pool:
-        futs = {pool.submit(_launch_in_worker, str(effective), p.config_id, str(root / p.config_id), notebooks):
-                p.config_id for p in todo}
-        for f in as_completed(futs):
-            cid = futs[f]
-            took[cid] = f.result()  # StageFailed / EngineError travel here
-            log(f"{cid}: launched and checked in {took[cid]:.1f} s")
-    return took
+    # the long start-ups (compilation) first, so the two lanes end close together
+    queue = sorted(plans, key=lambda p: not p.profile.compiles_at_startup(p.engine.args))
+    fits, why = True, ""
+    with ProcessPoolExecutor(min(LANES, len(plans))) as pool:
+        running = {}
+
+        def submit() -> None:
+            p = queue.pop(0)
+            running[pool.submit(_launch_in_worker, str(effective), p.config_id, str(root / p.config_id),
+                                notebooks)] = p.config_id
+
+        for _ in range(min(LANES, len(queue))):
+            submit()
+        while running:
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for f in done:
+                cid = running.pop(f)
+                took[cid] = f.result()  # StageFailed / EngineError travel here
+                log(f"{cid}: launched in {took[cid]:.1f} s")
+                if len(took) == 1:
+                    fits, why = fits_side_by_side(root / cid, len(plans))
+                    log(f"engines side by side: {why}" if fits else f"configurations measured one at a time: {why}")
+                if fits and queue:
+                    submit()
+    return took, fits, why
 
 
 def measure_interleaved(study: Study, todo: list[ConfigPlan], root: Path, *, notebooks: bool,
                         started: float | None, fallback: Callable[[Study, list[ConfigPlan], Path], list[str]]) -> list[str]:
-    """Start every configuration's engine (the first alone, its memory checked; then two at a time),
-    measure them interleaved with sequential sampling within `design.budget_s` (counted from
+    """Start every configuration's engine two at a time (the memory of all checked once the first is
+    up), measure them interleaved with sequential sampling within `design.budget_s` (counted from
     `started`, time.monotonic()), stop them, diagnose each. Falls back to one at a time when the
     engines do not fit side by side."""
     ids = [p.config_id for p in todo]
@@ -154,21 +174,16 @@ def measure_interleaved(study: Study, todo: list[ConfigPlan], root: Path, *, not
     started = started if started is not None else t0
     deadline = (time.time() + study.design.budget_s - (t0 - started)) if study.design.budget_s else None
     design: dict[str, Any] = {"interleaved": True, "lanes": LANES}
-    launched: list[Path] = []
+    launched = [root / c for c in ids]  # stopped on every exit path (a handle not written is no engine)
     try:
-        log(f"configuration {ids[0]}: start (the first of {len(ids)}, to be measured side by side)")
-        launched.append(root / ids[0])
-        took = {ids[0]: _launch_stages(plans[0], effective, root / ids[0], notebooks)}
-        fits, why = fits_side_by_side(root / ids[0], len(ids))
+        log(f"configurations {', '.join(ids)}: starting {LANES} at a time, to be measured side by side")
+        took, fits, why = _launch_all(plans, effective, root, notebooks)
         if not fits:
-            log(f"configurations measured one at a time: {why}")
-            log(f"{ids[0]}: {host.stop(root / ids[0])}")
+            for rdir in launched:
+                log(f"{rdir.name}: {host.stop(rdir)}")
             write_design(root, {"interleaved": False, "reason": why})
             return fallback(study, plans, root)
-        log(f"engines side by side: {why}")
         design["memory"] = why
-        launched += [root / c for c in ids[1:]]
-        took.update(_launch_all(plans[1:], effective, root, notebooks))
         design["launch"] = {"wall_s": time.monotonic() - t0, "per_config_s": took}
         write_design(root, design)
         t1 = time.monotonic()

@@ -139,6 +139,11 @@ class EngineProfile:
     def speculative(self, args: dict[str, Any]) -> bool:
         return False
 
+    def compiles_at_startup(self, args: dict[str, Any]) -> bool:
+        """Whether these flags make the engine compile (or capture graphs) while it starts: the long
+        start-ups, which a study launching engines side by side starts first."""
+        return False
+
     def gpu_count(self, args: dict[str, Any]) -> int:
         """GPUs one engine occupies: tensor x pipeline x data parallel size."""
         n = 1

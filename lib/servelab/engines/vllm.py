@@ -220,6 +220,9 @@ class VllmProfile(EngineProfile):
     def conflicts(self, args: dict[str, Any], concurrency: Iterable[int] | None) -> list[str]:
         return _vllm_conflicts(args, concurrency)
 
+    def compiles_at_startup(self, args: dict[str, Any]) -> bool:
+        return not flag_on(args, "enforce-eager")
+
     def spec_tokens(self, args: dict[str, Any]) -> int:
         return vllm_spec_tokens(args)
 
