@@ -94,9 +94,10 @@ def test_budget_stops_early_and_resume_continues(ref, tmp_path):
     srv = attach(AttachParams(url=ref.url))
     rdir = tmp_path / "cap"
     first = run_capacity(srv, _workload(), rdir, SPEC, TARGETS, shape=SHAPE, study="t", config_id="cap",
-                         record=base_record("t", "cap"), budget_s=2 * DURATION_S * 1.5 + 0.5)
+                         record=base_record("t", "cap"), budget_s=3 * DURATION_S * 1.5 + 0.5)  # the first trial warms up
     assert first.status == "partial" and "time budget" in first.message
-    assert first.result["trials"] == 2 and first.result["bracket"] == [8.0, None]  # 4 and 8 pass: best so far
+    # the first trial and its repeat (4 req/s twice, both pass): the best so far
+    assert first.result["trials"] == 2 and first.result["bracket"] == [4.0, None]
     with pytest.raises(FileExistsError):
         run_capacity(srv, _workload(), rdir, SPEC, TARGETS, shape=SHAPE, study="t", config_id="cap",
                      record=base_record("t", "cap"))
@@ -104,7 +105,7 @@ def test_budget_stops_early_and_resume_continues(ref, tmp_path):
                          record=base_record("t", "cap"), resume=True)
     assert again.status == "complete"
     loads = [t.load for t in trials_in(rdir, "rate")]
-    assert loads[:3] == [4.0, 8.0, 16.0]  # the finished trials were kept, the search went on from them
+    assert loads[:4] == [4.0, 4.0, 8.0, 16.0]  # the finished trials were kept, the search went on from them
     assert again.result["bracket"][0] <= _threshold_rps() * 1.05
     assert RunFolder(rdir).run["resumed"][0]["previous_status"] == "partial"
 
@@ -113,19 +114,21 @@ def test_cli_dry_run_states_worst_case(capsys):
     assert main(["capacity", "http://127.0.0.1:9", "--slo-ttft-p95-s", "1", "--max", "64", "--duration", "10",
                  "--dry-run"]) == 0
     out = capsys.readouterr().out
-    # 6 doublings + 4 bisections + 2 x 2 repeats + the first trial, each 10 s x 1.5 drain
-    assert out.strip() == "worst case: 1 server start(s) x (15 trials x 15 s) = 225 s (3.8 min)"
+    # the first trial and its repeat + 6 doublings + 4 bisections + 2 x 5 extensions = 22, capped at the 16
+    # trials of --max-trials; each 10 s x 1.5 drain
+    assert out.strip() == "worst case: 1 server start(s) x (16 trials x 15 s) = 240 s (4.0 min)"
 
 
 def test_cli_against_the_reference_server(ref, tmp_path, capsys):
-    # two light trials (2 and 4 req/s, far under the known 20): the best so far, no upper end yet
+    # three light trials (2 req/s and its repeat, then 4, far under the known 20): the best so far, no upper end yet
     rc = main(["capacity", ref.url, "--input", "16", "--output", str(TOKENS), "--slo-ttft-p95-s", str(TARGET_TTFT_S),
                "--arrival", "constant", "--start", "2", "--max", "128", "--duration", str(DURATION_S),
-               "--metrics-interval", "0", "--max-trials", "2", "--out", str(tmp_path / "c")])
+               "--metrics-interval", "0", "--max-trials", "3", "--out", str(tmp_path / "c")])
     out = capsys.readouterr().out
     assert rc == 0, out
     line = next(x for x in out.splitlines() if x.startswith("capacity at SLO:"))
     res = json.loads((tmp_path / "c" / "run.json").read_text())["capacity"]["result"]
     assert [v["load"] for v in res["loads"]] == [2.0, 4.0] and res["bracket"] == [4.0, None]
+    assert [len(v["trials"]) for v in res["loads"]] == [2, 1]
     assert line.startswith("capacity at SLO: 4 req/s (") and "bracket [4, -] req/s" in line
-    assert "trial budget spent (2 trials)" in line
+    assert "trial budget spent (3 trials)" in line and "low end 4 req/s undecided at" in line

@@ -1,5 +1,6 @@
 """The capacity search's rules (measure.slo_search) on synthetic trials: a server whose verdict
-at each load is known, so the bracket, the repeats and the stop rule can be checked exactly."""
+at each load is known, so the bracket, the repeats and the stop rule can be checked exactly; the
+p95's order-statistic bounds against scipy; a server whose true p95 sits 5 % over the target."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import itertools
 
 import pytest
 
-from servelab.measure.slo_search import (SearchSpec, Targets, Trial, interval_verdict, load_verdict, result, state)
+from servelab.measure.slo_search import (SearchSpec, Targets, Trial, first_outlier, interval_verdict, load_verdict,
+                                         quantile_bounds, result, state)
 
 T = Targets(ttft_p95_s=1.0, tpot_p95_s=None, error_rate=0.01)
 
@@ -31,33 +33,34 @@ def _search(capacity: float, spec: SearchSpec, verdict=None) -> tuple[list[Trial
 
 
 def test_bracket_then_bisect_finds_a_known_capacity_within_precision():
-    spec = SearchSpec(start=1.0, max_load=256, precision=0.1, repeats=2, max_trials=30)
+    spec = SearchSpec(start=1.0, max_load=256, precision=0.1, max_trials=30)
     trials, st = _search(7.3, spec)
     loads = [t.load for t in trials]
-    assert loads[:5] == [1.0, 2.0, 4.0, 8.0, 6.0]  # doubles until 8 fails, then bisects 4..8
+    assert loads[:6] == [1.0, 1.0, 2.0, 4.0, 8.0, 6.0]  # the first repeated, doubles until 8 fails, bisects 4..8
     assert st.lo.load <= 7.3 < st.hi.load
     assert (st.hi.load - st.lo.load) / st.lo.load <= 0.1
-    assert len(st.lo.trials) == 2 and st.lo.how == "repeats agree"  # a pass needs its repeat
-    assert len(st.hi.trials) == 1 and st.hi.how == "interval"  # 40 of 40 over the target: settled at once
-    assert st.reason == "bracket narrow and both ends beyond noise"
+    # a p95 pass needs >= 59 requests under the target: two trials of 40; 40 of 40 over fails at once
+    assert len(st.lo.trials) == 2 and st.lo.how == "interval" and st.lo.requests == 80
+    assert len(st.hi.trials) == 1 and st.hi.how == "interval"
+    assert st.reason == "bracket narrow and both ends decided at 95 % confidence"
     assert len(trials) <= spec.worst_case_trials()
 
 
 def test_first_trial_failing_lowers_the_load():
     trials, st = _search(0.3, SearchSpec(start=1.0, min_load=0.05, precision=0.1))
-    assert [t.load for t in trials][:3] == [1.0, 0.5, 0.25]
+    assert [t.load for t in trials][:4] == [1.0, 1.0, 0.5, 0.25]
     assert st.lo.load <= 0.3 < st.hi.load
 
 
 def test_no_fail_up_to_the_maximum_stops_with_capacity_at_least_max():
     trials, st = _search(1e9, SearchSpec(start=1.0, max_load=8))
-    assert [t.load for t in trials] == [1.0, 2.0, 4.0, 8.0, 8.0]
+    assert [t.load for t in trials] == [1.0, 1.0, 2.0, 4.0, 8.0, 8.0]  # 8 extended to 80 requests: decided
     assert st.hi is None and st.lo.load == 8.0
     res = result(st, T, SearchSpec(start=1.0, max_load=8))
     assert res["capacity"] == 8.0 and res["binding"] is None and res["bracket"] == [8.0, None]
 
 
-def test_noisy_end_is_repeated_up_to_max_repeats_then_stops_flagged():
+def test_an_undecided_end_gets_more_requests_until_its_interval_decides():
     flip = itertools.cycle([True, False])
 
     def verdict(load, k):  # the load just under the boundary alternates pass/fail on repeats
@@ -67,19 +70,20 @@ def test_noisy_end_is_repeated_up_to_max_repeats_then_stops_flagged():
             return False
         return next(flip)
 
-    spec = SearchSpec(start=1.0, precision=0.1, repeats=2, max_repeats=3)
+    spec = SearchSpec(start=1.0, precision=0.1, max_repeats=3)
     trials, st = _search(6.5, spec, verdict)
-    # bisection: 1, 2, 4, 8 (fail), 6, 7 (fail), 6.5 (pass, first of the cycle)
-    assert [t.load for t in trials][:7] == [1.0, 2.0, 4.0, 8.0, 6.0, 7.0, 6.5]
+    # bisection: 1, 1 (its repeat), 2, 4, 8 (fail), 6, 7 (fail), 6.5 (pass, first of the cycle)
+    assert [t.load for t in trials][:8] == [1.0, 1.0, 2.0, 4.0, 8.0, 6.0, 7.0, 6.5]
     at = [t for t in trials if t.load == 6.5]
-    assert len(at) >= 2  # repeated at the boundary
-    assert st.done
+    # 40 fast requests alone cannot bound a p95 from above; 40 more, all slow, decide: a fail
+    assert len(at) == 2 and st.hi.load == 6.5 and st.hi.settled and not st.hi.passes
+    assert st.done and st.reason == "bracket narrow and both ends decided at 95 % confidence"
 
 
 def test_trial_budget_stops_with_best_so_far():
-    spec = SearchSpec(start=1.0, max_trials=4)
+    spec = SearchSpec(start=1.0, max_trials=5)
     trials, st = _search(7.3, spec)
-    assert len(trials) == 4 and st.reason.startswith("trial budget spent")
+    assert len(trials) == 5 and st.reason.startswith("trial budget spent")
     assert st.lo.load == 4.0 and st.hi.load == 8.0
 
 
@@ -88,13 +92,17 @@ def test_interval_settles_a_clear_fail_but_not_a_marginal_one():
     assert interval_verdict([clear], T) == "fail"
     marginal = Trial(0, 5.0, [0.5] * 27 + [2.0] * 3, [], 30, 0)  # 10 % over: p95 over, but n=30 is noise
     assert interval_verdict([marginal], T) is None
-    v = load_verdict([marginal], T, repeats=2)
-    assert not v.passes and not v.settled and v.how == "too few trials"
+    v = load_verdict([marginal], T)
+    assert not v.passes and not v.settled and v.how == "undecided"
+    assert v.terms["ttft_p95_s"]["lower"] == 0.5 and v.terms["ttft_p95_s"]["upper"] == float("inf")
+    fast = Trial(0, 5.0, [0.5] * 58, [], 58, 0)  # all under the target, yet 58 cannot bound a p95
+    assert interval_verdict([fast], T) is None
+    assert interval_verdict([fast, Trial(1, 5.0, [0.5], [], 1, 0)], T) == "pass"  # the 59th does
 
 
 def test_error_rate_binds_when_requests_fail():
     t = Trial(0, 5.0, [0.2] * 20, [], 40, 20)  # half failed, the rest fast
-    v = load_verdict([t], T, repeats=2)
+    v = load_verdict([t], T)
     assert not v.passes and v.binding == "error_rate" and v.settled
 
 
@@ -107,8 +115,8 @@ def test_concurrency_axis_snaps_to_integers_and_stops_at_adjacent():
 
 def test_worst_case_trials_counts_bracket_bisect_and_repeats():
     spec = SearchSpec(start=1.0, max_load=64, precision=0.1, max_repeats=3, max_trials=99)
-    # 6 doublings to 64, ceil(log2(1/0.1)) = 4 bisections, 2 x 2 extra repeats, the first trial
-    assert spec.worst_case_trials() == 1 + 6 + 4 + 4
+    # the first trial and its repeat, 6 doublings to 64, ceil(log2(1/0.1)) = 4 bisections, 2 x 2 extensions
+    assert spec.worst_case_trials() == 2 + 6 + 4 + 4
 
 
 def test_binomial_tails_match_scipy():
@@ -119,3 +127,54 @@ def test_binomial_tails_match_scipy():
     for n, k, p in [(30, 0, 0.05), (30, 3, 0.05), (59, 0, 0.05), (400, 31, 0.05), (40, 40, 0.05), (299, 0, 0.01)]:
         assert binom_cdf(k, n, p) == pytest.approx(binom.cdf(k, n, p), rel=1e-9, abs=1e-15)
         assert binom_sf(k - 1, n, p) == pytest.approx(binom.sf(k - 1, n, p), rel=1e-9, abs=1e-15)
+
+
+def test_p95_bounds_are_the_order_statistics_the_binomial_names():
+    from scipy.stats import binom
+
+    xs = [float(i) for i in range(1, 101)]  # 100 requests, 1..100 s
+    lo, hi = quantile_bounds(xs, 0, 0.95)
+    k = next(k for k in range(1, 101) if binom.cdf(k - 1, 100, 0.95) >= 0.95)
+    j = max(j for j in range(1, 101) if binom.sf(j - 1, 100, 0.95) >= 0.95)
+    assert (lo, hi) == (float(j), float(k)) == (91.0, 99.0)
+    assert quantile_bounds(xs[:58], 0, 0.95)[1] == float("inf") and quantile_bounds(xs[:59], 0, 0.95)[1] == 59.0
+    assert quantile_bounds(xs[:50], 2, 0.95)[1] == float("inf")  # two failed requests count as slowest
+
+
+def test_a_cold_first_trial_is_an_outlier_and_left_out():
+    cold = Trial(0, 2.0, [3.0] * 12, [0.01] * 12, 12, 0)  # a fresh engine's first trial: slow
+    warm = [Trial(i, 2.0, [0.3] * 40, [0.01] * 40, 40, 0) for i in (1, 2)]
+    assert first_outlier([cold, warm[0]])["term"] == "ttft_s"
+    st = state([cold, *warm], T, SearchSpec(start=2.0))
+    assert st.outlier and [tr.level for tr in st.verdicts[0].trials] == [1, 2]  # only the repeats judge
+    assert first_outlier(warm) is None  # two alike trials agree
+
+
+def test_a_true_p95_five_percent_over_the_target_is_never_passed_on_too_few_requests():
+    """A server whose TTFT is lognormal with its p95 at 0.7x the target at concurrency 2, 1.05x at 3
+    and 1.5x at 4 (12 requests a trial): over 300 seeded searches, 3 is called passing (decided) in
+    at most 5 %, and no end is ever decided passing on fewer than 59 requests."""
+    import math
+    import random
+
+    rng = random.Random(5)
+    sigma = 0.5
+    factor = {1: 0.5, 2: 0.7, 3: 1.05, 4: 1.5, 5: 2.0, 6: 2.5, 7: 3.0, 8: 3.5}
+
+    def draw(load: float, n: int) -> list[float]:
+        mu = math.log(factor[int(load)] * T.ttft_p95_s) - 1.6449 * sigma  # p95 of lognormal(mu, sigma)
+        return [rng.lognormvariate(mu, sigma) for _ in range(n)]
+
+    spec = SearchSpec(axis="concurrency", start=2, min_load=1, max_load=8, precision=0.1, max_repeats=6)
+    passed3 = 0
+    for _ in range(300):
+        trials: list[Trial] = []
+        while True:
+            st = state(trials, T, spec)
+            if st.done:
+                break
+            trials.append(Trial(len(trials), st.next_load, draw(st.next_load, 12), [0.01] * 12, 12, 0))
+        if st.lo is not None and st.lo.load >= 3 and st.lo.settled:
+            passed3 += 1
+        assert st.lo is None or not st.lo.settled or st.lo.requests >= 59
+    assert passed3 / 300 <= 0.05

@@ -17,9 +17,26 @@ from ..measure.slo_search import Targets, binding, load_verdict, measured, point
 from .predict import predict_run
 
 
-def capacity_result(run: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The search's answer stored in run.json (`capacity.result`), or None for a grid run."""
-    return ((run.get("capacity") or {}).get("result")) or None
+def capacity_result(run: Mapping[str, Any], records: pd.DataFrame | None = None) -> dict[str, Any] | None:
+    """The search's answer stored in run.json (`capacity.result`), or None for a grid run. With the
+    run's `records`, its trials judged again by today's rule (`slo_search`: a bracket end decided
+    only when its p95's 95 % bound is on one side of the target; the first trial an outlier when
+    its repeat says so): a search published before that rule shows its ends' confidence too."""
+    cap = (run.get("capacity") or {})
+    stored = cap.get("result") or None
+    if stored is None or records is None or records.empty or not cap.get("spec"):
+        return stored
+    from dataclasses import fields
+
+    from ..measure.slo_search import SearchSpec, result, state
+
+    spec = SearchSpec(**{f.name: cap["spec"][f.name] for f in fields(SearchSpec) if f.name in cap["spec"]})
+    t = Targets(**{k: cap.get("targets", {}).get(k) for k in ("ttft_p95_s", "tpot_p95_s")},
+                error_rate=cap.get("targets", {}).get("error_rate", 1.0))
+    recs = records.to_dict("records")
+    trials = [trial_of(recs, li, spec.axis) for li in sorted({int(r["level"]) for r in recs})]
+    out = result(state([tr for tr in trials if tr.sent], t, spec), t, spec)
+    return {**out, "done": stored.get("done"), "reason": stored.get("reason")}
 
 
 def grid_verdicts(records: pd.DataFrame, slo: Any, axis: str = "auto", repeats: int = 1) -> pd.DataFrame:

@@ -27,6 +27,7 @@ from .slo_search import SearchSpec, Targets, Trial, result, state
 from .rounds import run_sync
 
 DRAIN_FACTOR = 1.5  # a trial's wall time over its nominal duration, for the budget (overload drains)
+FIRST_WARMUP_ROUNDS = 1  # the first trial's warm-up: a fresh engine's first requests are slow
 
 
 @dataclass
@@ -40,10 +41,12 @@ class TrialShape:
     bucket: int = 0  # index into the workload's buckets
 
 
-def trial_workload(wl: Workload, spec: SearchSpec, shape: TrialShape, load: float) -> Workload:
-    """The workload of one trial: one bucket, one level at `load`."""
+def trial_workload(wl: Workload, spec: SearchSpec, shape: TrialShape, load: float, *, first: bool = False) -> Workload:
+    """The workload of one trial: one bucket, one level at `load`. The search's first trial warms
+    the server up first (a round at its load, recorded as warm-up and left out)."""
     d = wl.model_dump()
-    d.update(buckets=[d["buckets"][shape.bucket]], warmup_rounds=shape.warmup_rounds, rounds=shape.rounds)
+    warm = max(shape.warmup_rounds, FIRST_WARMUP_ROUNDS) if first else shape.warmup_rounds
+    d.update(buckets=[d["buckets"][shape.bucket]], warmup_rounds=warm, rounds=shape.rounds)
     if spec.axis == "rate":
         arrival = d["arrival"] if d["arrival"] != "concurrency" else "constant"
         d.update(arrival=arrival, rates_rps=[load], duration_s=shape.duration_s)
@@ -118,8 +121,35 @@ def capacity_line(res: dict[str, Any]) -> str:
     binds = (f"binds: {res['binding']} ({res['binding_measured']:.3g} > {res['targets'][res['binding']]:g} "
              f"at {hi:g})" if res.get("binding") and res.get("binding_measured") is not None
              else "binds: none up to the highest load searched")
-    settled = "" if res["settled"] else "; an end is within run-to-run noise"
-    return f"{head} ({detail}), {br}; {binds}{settled} [{res['reason']}]"
+    ends = "; ".join(x for x in (end_words("low end", (res.get("ends") or {}).get("low"), unit),
+                                 end_words("high end", (res.get("ends") or {}).get("high"), unit)) if x)
+    outlier = res.get("first_outlier")
+    first = (f"; first trial an outlier (median {outlier['term'].split('_')[0].upper()} {outlier['first_median']:.3g} s "
+             f"vs {outlier['repeat_median']:.3g} s on its repeat): left out" if outlier else "")
+    return f"{head} ({detail}), {br}; {binds}; {ends}{first} [{res['reason']}]"
+
+
+def end_words(name: str, end: dict[str, Any] | None, unit: str) -> str:
+    """One bracket end in words and numbers: each SLO term's p95 with its one-sided 95 % bound
+    against the target and the requests behind it; "undecided" when the interval straddles it."""
+    if not end:
+        return ""
+    parts = []
+    for term, x in (end.get("terms") or {}).items():
+        if term == "error_rate":
+            continue
+        v, lo, up = x.get("value"), x.get("lower"), x.get("upper")
+        label = term.split("_")[0].upper()
+        if x.get("decided") == "pass":
+            parts.append(f"p95 {label} {v:.3g} s, under its target with 95 % confidence (upper bound {up:.3g} s)")
+        elif x.get("decided") == "fail":
+            parts.append(f"p95 {label} {v:.3g} s, over its target with 95 % confidence (lower bound {lo:.3g} s)")
+        else:
+            bounds = f"{lo:.3g}" if lo is not None else "-"
+            bounds += f" to {up:.3g} s" if up is not None else " s to unbounded"
+            parts.append(f"p95 {label} {v:.3g} s, undecided (95 % bounds {bounds})")
+    verdict = ("passes" if end.get("passes") else "fails") if end.get("settled") else "undecided"
+    return f"{name} {end['load']:g} {unit} {verdict} at {end.get('requests', 0)} requests ({'; '.join(parts)})"
 
 
 @dataclass
@@ -177,18 +207,18 @@ def run_capacity(server: Server, wl: Workload, run_dir: Path, spec: SearchSpec, 
                                               "best result so far (continue with --resume)")
                 break
             li = max([tr.level for tr in trials], default=-1) + 1
-            wlt = trial_workload(wl, spec, shape, st.next_load)
-            lr = LevelRunner(server, wlt, rf, study=study, config_id=config_id, sources=sources, progress=progress,
-                             metrics_interval_s=mi, log=log, gpu_devices=gpu_devices, counter=counter)
+            wlt = trial_workload(wl, spec, shape, st.next_load, first=li == 0)
             lv = Level(wlt.buckets[0], wlt.max_in_flight if spec.axis == "rate" else int(st.next_load),
                        st.next_load if spec.axis == "rate" else 0.0)
-            lr.grid, lr.plan, lr.seq = [lv], [(li, lv)], seq
+            lr = LevelRunner(server, wlt, rf, study=study, config_id=config_id, sources=sources, progress=progress,
+                             metrics_interval_s=mi, log=log, gpu_devices=gpu_devices, counter=counter,
+                             only=(li, lv), first_seq=seq)
             log(f"{config_id}: trial {li + 1} at {st.next_load:g} ({st.reason})")
             t_trial = time.monotonic()
             _, tstatus, tmsg = run_sync(lr.run())
             walls.append(time.monotonic() - t_trial)
             seq = lr.seq
-            if tstatus != "complete" and "failure budget" not in tmsg:
+            if tstatus != "complete" and not lr.stopped_early:  # a failure budget spent is a failing trial
                 status, message = "partial", tmsg
                 break
             trials = trials_in(rf.path, spec.axis)

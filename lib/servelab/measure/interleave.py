@@ -33,6 +33,7 @@ from .runner import STOP_SIGNALS, LevelRunner, RunAborted
 #: decide(level index, rounds so far: summary.round_throughput rows with `config` = start id) ->
 #: (the starts that need another round, a short note for the progress line)
 Decide = Callable[[int, pd.DataFrame], tuple[set[str], str]]
+MIN_ROUNDS = 2  # rounds a level gets even past its budget share: the fewest with a within-start variance
 
 
 class NeighbourMeter:
@@ -170,13 +171,16 @@ class Interleaved:
         for rnd in range(wl.warmup_rounds):
             await self._round(states, starts, rnd, {sid: [] for sid in starts})
         rnd = wl.warmup_rounds
-        for _ in range(wl.rounds):
+        share = (self.deadline - time.monotonic()) / max(levels_left, 1) if self.deadline else None
+        level_end = time.monotonic() + share if share is not None else None
+        stopped, note = "fixed", ""
+        for i in range(wl.rounds):
+            if self.decide is not None and i >= MIN_ROUNDS and level_end is not None and time.monotonic() > level_end:
+                stopped = "budget"  # a slow machine: the first rounds alone would overrun the budget
+                break
             await self._round(states, starts, rnd, rounds)
             rnd += 1
-        stopped, note = "fixed", ""
-        if self.decide is not None:
-            share = (self.deadline - time.monotonic()) / max(levels_left, 1) if self.deadline else None
-            level_end = time.monotonic() + share if share is not None else None
+        if self.decide is not None and stopped != "budget":
             while True:
                 need, note = self.decide(li, self._rounds_table(rounds))
                 need_order = [s for s in starts if s in need]

@@ -82,7 +82,10 @@ class LevelRunner:
     def __init__(self, server: Server, wl: Workload, rf: RunFolder, *, study: str, config_id: str,
                  sources: dict[str, Any], progress: bool = True, metrics_interval_s: float | None = 0.5,
                  resume: ResumeState | None = None, log: Callable[[str], None] | None = None,
-                 gpu_devices: list[int] | None = None, counter: TokenCounter | None = None) -> None:
+                 gpu_devices: list[int] | None = None, counter: TokenCounter | None = None,
+                 only: tuple[int, Level] | None = None, first_seq: int | None = None) -> None:
+        """`only`: send this one level (index, Level) instead of the workload's grid (a capacity
+        trial); `first_seq`: the first request's sequence number (after an earlier runner's)."""
         self.server, self.wl, self.rf = server, wl, rf
         self.counter = counter  # counts the output of a stream without usage (None: it fails as no_usage)
         self.study, self.config_id, self.sources = study, config_id, sources
@@ -90,14 +93,15 @@ class LevelRunner:
         self.log = log or (lambda m: print(f"[servelab] {m}", file=sys.stderr, flush=True))
         self.gpu_devices = gpu_devices
         self.run_token = uuid.uuid4().hex[:12]
-        self.grid = levels(wl)
+        self.grid = [only[1]] if only else levels(wl)
         done = resume.done_levels if resume else set()
-        self.plan = [(li, lv) for li, lv in enumerate(self.grid) if li not in done]
-        self.seq = resume.next_seq if resume else 0
+        self.plan = [only] if only else [(li, lv) for li, lv in enumerate(self.grid) if li not in done]
+        self.seq = first_seq if first_seq is not None else resume.next_seq if resume else 0
         self.stop = asyncio.Event()
         self.signals: list[str] = []
         self.in_flight: set[asyncio.Task[Any]] = set()
         self.status, self.message = "complete", ""
+        self.stopped_early: list[str] = []  # levels the failure budget ended (the run goes on: "partial")
         self.samplers: list[Any] = []
         self.workers: list[dict[str, Any]] = []  # the pool's workers (run.json `workers`)
 
@@ -259,6 +263,7 @@ class LevelRunner:
                           f"(> failure budget {wl.failure_budget:.0%})")
             self.message += f"level '{lv.label}': {st.verdict}. "
             self.status = "partial"
+            self.stopped_early.append(lv.label)
         return results
 
     async def level_end(self, st: "LevelState", **extra: Any) -> None:

@@ -3,18 +3,23 @@ next load to run, the stop rule and the worst-case cost.
 
 A trial is one ordinary load level (an open-loop request rate, or a closed-loop concurrency)
 whose measured requests give a p95 TTFT, a p95 TPOT and an error rate. A load passes when every
-SLO term it has is met. The search is monotone: double the load until a trial fails (bracket),
-then bisect; at the bracket's ends it repeats trials until the verdict there is beyond
-run-to-run noise — the repeated trials agree, or an exact binomial interval on the share of
-requests over the target (which is what "p95 over the SLO" means) excludes 5 %. It stops when
-the bracket is narrower than `precision` of its lower end and both ends are settled, or when
-its trial count is spent. Everything is a function of the trials so far, so a resumed search
+SLO term it has is met. A p95 from n requests has a distribution-free interval from its order
+statistics (the binomial count of requests under the true p95; MLPerf LoadGen's early-stopping
+estimate is the same bound): a load's verdict is *decided* only when every term's one-sided 95 %
+bound is on one side of its target (all upper bounds under: pass; a lower bound over: fail);
+passing a p95 target needs at least 59 requests under it. The search is monotone: the first trial
+is repeated at once (a cold first trial is an outlier to drop, not a verdict), then it doubles the
+load until a trial fails (bracket) and bisects; at the bracket's ends it extends the trials (more
+requests, pooled) until the verdict there is decided. It stops when the bracket is narrower than
+`precision` of its lower end and both ends are decided (or undecided after `max_repeats` trials:
+said so, with the number of requests), or when its trial count is spent. Everything is a function of the trials so far, so a resumed search
 replays the same decisions. No I/O: the driver (`measure.capacity`) runs the trials; the
 report (`analysis.capacity`) reads them back.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -24,6 +29,7 @@ SLO_QUANTILE = 0.95
 ALPHA = 0.05  # one-sided level of the binomial interval
 
 TERMS = ("ttft_p95_s", "tpot_p95_s", "error_rate")
+OUTLIER_MIN_DIFF = 0.10  # the first trial's median must differ from its repeat's by more than this share
 
 
 @dataclass(frozen=True)
@@ -109,39 +115,62 @@ def binom_sf(k: int, n: int, p: float) -> float:
     return min(1.0, sum(_binom_pmf(i, n, p) for i in range(max(k + 1, 0), n + 1)))
 
 
-def _exceed_share_test(values: list[float], target: float, failed: int, q: float) -> str | None:
-    """'pass'/'fail' when an exact one-sided binomial test at ALPHA settles whether more than
-    (1-q) of the requests exceed `target` (failed requests count as exceeding), else None."""
-    n = len(values) + failed
+def quantile_bounds(values: list[float], failed: int, q: float, alpha: float = ALPHA) -> tuple[float, float]:
+    """One-sided (1 - alpha) lower and upper confidence bounds of the q-quantile of the requests'
+    values (a failed request counts as slower than any): order statistics x_(j) <= Q_q <= x_(k)
+    with P(Binomial(n, q) <= k - 1) >= 1 - alpha (k smallest) and P(Binomial(n, q) >= j) >=
+    1 - alpha (j largest). -inf / inf when n is too small for a bound (an upper bound of a p95
+    needs n >= 59)."""
+    xs = sorted(x for x in values if x == x) + [math.inf] * failed
+    n = len(xs)
     if n == 0:
-        return None
-    k = sum(1 for x in values if x > target) + failed
-    p = 1 - q
-    if binom_sf(k - 1, n, p) < ALPHA:  # P(X >= k) small: more exceed than a met SLO allows
-        return "fail"
-    if binom_cdf(k, n, p) < ALPHA:  # P(X <= k) small: fewer exceed than the limit
-        return "pass"
-    return None
+        return -math.inf, math.inf
+    cdf = _cdf(n, q)  # cdf[i] = P(X <= i)
+    hi = next((xs[k - 1] for k in range(1, n + 1) if cdf[k - 1] >= 1 - alpha), math.inf)
+    lo = next((xs[j - 1] for j in range(n, 0, -1) if 1.0 - cdf[j - 1] >= 1 - alpha), -math.inf)  # P(X >= j)
+    return lo, hi
+
+
+@functools.lru_cache(maxsize=512)
+def _cdf(n: int, q: float) -> tuple[float, ...]:
+    """P(Binomial(n, q) <= i) for i = 0..n, summed once."""
+    out, total = [], 0.0
+    for i in range(n + 1):
+        total += _binom_pmf(i, n, q)
+        out.append(min(1.0, total))
+    return tuple(out)
+
+
+def term_interval(trials: list[Trial], term: str, target: float) -> dict[str, Any]:
+    """One SLO term pooled over a load's trials: the point value, its one-sided 95 % bounds, the
+    requests behind it, and `decided`: "pass" (upper bound <= target), "fail" (lower bound >
+    target) or None (the interval straddles the target)."""
+    failed = sum(tr.failed for tr in trials)
+    if term == "error_rate":
+        # a count, judged as measured: at or under the allowed share passes (0 failures in 60 could
+        # not bound a 1 % rate: that would take 299 requests); over it fails once an exact
+        # binomial test puts the share beyond the allowed one, else it is undecided
+        n = sum(tr.sent for tr in trials)
+        value = failed / n if n else math.nan
+        dec = None
+        if n and value <= target:
+            dec = "pass"
+        elif n and binom_sf(failed - 1, n, target) < ALPHA:
+            dec = "fail"
+        return {"value": value, "lower": math.nan, "upper": math.nan, "n": n, "decided": dec}
+    values = [x for tr in trials for x in (tr.ttft_s if term == "ttft_p95_s" else tr.tpot_s)]
+    lo, hi = quantile_bounds(values, failed, SLO_QUANTILE)
+    dec = "pass" if hi <= target else "fail" if lo > target else None
+    return {"value": _p95(values), "lower": lo, "upper": hi, "n": len(values) + failed, "decided": dec}
 
 
 def interval_verdict(trials: list[Trial], t: Targets) -> str | None:
-    """Pooled over a load's trials: 'fail' when some term is over its target beyond noise,
-    'pass' when every term is under it beyond noise, else None."""
-    ttft = [x for tr in trials for x in tr.ttft_s]
-    tpot = [x for tr in trials for x in tr.tpot_s]
-    failed = sum(tr.failed for tr in trials)
-    sent = sum(tr.sent for tr in trials)
-    out = []
-    if t.ttft_p95_s is not None:
-        out.append(_exceed_share_test(ttft, t.ttft_p95_s, failed, SLO_QUANTILE))
-    if t.tpot_p95_s is not None:
-        out.append(_exceed_share_test(tpot, t.tpot_p95_s, failed, SLO_QUANTILE))
-    if sent:
-        out.append(_exceed_share_test([0.0] * (sent - failed), 0.5, failed, 1 - t.error_rate)
-                   if t.error_rate < 1 else "pass")
+    """Pooled over a load's trials: 'fail' when some term's lower bound is over its target, 'pass'
+    when every term's upper bound is under it, else None (undecided)."""
+    out = [term_interval(trials, k, v)["decided"] for k, v in t.terms().items()]
     if "fail" in out:
         return "fail"
-    if out and all(v == "pass" for v in out):
+    if out and all(x == "pass" for x in out):
         return "pass"
     return None
 
@@ -151,29 +180,63 @@ class LoadVerdict:
     load: float
     trials: list[Trial]
     passes: bool  # pooled point verdict
-    settled: bool  # beyond noise: repeats agree, or the interval decides
-    how: str  # "repeats agree" | "interval" | "within noise" | "too few trials"
+    settled: bool  # decided: every term's 95 % bound on one side of its target
+    how: str  # "interval" | "undecided" | "too few trials"
     measured: dict[str, float]
     binding: str | None
+    terms: dict[str, dict[str, Any]] = field(default_factory=dict)  # term -> term_interval
+
+    @property
+    def requests(self) -> int:
+        return sum(tr.sent for tr in self.trials)
 
     def to_dict(self) -> dict[str, Any]:
         return {"load": self.load, "trials": [tr.level for tr in self.trials], "passes": self.passes,
-                "settled": self.settled, "how": self.how, "measured": self.measured, "binding": self.binding}
+                "settled": self.settled, "how": self.how, "measured": self.measured, "binding": self.binding,
+                "requests": self.requests, "terms": {k: _finite(v) for k, v in self.terms.items()}}
 
 
-def load_verdict(trials: list[Trial], t: Targets, repeats: int) -> LoadVerdict:
+def _finite(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
+
+def load_verdict(trials: list[Trial], t: Targets, repeats: int = 1) -> LoadVerdict:
+    """A load's pooled verdict: decided when the interval says so and `repeats` trials at least
+    ran there (a point verdict the interval cannot back is never called settled)."""
     m = measured([x for tr in trials for x in tr.ttft_s], [x for tr in trials for x in tr.tpot_s],
                  sum(tr.sent for tr in trials), sum(tr.failed for tr in trials))
     passes = point_verdict(m, t)
-    each = [point_verdict(measured(tr.ttft_s, tr.tpot_s, tr.sent, tr.failed), t) for tr in trials]
+    terms = {k: term_interval(trials, k, v) for k, v in t.terms().items()}
     iv = interval_verdict(trials, t)
-    if iv is not None and (iv == "pass") == passes:
+    if iv is not None and (iv == "pass") == passes and len(trials) >= repeats:
         settled, how = True, "interval"
-    elif len(trials) >= repeats and all(e == passes for e in each):
-        settled, how = True, "repeats agree"
     else:
-        settled, how = False, "too few trials" if len(trials) < repeats else "within noise"
-    return LoadVerdict(trials[0].load, trials, passes, settled, how, m, binding(m, t))
+        settled, how = False, "too few trials" if iv is not None else "undecided"
+    return LoadVerdict(trials[0].load, trials, passes, settled, how, m, binding(m, t), terms)
+
+
+def first_outlier(trials: list[Trial]) -> dict[str, Any] | None:
+    """The first trial against its immediate repeat (the same load): an outlier when, for TTFT or
+    TPOT, their two-sided 95 % intervals of the median do not overlap (a p95 from a dozen requests
+    has no upper bound to compare; the median has a tight one). None when they agree (or the search
+    has no repeat of its first trial yet)."""
+    if len(trials) < 2 or trials[1].load != trials[0].load:
+        return None
+    a, b = trials[0], trials[1]
+    import numpy as np
+
+    for name, xa, xb in (("ttft_s", a.ttft_s, b.ttft_s), ("tpot_s", a.tpot_s, b.tpot_s)):
+        if not xa or not xb:
+            continue
+        la, ha = quantile_bounds(xa, a.failed, 0.5, ALPHA / 2)
+        lb, hb = quantile_bounds(xb, b.failed, 0.5, ALPHA / 2)
+        ma, mb = float(np.median(xa)), float(np.median(xb))
+        # beyond noise (the intervals apart) and beyond a noise threshold (criterion.rs's idea):
+        # a near-deterministic server's first requests may differ by a millisecond, which is no outlier
+        if (la > hb or lb > ha) and abs(ma - mb) > OUTLIER_MIN_DIFF * min(ma, mb):
+            return {"term": name, "first_median": ma, "repeat_median": mb, "first_interval": [la, ha],
+                    "repeat_interval": [lb, hb]}
+    return None
 
 
 @dataclass(frozen=True)
@@ -186,8 +249,8 @@ class SearchSpec:
     max_load: float = 256.0
     growth: float = 2.0
     precision: float = 0.1  # stop when (hi - lo) / lo <= this
-    repeats: int = 2  # trials needed at each end when the interval does not decide
-    max_repeats: int = 3  # at most this many trials at one load
+    repeats: int = 1  # trials at least at each end of the bracket (their pooled interval decides)
+    max_repeats: int = 6  # at most this many trials pooled at one load (a p95 pass needs >= 59 requests)
     max_trials: int = 16
 
     def snap(self, x: float) -> float:
@@ -204,13 +267,13 @@ class SearchSpec:
         return (hi - lo) / lo <= self.precision
 
     def worst_case_trials(self) -> int:
-        """Bracket doublings from start to the far end, bisection to `precision`, and the
-        repeats at both ends; never more than max_trials."""
+        """The first trial and its repeat, bracket doublings from start to the far end, bisection
+        to `precision`, and the extensions at both ends; never more than max_trials."""
         g = math.log(self.growth)
         up = math.ceil(math.log(self.max_load / self.start) / g) if self.max_load > self.start else 0
         down = math.ceil(math.log(self.start / self.min_load) / g) if self.start > self.min_load else 0
         bisect = math.ceil(math.log2((self.growth - 1) / self.precision)) if self.precision < self.growth - 1 else 0
-        return min(self.max_trials, 1 + max(up, down) + bisect + 2 * (self.max_repeats - 1))
+        return min(self.max_trials, 2 + max(up, down) + bisect + 2 * (self.max_repeats - 1))
 
 
 @dataclass
@@ -221,6 +284,7 @@ class SearchState:
     next_load: float | None
     reason: str  # why it stopped, or what the next trial is for
     non_monotone: list[float] = field(default_factory=list)  # passing loads above a failing one
+    outlier: dict[str, Any] | None = None  # the first trial, when its repeat says it was an outlier
 
     @property
     def done(self) -> bool:
@@ -235,19 +299,26 @@ def group(trials: Iterable[Trial]) -> dict[float, list[Trial]]:
 
 
 def state(trials: list[Trial], t: Targets, spec: SearchSpec) -> SearchState:
-    """Where the search stands after `trials`, and the next load to run (None = stop)."""
-    vs = [load_verdict(trs, t, spec.repeats) for trs in group(trials).values()]
+    """Where the search stands after `trials`, and the next load to run (None = stop). The first
+    trial is repeated before anything else; when the repeat says it was an outlier, it is left out
+    of every verdict (it stays in the run folder)."""
+    outlier = first_outlier(trials)
+    usable = trials[1:] if outlier else trials
+    vs = [load_verdict(trs, t, spec.repeats) for trs in group(usable).values()]
     fails = [v for v in vs if not v.passes]
     hi = fails[0] if fails else None
     below = [v for v in vs if v.passes and (hi is None or v.load < hi.load)]
     lo = below[-1] if below else None
     odd = [v.load for v in vs if v.passes and hi is not None and v.load > hi.load]
-    st = SearchState(vs, lo, hi, None, "", odd)
+    st = SearchState(vs, lo, hi, None, "", odd, outlier)
     if len(trials) >= spec.max_trials:
         st.reason = f"trial budget spent ({spec.max_trials} trials)"
         return st
     if not trials:
         st.next_load, st.reason = spec.snap(spec.start), "first trial"
+        return st
+    if len(trials) == 1:
+        st.next_load, st.reason = trials[0].load, "repeat the first trial: was the warmed server steady?"
         return st
     if hi is None:
         if lo.load >= spec.max_load:
@@ -265,16 +336,20 @@ def state(trials: list[Trial], t: Targets, spec: SearchSpec) -> SearchState:
         if lo.load < mid < hi.load:
             st.next_load, st.reason = mid, "bisect"
             return st
-    return _settle_or(st, spec, lo, hi, "bracket narrow and both ends beyond noise")
+    return _settle_or(st, spec, lo, hi, "bracket narrow and both ends decided at 95 % confidence")
 
 
 def _settle_or(st: SearchState, spec: SearchSpec, lo: LoadVerdict, hi: LoadVerdict | None, done: str) -> SearchState:
     for end in (lo, hi):
         if end is not None and not end.settled and len(end.trials) < spec.max_repeats:
-            st.next_load, st.reason = end.load, "repeat at the bracket's end"
+            st.next_load, st.reason = end.load, "more requests at the bracket's end: its interval straddles the target"
             return st
-    st.reason = done if all(e is None or e.settled for e in (lo, hi)) else done.replace(
-        "both ends beyond noise", "an end within noise after the most repeats")
+    if all(e is None or e.settled for e in (lo, hi)):
+        st.reason = done
+    else:
+        open_ = [e for e in (lo, hi) if e is not None and not e.settled]
+        st.reason = done.split(" and ")[0] + "; " + ", ".join(
+            f"{e.load:g} undecided at {e.requests} requests" for e in open_)
     return st
 
 
@@ -286,9 +361,11 @@ def result(st: SearchState, t: Targets, spec: SearchSpec) -> dict[str, Any]:
         "axis": spec.axis, "capacity": lo.load if lo else None, "bracket": [lo.load if lo else None,
                                                                              hi.load if hi else None],
         "binding": hi.binding if hi else None, "settled": bool(lo and lo.settled and (hi is None or hi.settled)),
-        "done": st.done, "reason": st.reason, "trials": sum(len(v.trials) for v in st.verdicts),
+        "done": st.done, "reason": st.reason,
+        "trials": sum(len(v.trials) for v in st.verdicts) + (1 if st.outlier else 0),  # the outlier ran too
         "loads": [v.to_dict() for v in st.verdicts], "non_monotone": st.non_monotone,
-        "targets": t.terms(),
+        "targets": t.terms(), "ends": {"low": lo.to_dict() if lo else None, "high": hi.to_dict() if hi else None},
+        "first_outlier": _finite(st.outlier) if st.outlier else None,
     }
     if best is not None:
         pooled = lo.trials

