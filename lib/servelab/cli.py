@@ -12,7 +12,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from .errors import ServelabError
+from .errors import ServelabError, UserError
 from .schema import ParamsError, load_study
 
 EXIT_USAGE = 2
@@ -156,6 +156,9 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="servelab", description="Reproducible LLM serving benchmarks")
+    p.add_argument("--quiet", action="store_true", help="warnings and errors only (no progress lines)")
+    p.add_argument("--verbose", action="store_true", help="debug lines too")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     m = sub.add_parser("model", help="offline model directories")
@@ -257,17 +260,25 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
+    from .log import set_level
+
+    set_level(quiet=a.quiet, verbose=a.verbose)
+    if a.debug:  # the traceback of any error, for a bug report
+        return a.fn(a)
     try:
         return a.fn(a)
-    except ParamsError as e:  # a ServelabError: the params file is wrong (usage)
+    except ParamsError as e:  # the params file is wrong: its message names the file and key
         print(str(e), file=sys.stderr)
         return EXIT_USAGE
-    except ServelabError as e:  # every error servelab raises on purpose
+    except UserError as e:  # what was asked cannot be done as asked (a missing extra, a folder that exists)
+        print(f"servelab {a.cmd}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except ServelabError as e:  # everything else servelab raises on purpose (an engine, a server)
         print(f"servelab {a.cmd}: {e}", file=sys.stderr)
         return EXIT_FAIL
-    except (FileExistsError, FileNotFoundError, ValueError) as e:  # the same, raised as built-ins (pydantic, yaml, checks)
+    except (FileExistsError, FileNotFoundError, ValueError) as e:  # bad input met as built-ins (pydantic, yaml)
         print(f"servelab {a.cmd}: {e}", file=sys.stderr)
-        return EXIT_FAIL
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"servelab {a.cmd}: interrupted; finished records are kept", file=sys.stderr)
         return 130

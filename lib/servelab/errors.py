@@ -2,7 +2,7 @@
 
 Each library error derives from it (and, where callers already catch a built-in class such as
 ValueError or RuntimeError, from that too), so the CLI catches one class and prints one line.
-Signals are not errors: `pipeline.Stopped` stays a KeyboardInterrupt. This module imports
+Signals are not errors: `execute.Stopped` stays a KeyboardInterrupt. This module imports
 nothing of servelab (the bottom layer)."""
 
 from __future__ import annotations
@@ -12,4 +12,14 @@ class ServelabError(Exception):
     """Something servelab refused or could not do; the message is one line a user can act on."""
 
 
-__all__ = ["ServelabError"]
+class UserError(ServelabError):
+    """What the user asked cannot be done as asked (a params file, a missing optional dependency, a
+    run folder that exists): the CLI exits 2, as for a usage error. Other ServelabErrors (an engine
+    that would not start, a server that stopped answering) exit 1."""
+
+
+class RunFolderExists(UserError, FileExistsError):
+    """A run folder or published report is there already: runs are immutable (--force, --resume)."""
+
+
+__all__ = ["ServelabError", "UserError", "RunFolderExists"]

@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from .log import progress_line
 from .analysis.tuning import decide, objective, quality_verdict
 from .hosts import EngineError, Host, for_study
 from .execute import StageFailed, stop_signals
@@ -35,7 +35,7 @@ TUNE_JSON = "tune.json"
 
 
 def _log(msg: str) -> None:
-    print(f"[servelab] {msg}", file=sys.stderr, flush=True)
+    progress_line(msg)
 
 
 def candidate_id(flag: str, value: Any) -> str:
@@ -214,8 +214,8 @@ def run_tune(study: Study, params_path: Path, *, force: bool = False, resume: bo
         if not force:
             raise FileExistsError(f"{root} exists (runs are immutable): pass --force to tune again or --resume")
         shutil.rmtree(root)
-    for line in worst_case_lines(study):
-        _log(line)
+    for text in worst_case_lines(study):
+        _log(text)
     host = for_study(study)
     host.check()
     tuner = Tuner(study, params_path, host, resume=resume)

@@ -23,8 +23,9 @@ def make_pool(spec: Any, server: Server, max_c: int) -> Any:
     if isinstance(spec, int) or spec.backend == "local":
         n = worker_count(spec)
         return WorkerPool(n, server, max_c) if n > 1 else None
-    try:
-        from .ray_pool import RayWorkerPool
-    except ImportError as e:
-        raise RuntimeError(f"workload.workers.backend 'ray' needs Ray: pip install 'servelab[ray]' ({e})") from e
+    from ..extras import require
+
+    require("ray")  # MissingExtra with the install line, before ray_pool imports it
+    from .ray_pool import RayWorkerPool
+
     return RayWorkerPool(spec.count, server, max_c, address=spec.address)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
-import sys
 import threading
 import time
 import uuid
@@ -42,6 +41,7 @@ from typing import Any, Callable
 import ray
 from ray.exceptions import RayError
 
+from ..log import progress_line
 from ..hosts.base import Server
 from . import client as sc
 from .rounds import Job, PoolLost, merge_stats, run_loop, run_round
@@ -188,7 +188,7 @@ class RayWorkerPool:
     def __init__(self, count: int, server: Server, max_c: int, *, address: str | None = None,
                  num_cpus: float = 1.0, clock_skew_s: list[float] | None = None, start_timeout_s: float = 120.0,
                  log: Callable[[str], None] | None = None) -> None:
-        self.log = log or (lambda m: print(f"[servelab] {m}", file=sys.stderr, flush=True))
+        self.log = log or progress_line
         self._owns_ray = not ray.is_initialized()
         if self._owns_ray:
             ray.init(address=address, ignore_reinit_error=True, logging_level="warning")

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import RunFolderExists
 from ..runfolder import CLIENT_STATS, LEVELS, RECORDS, JsonlWriter, RunFolder, now_iso, read_jsonl
 
 # A level is flagged as client-limited when the client's event loop lagged this much (p99)
@@ -54,7 +55,7 @@ def open_run_folder(run_dir: Path, resume: bool) -> tuple[RunFolder, ResumeState
     rf, state = RunFolder(run_dir), None
     if rf.exists(RECORDS):
         if not resume:
-            raise FileExistsError(f"{rf / RECORDS} exists: runs are immutable; remove the folder, use a new id "
+            raise RunFolderExists(f"{rf / RECORDS} exists: runs are immutable; remove the folder, use a new id "
                                   "or --resume")
         state = prepare_resume(rf.path)
     rf.path.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from ..errors import ServelabError
+from ..errors import UserError
 
 
 
@@ -194,7 +194,7 @@ def resolve_engine(base: EngineParams, conf: Configuration) -> EngineParams:
     """The study's engine with one configuration's overrides merged in (dicts merge, values replace)."""
     return EngineParams.model_validate(_merge(base.model_dump(exclude_none=False), conf.engine))
 
-class ParamsError(ServelabError, ValueError):
+class ParamsError(UserError, ValueError):
     """A params file that cannot be used; the message is one line per problem."""
 
 def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ...log import progress_line
 from ...engines import get as engine_profile
 from ...runfolder import HOST_JSON, RUN_JSON, read_json, write_json
 from ...schema import AttachParams, AwsParams, EngineParams, Study
@@ -70,7 +71,7 @@ class AwsHost(Host):
 
     def boto_host(self) -> BotoHost:
         if self._host is None:
-            self._host = make_host(self.params, self.kind, log=lambda m: print(f"[servelab] aws: {m}", flush=True))
+            self._host = make_host(self.params, self.kind, log=lambda m: progress_line(f"aws: {m}"))
             self._sync()
         return self._host
 
