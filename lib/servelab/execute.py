@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .log import progress_line
 from .errors import ServelabError
 from .measure.runfiles import finalize
 from .runfolder import RECORDS, RunFolder, project_root
@@ -36,7 +37,7 @@ class Stopped(KeyboardInterrupt):
 
 
 def log(msg: str) -> None:
-    print(f"[servelab] {msg}", file=sys.stderr, flush=True)
+    progress_line(msg)
 
 
 @contextlib.contextmanager
@@ -83,6 +84,14 @@ def _kernel_manager_class() -> Any:
             # free file: two processes starting kernels at once (`report --all`, two runs in one
             # checkout) took the same sockets ("Invalid Signature"). One unique prefix per kernel.
             return str(Path(tempfile.gettempdir()) / f"servelab-kernel-{uuid.uuid4().hex[:16]}")
+
+        async def _async_interrupt_kernel(self) -> None:
+            # jupyter_client interrupts the kernel before every shutdown; an idle kernel then logs
+            # "ERROR | KeyboardInterrupt caught in kernel." on the terminal. A notebook papermill
+            # has finished runs nothing to interrupt.
+            if self.shutting_down:
+                return
+            await super()._async_interrupt_kernel()
 
     return IpcKernelManager
 

@@ -11,12 +11,12 @@ run.json carries the search's spec and targets from the start and its result at 
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..log import progress_line
 from ..hosts.base import Server
 from ..runfolder import LEVELS, RECORDS, RunFolder, read_jsonl
 from ..schema import Workload
@@ -170,7 +170,7 @@ def run_capacity(server: Server, wl: Workload, run_dir: Path, spec: SearchSpec, 
     """Search the highest load meeting `targets`; every trial an ordinary level in `run_dir`.
     Raises FileExistsError when the folder has records and `resume` is off."""
     shape = shape or TrialShape()
-    log = log or (lambda m: print(f"[servelab] {m}", file=sys.stderr, flush=True))
+    log = log or progress_line
     rf, rs = open_run_folder(run_dir, resume)
     wl1 = trial_workload(wl, spec, shape, spec.snap(spec.start))
     counter = server_counter(server, wl1, warn=log)

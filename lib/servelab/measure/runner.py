@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from typing import Any, Callable
 
 from tqdm.auto import tqdm
 
+from ..log import progress_line
 from ..hosts.base import Server
 from ..runfolder import CLIENT_STATS, GPU_METRICS, LEVELS, RECORDS, SERVER_METRICS, JsonlWriter, RunFolder, now_iso
 from .runfiles import ResumeState, finalize, open_run_folder
@@ -90,7 +90,7 @@ class LevelRunner:
         self.counter = counter  # counts the output of a stream without usage (None: it fails as no_usage)
         self.study, self.config_id, self.sources = study, config_id, sources
         self.progress, self.metrics_interval_s = progress, metrics_interval_s
-        self.log = log or (lambda m: print(f"[servelab] {m}", file=sys.stderr, flush=True))
+        self.log = log or progress_line
         self.gpu_devices = gpu_devices
         self.run_token = uuid.uuid4().hex[:12]
         self.grid = [only[1]] if only else levels(wl)
@@ -427,7 +427,7 @@ def prepare_run(server: Server, wl: Workload, run_dir: Path, *, study: str, conf
     write run.json as running; returns the runner that sends the grid."""
     if metrics_interval_s is None:
         metrics_interval_s = wl.metrics_interval_s
-    log = log or (lambda m: print(f"[servelab] {m}", file=sys.stderr, flush=True))
+    log = log or progress_line
     rf, state = open_run_folder(run_dir, resume)
     counter = server_counter(server, wl, warn=log)
     sources = make_sources(server, wl, warn=log, counter=counter)
