@@ -78,7 +78,7 @@ def _run_record(plan: ConfigPlan, h: dict[str, Any], hardware: dict[str, Any] | 
         from .measure.probe import measure_cpu_bandwidth
 
         rec["hardware_measured"] = hardware or measure_cpu_bandwidth(seconds=1.0)
-    rec.update(_prediction(study, config_id, rec))
+    rec.update(_prediction(study, config_id, rec, host.server(config_id, h)))
     return rec, rss, gpus
 
 
@@ -191,17 +191,39 @@ def sampling_rule(plans: list[ConfigPlan]) -> Callable[[int, pd.DataFrame], tupl
     return decide
 
 
-def _prediction(study: Any, config_id: str, rec: dict[str, Any]) -> dict[str, Any]:
+def _prediction(study: Any, config_id: str, rec: dict[str, Any], server: Any = None) -> dict[str, Any]:
     """What the model facts and the hardware table predict, stored before the first request so
-    it can never be fitted to the result it is compared with ({} when nothing is known)."""
+    it can never be fitted to the result it is compared with; what is missing for a prediction
+    says "not predictable" with the fact (`analysis.capacity.stored_prediction`)."""
     from .analysis.capacity import stored_prediction
     from .runfolder import now_iso
 
-    try:
-        pred = stored_prediction(rec, study.workload_for(config_id).buckets, study.slo, now_iso())
-    except (KeyError, ValueError, TypeError, ZeroDivisionError) as e:  # a prediction never stops a run
-        return {"prediction_error": f"{type(e).__name__}: {e}"}
-    return {"prediction": pred} if pred else {}
+    wl = study.workload_for(config_id)
+    return {"prediction": stored_prediction(rec, bucket_lengths(wl, server), study.slo, now_iso())}
+
+
+def bucket_lengths(wl: Any, server: Any = None) -> dict[str, tuple[int | None, int | None]]:
+    """Each bucket's (input, output) tokens for a prediction: as set, or for a prompt set the
+    median of its prompts counted by the server's tokenizer (no request is sent); None where
+    neither is known (a trace, a session, no server to count with)."""
+    import statistics
+
+    from .measure.workload import token_counter
+    from .prompts import load_set
+
+    out: dict[str, tuple[int | None, int | None]] = {}
+    counter = None
+    for b in wl.buckets:
+        n_in = b.input_tokens
+        if n_in is None and b.prompt_set and server is not None:
+            try:
+                counter = counter or token_counter(server.base_url, server.model, wl.api, server.headers,
+                                                   server.tokenizer_dir, wl.chat_template_kwargs, warn=lambda m: None)
+                n_in = int(statistics.median(counter.count(p.raw()) for p in load_set(b.prompt_set).prompts))
+            except (OSError, ValueError, KeyError):  # no tokenizer to count with: not predictable, said so
+                n_in = None
+        out[b.label] = (n_in, b.output_tokens)
+    return out
 
 
 def quality(plan: ConfigPlan, rdir: Path) -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ from servelab.analysis.capacity import (brackets_overlap, grid_agrees, grid_capa
                                         stored_prediction)
 from servelab.analysis.predict import errors, predict, predict_run, symptom_evidence
 from servelab.analysis.roofline import get_hardware
-from servelab.schema import Bucket, Slo
+from servelab.schema import Slo
 from paths import ROOT
 
 H200_RUN = ROOT / "reports" / "h200-llama8b-vllm" / "data" / "cudagraph" / "run.json"
@@ -82,12 +82,27 @@ def test_errors_and_evidence():
 
 def test_stored_prediction_wins_over_render_time(h200_run):
     slo = Slo(ttft_p95_s=0.5, tpot_p95_s=0.05)
-    stored = stored_prediction(h200_run, [Bucket(input_tokens=256, output_tokens=256)], slo, "2026-12-01T00:00:00")
+    stored = stored_prediction(h200_run, {"in256-out256": (256, 256)}, slo, "2026-12-01T00:00:00")
     run = {**h200_run, "prediction": stored}
-    p, src = prediction_for(run, {"input_tokens": 256, "output_tokens": 256}, slo)
+    p, src = prediction_for(run, {"input_tokens": 256, "output_tokens": 256, "label": "in256-out256"}, slo)
     assert src == "stored" and p == stored["buckets"]["in256-out256"]
     p2, src2 = prediction_for(h200_run, {"input_tokens": 256, "output_tokens": 256}, slo)
     assert src2 == "render" and p2["tpot_c1_s"] == p["tpot_c1_s"]
+
+
+def test_a_prediction_never_crashes_it_says_what_is_missing(h200_run):
+    """The default study's buckets are prompt sets: their lengths come from counting the prompts;
+    a bucket without them, or a run without the model's facts, is said not predictable."""
+    slo = Slo(ttft_p95_s=0.5, tpot_p95_s=0.05)
+    out = stored_prediction(h200_run, {"rewrite": (130, 48), "trace": (None, 48)}, slo, "2026-12-01T00:00:00")
+    assert set(out["buckets"]) == {"rewrite"} and out["buckets"]["rewrite"]["input_tokens"] == 130
+    assert out["not_predictable_buckets"] == {"trace": "its prompt lengths unknown before the run"}
+    bare = {**h200_run, "model": {}}
+    none = stored_prediction(bare, {"rewrite": (130, 48)}, slo, "2026-12-01T00:00:00")
+    assert none["not_predictable"] == "the model's facts (parameter count) unknown" and "buckets" not in none
+    p, src = prediction_for({**bare, "prediction": none}, {"input_tokens": 130, "output_tokens": 48, "label": "rewrite"},
+                            slo)
+    assert p is None and src == "not_predictable"
 
 
 def _recs(level: int, rate: float, ttft: float, n: int = 20, failed: int = 0) -> list[dict]:

@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..measure.capacity import trial_of
 from ..measure.slo_search import Targets, binding, load_verdict, measured, point_verdict
-from .predict import predict_run
+from .predict import hardware_of, predict_run
 
 
 def capacity_result(run: Mapping[str, Any], records: pd.DataFrame | None = None) -> dict[str, Any] | None:
@@ -95,26 +95,56 @@ def grid_agrees(bracket: list[float | None], grid: Mapping[str, Any]) -> bool:
     return (g_pass is None or g_pass <= hi) and (g_fail is None or g_fail >= lo)
 
 
-def prediction_for(run: Mapping[str, Any], bucket: Mapping[str, int], slo: Any) -> tuple[dict[str, Any] | None, str]:
+def prediction_for(run: Mapping[str, Any], bucket: Mapping[str, Any], slo: Any) -> tuple[dict[str, Any] | None, str]:
     """The run's prediction for a bucket, and where it came from: stored in run.json before the
-    measurement ("stored"), or computed now from the committed facts ("render")."""
-    stored = ((run.get("prediction") or {}).get("buckets") or {}).get(
-        f"in{bucket['input_tokens']}-out{bucket['output_tokens']}")
+    measurement ("stored"), not predictable when the run said so ("not_predictable"), or computed
+    now from the committed facts ("render", a run published before predictions were stored)."""
+    pred = run.get("prediction") or {}
+    per = pred.get("buckets") or {}
+    stored = per.get(bucket.get("label")) or per.get(f"in{bucket['input_tokens']}-out{bucket['output_tokens']}")
     if stored:
         return stored, "stored"
+    if pred.get("not_predictable"):
+        return None, "not_predictable"
     slo_d = slo.model_dump() if hasattr(slo, "model_dump") else dict(slo or {})
     return predict_run(run, bucket["input_tokens"], bucket["output_tokens"], slo_d), "render"
 
 
-def stored_prediction(run: Mapping[str, Any], buckets: list[Any], slo: Any, at: str) -> dict[str, Any] | None:
-    """What a new run stores in run.json before its first request (`prediction`)."""
+def not_predictable(run: Mapping[str, Any]) -> str | None:
+    """Why nothing can be predicted for a run ("the model's parameter count unknown", ...), None
+    when it can."""
+    facts = (run.get("model") or {}).get("facts")
+    hw, _ = hardware_of(run)
+    if not facts or not facts.get("param_count"):
+        return "the model's facts (parameter count) unknown"
+    if not hw:
+        return "the hardware's bandwidth and compute unknown"
+    return None
+
+
+def stored_prediction(run: Mapping[str, Any], lengths: Mapping[str, tuple[int | None, int | None]], slo: Any,
+                      at: str) -> dict[str, Any]:
+    """What a new run stores in run.json before its first request (`prediction`): per bucket label
+    (its input and output tokens in `lengths`: a prompt set's counted from its prompts), or
+    `not_predictable` with the fact that is missing."""
+    why = not_predictable(run)
+    if why:
+        return {"stored_at": at, "not_predictable": why}
     slo_d = slo.model_dump() if hasattr(slo, "model_dump") else dict(slo or {})
-    per = {}
-    for b in buckets:
-        p = predict_run(run, b.input_tokens, b.output_tokens, slo_d)
+    per, missing = {}, []
+    for label, (n_in, n_out) in lengths.items():
+        if not n_in or not n_out:
+            missing.append(label)
+            continue
+        p = predict_run(run, n_in, n_out, slo_d)
         if p is not None:
-            per[b.label] = p
-    return {"stored_at": at, "buckets": per} if per else None
+            per[label] = {**p, "input_tokens": n_in, "output_tokens": n_out}
+    out: dict[str, Any] = {"stored_at": at, "buckets": per}
+    if missing:
+        out["not_predictable_buckets"] = {b: "its prompt lengths unknown before the run" for b in missing}
+    if not per:
+        out["not_predictable"] = "no bucket with known prompt and output lengths"
+    return out
 
 
 def measurements(summary: pd.DataFrame, samples: pd.DataFrame | None, run: Mapping[str, Any], bucket: str,

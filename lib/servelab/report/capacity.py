@@ -126,7 +126,9 @@ def prediction_frame(sd: StudyData) -> pd.DataFrame:
         if b["input_tokens"] is None or b["output_tokens"] is None:
             continue  # no length to predict for
         pred, src = prediction_for(sd.runs[cid], b, sd.study.slo)
-        if pred is None:
+        if pred is None and src == "not_predictable":  # said so by the run: a row that says why
+            pred = {}
+        elif pred is None:
             continue
         rf = sd.folders[cid]
         m = measurements(rf.summary, rf.samples, sd.runs[cid], b["label"], fits.get(cid), rf.records, sd.study.slo)
