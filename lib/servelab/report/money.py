@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..analysis.cost import cost_table, replay_cost_table, seed001_published, seed001_summary, study_price
+from ..analysis.cost import cost_table, replay_cost_table, study_price
 from ..analysis.peers import import_vllm_bench
 from .. import hosts
 from ..prices import load_table, resolve_managed
@@ -39,10 +39,8 @@ def _hourly(sd: StudyData, cid: str, price: Any) -> tuple[float, str | None]:
 def cost_rows(sd: StudyData) -> tuple[pd.DataFrame, str]:
     """(cost_table rows at each configuration's best level, what the prices are)."""
     cost = sd.study.cost
-    if cost is None:
-        pub = seed001_published()
-        t = cost_table(seed001_summary(), pub["monthly_usd"] / pub["hours"], resolve_managed(["fireworks/deepseek-v4-flash"]))
-        return t, "seed001"
+    if cost is None:  # nothing priced (a local machine): the section says so, with no one else's rows
+        return pd.DataFrame(), "none"
     if cost.replay_price and hosts.get(sd.study.host.kind).cost_basis == "endpoint":
         m = resolve_managed([cost.replay_price])[cost.replay_price]
         return replay_cost_table(sd.summary, m, cost.cached_input_fraction), "replay"
@@ -78,6 +76,8 @@ def cost_section(sd: StudyData) -> tuple[str, Any]:
     """(text, table): self-host vs managed at each configuration's best measured level."""
     t, kind = cost_rows(sd)
     c = sd.w("cost.columns")
+    if kind == "none":
+        return sd.w("cost.left_out"), None
     if kind == "replay":
         m = resolve_managed([sd.study.cost.replay_price])[sd.study.cost.replay_price]
         text = sd.w("cost.replay", price=m.label())
@@ -93,12 +93,6 @@ def cost_section(sd: StudyData) -> tuple[str, Any]:
                      if math.isfinite(getattr(r, "break_even_utilization", math.nan)) else rh.MISSING])
     view = pd.DataFrame(rows, columns=c)
     fm = {c[2]: "{:,.1f}", c[3]: "{:,.2f}", c[5]: "{:,.2f}"}
-    if kind == "seed001":
-        pub = seed001_published()
-        lo, hi = pub["ratio_range"]
-        text = sd.w("cost.seed001", monthly_usd=pub["monthly_usd"], lo=lo, hi=hi)
-        view[c[6]] = [sd.w("cost.seed001_ratio", ratio=x, lo=lo, hi=hi) for x in view[c[6]]]
-        return text, rh.table(view, sd.w("cost.caption"), formats=fm)
     price = study_price(sd.study, use_api=False)
     managed = resolve_managed(sd.study.cost.managed)
     shares = sorted({s for s in t.get("gpu_share", []) if s})
