@@ -14,10 +14,8 @@ import subprocess
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-import yaml
 from botocore.exceptions import BotoCoreError, ClientError
 
 from .hosts.aws import deadline as dl
@@ -27,17 +25,18 @@ from .hosts.aws.errors import Leftovers, StackError
 from .hosts.aws.session import StackParams
 
 EXIT_FAIL = 1
-EC2_PRICES = Path(__file__).resolve().parent / "data" / "prices.yaml"
 
 
 def committed_instance_usd_per_hour(instance_type: str, region: str) -> float | None:
-    """On-Demand USD/h of `instance_type` in `region` from the committed data/prices.yaml, or None."""
+    """On-Demand USD/h of `instance_type` in `region` by the one lookup every command uses
+    (`prices.table_price`: the committed table, a us-east-1 entry standing in for another region),
+    or None when the table has no verified price."""
+    from .prices import PriceError, table_price
+
     try:
-        rows = yaml.safe_load(EC2_PRICES.read_text()).get("ec2_on_demand", [])
-    except (OSError, yaml.YAMLError, AttributeError):
+        return table_price(instance_type, region).usd_per_hour
+    except PriceError:
         return None
-    return next((r.get("usd_per_hour") for r in rows
-                 if r.get("instance_type") == instance_type and r.get("region") == region), None)
 
 
 def _params(a: argparse.Namespace) -> StackParams:

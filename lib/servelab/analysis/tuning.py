@@ -70,9 +70,7 @@ def quality_verdict(run_dir: Any, incumbent_dir: Any) -> dict[str, Any] | None:
     a, b = Path(run_dir) / "quality.json", Path(incumbent_dir) / "quality.json"
     if not (a.exists() and b.exists()):
         return None
-    try:
-        from . import quality  # type: ignore[attr-defined]  # arrives with the real-model branch
-    except ImportError:
-        return None
+    from . import quality
+
     cmp = quality.compare(json.loads(a.read_text()), json.loads(b.read_text()))
     return cmp if cmp.get("measurable") else None
