@@ -178,3 +178,13 @@ def test_sequential_sampling_keeps_the_false_positive_rate():
     assert fp / rows <= 0.05
     found = [_sequential(rng, 0.5, 3, 10, 0.10)[0]["change"] for _ in range(50)]
     assert np.mean([r["verdict"] == v.FASTER for f in found for r in f]) >= 0.95
+
+
+def test_two_rounds_give_an_estimate_and_never_overflow():
+    """Two rounds per start (the CI's reduced studies): one residual degree of freedom, a 99.9 %
+    interval of hundreds of standard errors: infinite where exp() would overflow, never an error."""
+    y = np.array([[0.0, 0.9], [1.5, 0.1]])  # a large, noisy difference
+    f = v.fit_arrays(np.repeat([0, 1], 2), np.tile([0, 1], 2), y.ravel(), ["a", "b"])
+    r = v.effect_of(f, ["b"], ["a"], v.Between(None, math.inf, "not measured"))
+    assert r["df"] == 1 and math.isfinite(r["effect"]) and r["interim_ci"][1] == math.inf
+    assert r["verdict"] == v.NO_CHANGE and not v.settled(r)

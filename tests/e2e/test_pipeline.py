@@ -104,8 +104,9 @@ def test_second_run_never_overwrites_published_report(study_run):
     index = base / "reports" / "local-cpu-kv" / "index.html"
     mtime = index.stat().st_mtime_ns
     r = _servelab("run", str(base / "local-cpu-kv.yaml"), "--reduced", env=env, timeout=120)
-    assert r.returncode == 1
-    assert "is published: pass --force to replace it" in r.stderr
+    assert r.returncode == 2  # a user error: one line, the usage exit status
+    errors = [ln for ln in r.stderr.strip().splitlines() if ": warning: " not in ln]  # preflight warnings first
+    assert len(errors) == 1 and "is published: pass --force to replace it" in errors[0]
     assert index.stat().st_mtime_ns == mtime
 
 

@@ -44,11 +44,12 @@ def test_published_verdicts_are_what_the_records_give(study):
 def test_the_default_study_compares_every_change_and_its_aa_on_every_level():
     r = v.from_json(read_json(ROOT / "reports" / "local-cpu" / "data" / VERDICTS_JSON))
     agg = r[r["metric"] == v.PRIMARY]
-    assert set(agg["configuration"]) == {"compiled", "ngram", "budget", "eager-again"}
-    assert agg.groupby("configuration").size().to_dict() == {"budget": 4, "compiled": 4, "eager-again": 4, "ngram": 4}
-    assert agg.loc[agg["aa"], "configuration"].unique().tolist() == ["eager-again"]
+    assert set(agg["configuration"]) == {"compiled", "ngram", "budget", "eager-again", "eager-third"}
+    assert agg.groupby("configuration").size().to_dict() == {"budget": 4, "compiled": 4, "eager-again": 4,
+                                                              "eager-third": 4, "ngram": 4}
+    assert sorted(agg.loc[agg["aa"], "configuration"].unique()) == ["eager-again", "eager-third"]
     changes = agg[~agg["aa"]]
-    assert (changes["baseline_starts"] == 2).all()  # eager and its A/A repeat pool as the baseline
+    assert (changes["baseline_starts"] == 3).all()  # eager and its two A/A repeats pool as the baseline
     assert set(agg["verdict"]) <= {v.FASTER, v.SLOWER, v.NO_CHANGE}
 
 

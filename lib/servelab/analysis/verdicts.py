@@ -225,6 +225,12 @@ def between_from_fits(fits: Iterable[LevelFit], reps: tuple[tuple[str, ...], ...
 
 # -- one comparison at one level -------------------------------------------------------------------
 
+def _rel(x: float) -> float:
+    """A log-scale difference as a relative change (exp(x) - 1); inf where that overflows (a
+    99.9 % interval from two rounds can reach hundreds of standard errors)."""
+    return math.expm1(x) if x < 700 else math.inf
+
+
 def _t(p: float, df: float) -> float:
     """Student t quantile (the normal one for infinite df); scipy.special directly: the
     distribution objects cost ~80 us a call, which the simulation test makes 100,000 of."""
@@ -271,9 +277,9 @@ def effect_of(f: LevelFit | None, starts: Sequence[str], baseline_starts: Sequen
     t = _t(1 - alpha / 2, df)
     ti = _t(1 - INTERIM_ALPHA / 2, df)
     lo, hi = delta - t * se, delta + t * se
-    out.update(effect=math.expm1(delta), ci=[math.expm1(lo), math.expm1(hi)],
-               interim_ci=[math.expm1(delta - ti * se), math.expm1(delta + ti * se)],
-               mde=math.expm1((t + _t(POWER, df)) * se), se=se, df=df)
+    out.update(effect=_rel(delta), ci=[_rel(lo), _rel(hi)],
+               interim_ci=[_rel(delta - ti * se), _rel(delta + ti * se)],
+               mde=_rel((t + _t(POWER, df)) * se), se=se, df=df)
     if se == 0.0 and delta == 0.0:
         out["verdict"] = NO_CHANGE
     elif lo > 0 or hi < 0:

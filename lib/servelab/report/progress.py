@@ -407,10 +407,14 @@ def progression_table(sd: StudyData) -> Any:
         mark = ""
         if len(settings_changed(sd, cid, base)) > 1:
             mark, multi = " †", True
-        there = rh.MISSING
-        if len(found):
-            lo, hi = found["change_pct"].min(), found["change_pct"].max()
-            there = pct(lo) if len(found) == 1 else sd.w("story.range", lo=pct(lo), hi=pct(hi))
+        parts = []
+        for verdict in (av.FASTER, av.SLOWER):  # one range per direction: never "-21.8 % to +105.7 %"
+            f = found[found["verdict"] == verdict]
+            if len(f):
+                lo, hi = f["change_pct"].min(), f["change_pct"].max()
+                parts.append(f"{sd.w('verdict.' + ('faster' if verdict == av.FASTER else 'slower'))} "
+                             + (pct(lo) if len(f) == 1 else sd.w("story.range", lo=pct(lo), hi=pct(hi))))
+        there = sd.w("story.list_sep").join(parts) or rh.MISSING
         counts = sd.w("story.verdict_counts", f=int((e["verdict"] == av.FASTER).sum()),
                       s=int((e["verdict"] == av.SLOWER).sum()), n=len(rest))
         rows.append([f"{lab.get(base, base)} → {lab.get(cid, cid)}", change_text(sd, cid, base), counts + mark, there,

@@ -119,7 +119,8 @@ def verdict_table(sd: StudyData) -> Any:
     if r.empty:
         return None
     ttft = rows(sd, "ttft_p50_s").set_index(["configuration", "level"])
-    lab, cols = sd.labels(), sd.w("verdicts.columns")
+    target = num(load(sd)["model"]["mde_target"] * 100, 0)
+    lab, cols = sd.labels(), [c.format(target=target) for c in sd.w("verdicts.columns")]
     out = []
     for x in r.itertuples():
         t = ttft.loc[(x.configuration, x.level)] if (x.configuration, x.level) in ttft.index else None
@@ -131,8 +132,22 @@ def verdict_table(sd: StudyData) -> Any:
                     sd.w("verdicts.rounds", n=int(x.rounds or 0), b=int(x.baseline_rounds or 0),
                          s=int(x.starts or 0), bs=int(x.baseline_starts or 0)),
                     sd.w(f"verdicts.stopped.{x.stopped}") if isinstance(x.stopped, str) else rh.MISSING,
+                    _to_target(sd, x),
                     rh.MISSING if t is None else f"{pct(_p(t['effect']))} ({sd.w('verdict.' + _vkey(t['verdict']))})"])
-    return rh.table(pd.DataFrame(out, columns=cols), sd.w("verdicts.caption"))
+    return rh.table(pd.DataFrame(out, columns=cols), sd.w("verdicts.caption"),
+                    notes={rh.MISSING: sd.w("verdicts.dash")})
+
+
+def _to_target(sd: StudyData, x: Any) -> str:
+    """What would bring a comparison's MDE to the target: rounds per start (extrapolated), "more
+    starts" when the variance between starts alone keeps it above, or – when it is there (or the
+    change was found)."""
+    n = x.rounds_for_target
+    if x.verdict in (v.FASTER, v.SLOWER) or n is None or (isinstance(n, float) and math.isnan(n)):
+        return rh.MISSING
+    if math.isinf(n):
+        return sd.w("verdicts.more_starts")
+    return sd.w("verdicts.rounds_needed", n=int(math.ceil(n)))
 
 
 def neighbour_cpu_pct(sd: StudyData) -> tuple[float, float] | None:
