@@ -47,3 +47,55 @@ def cache_root() -> Path:
         return Path(env).expanduser()
     root = project_root(default=None)
     return (root / ".cache" / "servelab") if root is not None else Path.home() / ".cache" / "servelab"
+
+
+# -- paths that leave this machine ---------------------------------------------------------------
+# A published page or run file must not carry where it ran: the clone's folder, a temp folder, a home
+# folder, the GPU machine's install folders. `portable` rewrites them as paths relative to the
+# project root or as named placeholders, in this order (the first that matches a path wins).
+_MARKERS = ("runs", "reports", "notebooks", "params", "lib/servelab", ".venv", "scripts", "tests")
+_PORTABLE = [
+    # the model and compile cache, wherever the project was: $SERVELAB_CACHE
+    (r"(?:/[^\s\"'`,;:=()\[\]{}<>|]+?)?/\.cache/servelab(?=/|\b)", "$SERVELAB_CACHE"),
+    # Python installs (a venv, --target folders, the system's): $SITE_PACKAGES/<package>
+    (r"/[^\s\"'`,;:=()\[\]{}<>|]*?/(?:lib/python3(?:\.\d+)?/)?(?:site|dist)-packages(?=/|\b)", "$SITE_PACKAGES"),
+    (r"/root/site(?:-[a-z0-9]+)?(?=/|\b)", "$SITE_PACKAGES"),
+    # a project's own folders: relative to its root
+    (r"/[^\s\"'`,;:=()\[\]{}<>|]+?/(?=(?:" + "|".join(m.replace(".", r"\.") for m in _MARKERS) + r")(?:/|\b))", ""),
+    # what remains of a temp folder, a home folder, an /opt install
+    (r"/tmp/[^\s\"'`,;:=()\[\]{}<>|]*", "$TMPDIR"),
+    (r"/(?:root|home/[^\s/\"'`,;:=()\[\]{}<>|]+)(?=/|\b)", "~"),
+    (r"/opt/[^\s/\"'`,;:=()\[\]{}<>|]+", "$OPT"),
+]
+
+
+def portable(text: str, root: Path | None = None) -> str:
+    """`text` with this machine's paths rewritten (see `_PORTABLE`): the cache first, then `root`
+    (default: the project root) made relative, so its own files keep their names, then the rest."""
+    import re
+
+    root = root or project_root(default=None)
+    (cache, cache_repl), rest = _PORTABLE[0], _PORTABLE[1:]
+    text = re.sub(cache, cache_repl, text)
+    if root is not None:
+        text = text.replace(str(Path(root).resolve()) + "/", "")
+    for pattern, repl in rest:
+        text = re.sub(pattern, repl, text)
+    return text
+
+
+def portable_tree(folder: Path) -> list[Path]:
+    """Rewrite every text file under `folder` with `portable`; returns the files it changed."""
+    changed = []
+    for p in Path(folder).rglob("*"):
+        if not p.is_file():
+            continue
+        try:
+            txt = p.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        new = portable(txt)
+        if new != txt:
+            p.write_text(new, encoding="utf-8")
+            changed.append(p)
+    return changed

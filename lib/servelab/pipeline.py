@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from . import stages
-from .errors import ServelabError
+from .errors import RunFolderExists, ServelabError
 from .execute import (STAGES, WRITEUP, StageFailed, Stopped, close_partial, execute_notebook, log, stop_children,
                       stop_signals)
 from .hosts import EngineError, for_study
@@ -29,12 +29,13 @@ from .plan import ConfigPlan, plan_study
 from .runfolder import (CHECK_FILES, DESIGN_JSON, ENGINE_JSON, ENGINE_LOG, PUBLISHED_FILES, RECORDS, STUDY_JSON, RunFolder,
                         read_json, reports_root, runs_root, write_json)
 from .schema import FORMAT_VERSION, Study
+from .paths import portable, portable_tree
 from .secrets import scrub_tree
 from .sidebyside import LANES, interleave_blocked, measure_interleaved, with_ports, write_design, write_effective
 
 
-class PublishedReportExists(ServelabError, FileExistsError):
-    pass
+class PublishedReportExists(RunFolderExists):
+    """reports/<study>/index.html is published: --force replaces it."""
 
 
 def describe(study: Study) -> str:
@@ -153,7 +154,7 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
             continue
         if rdir.exists() and not resume:
             if not force:
-                raise FileExistsError(f"{rdir} exists (runs are immutable): pass --force to measure again "
+                raise RunFolderExists(f"{rdir} exists (runs are immutable): pass --force to measure again "
                                       "or --resume to continue an interrupted run")
             shutil.rmtree(rdir)
         todo.append(cid)
@@ -247,6 +248,7 @@ def publish(study_id: str, run_root: Path, *, force: bool = False) -> Path:
         if served_log.exists() and not (dst / ENGINE_LOG).exists():
             shutil.copy(served_log, dst / ENGINE_LOG)
     scrub_tree(data)
+    portable_tree(data)  # no path of this machine leaves it: relative paths and $SERVELAB_CACHE instead
     render(study_id, keep_dir=run_root)
     return pub / "index.html"
 
@@ -289,7 +291,7 @@ def render(study_id: str, keep_dir: Path | None = None, *, index: bool = True, p
         def one(name: str, lang: str, page: str, alternate: dict[str, str] | None) -> None:
             nb = execute_notebook(WRITEUP, work, {"study_dir": str(pub.resolve()), "language": lang}, out_name=name)
             notebook_to_html(nb, pub / page, title=study.in_language(lang).title, language=lang, alternate=alternate,
-                             scrub=scrub)
+                             scrub=lambda text: portable(scrub(text)))
 
         if parallel and len(jobs) > 1:  # a language per core: a write-up is one busy core
             from concurrent.futures import ThreadPoolExecutor

@@ -77,3 +77,20 @@ def test_h200_tp2_is_charged_two_gpus_and_compared_with_one_gpu():
     m = tp2.merge(one, on=["bucket", "concurrency"], suffixes=("_2", "_1"))
     assert len(m) == 9
     assert (m["decode_bound_s_per_token_2"] * 2).tolist() == pytest.approx(m["decode_bound_s_per_token_1"].tolist())
+
+
+MACHINE_PATH = __import__("re").compile(r"(?<![\w.$~])/(?:tmp|work|root|home|opt)/[\w.-]+")
+
+
+def test_no_path_of_the_machine_that_ran_a_study_is_published():
+    """Published pages and run files carry relative paths and placeholders ($SERVELAB_CACHE,
+    $SITE_PACKAGES, $TMPDIR, ~), never the clone's folder, a temp or home folder or an install folder."""
+    found = {}
+    for p in sorted((ROOT / "reports").rglob("*")):
+        if not p.is_file() or p.suffix in (".png", ".gz"):
+            continue
+        text = p.read_text(encoding="utf-8", errors="replace")
+        hits = MACHINE_PATH.findall(text)
+        if hits:
+            found[str(p.relative_to(ROOT))] = sorted(set(hits))[:3]
+    assert found == {}
