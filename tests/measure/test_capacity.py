@@ -76,8 +76,11 @@ def test_known_capacity_lies_in_the_bracket(ref, tmp_path):
     assert 20.0 < thr < 23.0  # the programmed server's own number (queueing starts at 20 req/s)
     # the client and server add a little per request on a busy machine: 5 % slack on either side
     assert lo <= thr * 1.05 and hi >= CAPACITY_RPS * 0.95, (res, thr)
-    assert (hi - lo) / lo <= SPEC.precision
-    assert res["binding"] == "ttft_p95_s" and res["settled"]
+    # both ends decided; the bracket within the precision, or as narrow as the noise allows: a load
+    # bisected to right at the threshold stays undecided (its p95 is on the target) and is listed
+    inside = [a["load"] for a in res["at_target"] if lo < a["load"] < hi]
+    assert (hi - lo) / lo <= SPEC.precision or inside, res
+    assert res["binding"] == "ttft_p95_s" and res["settled"], res
     assert out.status == "complete" and out.line.startswith(f"capacity at SLO: {lo:g} req/s (")
     # every trial is an ordinary level: records and levels.jsonl, one level index per trial
     levels = read_jsonl(out.run_dir / "levels.jsonl")

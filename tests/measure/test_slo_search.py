@@ -178,3 +178,26 @@ def test_a_true_p95_five_percent_over_the_target_is_never_passed_on_too_few_requ
             passed3 += 1
         assert st.lo is None or not st.lo.settled or st.lo.requests >= 59
     assert passed3 / 300 <= 0.05
+
+
+def test_a_load_at_the_target_bounds_nothing_and_the_decided_loads_around_it_are_the_bracket():
+    """A server whose p95 at load 6 sits on the target (half its requests over, half under, for ever):
+    after max_repeats trials there it is *at the target*, the bracket's ends are the decided loads
+    around it (4 passes, 8 fails), and the result names it with its requests. The same bracket
+    whatever the noise at 6 does: CI once stopped on such a load, 'undecided', with settled False."""
+    spec = SearchSpec(start=1.0, precision=0.1, max_repeats=3, max_trials=30)
+
+    def trial(i: int, load: float) -> Trial:
+        if load == 6.0:
+            ttft = [0.9] * 19 + [1.1] * 1 if i % 2 else [0.9] * 18 + [1.1] * 2  # p95 right at the target
+            return Trial(i, load, ttft, [0.01] * 20, 20, 0)
+        return _trial(i, load, load < 6.0)
+
+    trials: list[Trial] = []
+    while not (st := state(trials, T, spec)).done:
+        trials.append(trial(len(trials), st.next_load))
+    assert len([t for t in trials if t.load == 6.0]) == 3  # extended to max_repeats, then left
+    assert st.lo.load < 6.0 < st.hi.load and st.lo.settled and st.hi.settled
+    res = result(st, T, spec)
+    assert res["settled"] and res["at_target"] == [{"load": 6.0, "requests": 60}]
+    assert "6 is at the target within its interval (60 requests)" in res["reason"]

@@ -12,7 +12,9 @@ is repeated at once (a cold first trial is an outlier to drop, not a verdict), t
 load until a trial fails (bracket) and bisects; at the bracket's ends it extends the trials (more
 requests, pooled) until the verdict there is decided. It stops when the bracket is narrower than
 `precision` of its lower end and both ends are decided (or undecided after `max_repeats` trials:
-said so, with the number of requests), or when its trial count is spent. Everything is a function of the trials so far, so a resumed search
+said so, with the number of requests), or when its trial count is spent. A load still undecided
+after `max_repeats` trials is *at the target* within its interval: it bounds nothing, the bracket's
+ends are the decided loads around it, and the result lists it. Everything is a function of the trials so far, so a resumed search
 replays the same decisions. No I/O: the driver (`measure.capacity`) runs the trials; the
 report (`analysis.capacity`) reads them back.
 """
@@ -285,10 +287,16 @@ class SearchState:
     reason: str  # why it stopped, or what the next trial is for
     non_monotone: list[float] = field(default_factory=list)  # passing loads above a failing one
     outlier: dict[str, Any] | None = None  # the first trial, when its repeat says it was an outlier
+    at: list[LoadVerdict] = field(default_factory=list)  # loads undecided after max_repeats trials
 
     @property
     def done(self) -> bool:
         return self.next_load is None
+
+
+def at_target(v: LoadVerdict, spec: SearchSpec) -> bool:
+    """A load whose pooled interval still straddles the target after `max_repeats` trials."""
+    return not v.settled and v.how == "undecided" and len(v.trials) >= spec.max_repeats
 
 
 def group(trials: Iterable[Trial]) -> dict[float, list[Trial]]:
@@ -305,12 +313,17 @@ def state(trials: list[Trial], t: Targets, spec: SearchSpec) -> SearchState:
     outlier = first_outlier(trials)
     usable = trials[1:] if outlier else trials
     vs = [load_verdict(trs, t, spec.repeats) for trs in group(usable).values()]
-    fails = [v for v in vs if not v.passes]
+    # a load still undecided after max_repeats trials sits at the target within what its requests
+    # can tell: it bounds nothing, and the bracket's ends are the decided (or still open) loads
+    # around it, so the same server gives the same bracket however its noise falls at the target
+    at = [v for v in vs if at_target(v, spec)]
+    rest = [v for v in vs if not at_target(v, spec)]
+    fails = [v for v in rest if not v.passes]
     hi = fails[0] if fails else None
-    below = [v for v in vs if v.passes and (hi is None or v.load < hi.load)]
+    below = [v for v in rest if v.passes and (hi is None or v.load < hi.load)]
     lo = below[-1] if below else None
-    odd = [v.load for v in vs if v.passes and hi is not None and v.load > hi.load]
-    st = SearchState(vs, lo, hi, None, "", odd, outlier)
+    odd = [v.load for v in rest if v.passes and hi is not None and v.load > hi.load]
+    st = SearchState(vs, lo, hi, None, "", odd, outlier, at)
     if len(trials) >= spec.max_trials:
         st.reason = f"trial budget spent ({spec.max_trials} trials)"
         return st
@@ -320,23 +333,44 @@ def state(trials: list[Trial], t: Targets, spec: SearchSpec) -> SearchState:
     if len(trials) == 1:
         st.next_load, st.reason = trials[0].load, "repeat the first trial: was the warmed server steady?"
         return st
+    tried_at = {v.load for v in at}
+
+    def step(x: float, factor: float) -> float:  # the next load that way, past loads already at the target
+        x = spec.snap(min(max(x * factor, spec.min_load), spec.max_load))
+        while x in tried_at and spec.min_load < x < spec.max_load:
+            x = spec.snap(min(max(x * factor, spec.min_load), spec.max_load))
+        return x
+
+    if hi is None and lo is None:  # every load so far at the target: find a decided pass below
+        low = min(tried_at)
+        if low <= spec.min_load:
+            st.reason = f"even the lowest load searched ({spec.min_load:g}) is at the target within its interval"
+            return st
+        st.next_load, st.reason = step(low, 1 / spec.growth), "bracket: lower the load (the loads so far are at the target)"
+        return st
     if hi is None:
-        if lo.load >= spec.max_load:
+        nxt = step(lo.load, spec.growth)
+        if lo.load >= spec.max_load or nxt in tried_at:
             return _settle_or(st, spec, lo, None, f"capacity is at least the highest load searched ({spec.max_load:g})")
-        st.next_load, st.reason = spec.snap(min(lo.load * spec.growth, spec.max_load)), "bracket: raise the load"
+        st.next_load, st.reason = nxt, "bracket: raise the load"
         return st
     if lo is None:
-        if hi.load <= spec.min_load:
+        nxt = step(hi.load, 1 / spec.growth)
+        if hi.load <= spec.min_load or nxt in tried_at:
             st.reason = f"even the lowest load searched ({spec.min_load:g}) misses the SLO"
             return st
-        st.next_load, st.reason = spec.snap(max(hi.load / spec.growth, spec.min_load)), "bracket: lower the load"
+        st.next_load, st.reason = nxt, "bracket: lower the load"
         return st
     if not spec.narrow(lo.load, hi.load):
         mid = spec.snap((lo.load + hi.load) / 2)
-        if lo.load < mid < hi.load:
+        if lo.load < mid < hi.load and all(v.load != mid for v in at):
             st.next_load, st.reason = mid, "bisect"
             return st
-    return _settle_or(st, spec, lo, hi, "bracket narrow and both ends decided at 95 % confidence")
+    inside = [v for v in at if lo.load < v.load < hi.load]
+    done = ("bracket narrow and both ends decided at 95 % confidence" if not inside else
+            "both ends decided at 95 % confidence; between them " + ", ".join(
+                f"{v.load:g} is at the target within its interval ({v.requests} requests)" for v in inside))
+    return _settle_or(st, spec, lo, hi, done)
 
 
 def _settle_or(st: SearchState, spec: SearchSpec, lo: LoadVerdict, hi: LoadVerdict | None, done: str) -> SearchState:
@@ -366,6 +400,7 @@ def result(st: SearchState, t: Targets, spec: SearchSpec) -> dict[str, Any]:
         "loads": [v.to_dict() for v in st.verdicts], "non_monotone": st.non_monotone,
         "targets": t.terms(), "ends": {"low": lo.to_dict() if lo else None, "high": hi.to_dict() if hi else None},
         "first_outlier": _finite(st.outlier) if st.outlier else None,
+        "at_target": [{"load": v.load, "requests": v.requests} for v in st.at],
     }
     if best is not None:
         pooled = lo.trials
