@@ -27,6 +27,7 @@ from servelab.report import checks, gpu, levels, money, plots
 from servelab.report import sections as sec
 from servelab.report import workload as wk
 from servelab.report import capacity as cap
+from servelab.report import why
 
 sd = load_study_data(study_dir)
 sd = sd.with_language(language) if language else sd
@@ -71,6 +72,14 @@ Markdown(f"{sec.anchor('verdicts', w('section.verdicts'), 3)}\n\n{sec.verdicts_t
 
 # %%
 sec.verdict_table(sd)
+
+# %%
+why_text, why_figures = why.why_section(sd)  # surprises, and the law and knee of a one-knob sweep
+Markdown(f"{sec.anchor('why', w('section.why'), 3)}\n\n{why_text}")
+
+# %%
+for knob, points, knee in why_figures:
+    display(rh.figure(plots.effect_vs_knob(points, knob, knee, lang=sd.language), w("figure.effect_vs_knob")))
 
 # %%
 sets_text, sets_table = levels.prompt_set_table(sd)

@@ -140,6 +140,13 @@ def cmd_report(a: argparse.Namespace) -> int:
     return render_reports(None if a.all else a.study)
 
 
+def cmd_explain(a: argparse.Namespace) -> int:
+    """Follow-up sweeps for a surprise of a published study (servelab.explain)."""
+    from .explain import explain
+
+    return explain(a.study, a.config, dry_run=a.dry_run, budget_s=a.budget_s, force=a.force)
+
+
 def cmd_calibrate(a: argparse.Namespace) -> int:
     """Client self-check against the reference server (servelab.measure.selfcheck)."""
     from .measure.selfcheck import calibrate
@@ -244,6 +251,14 @@ def parser() -> argparse.ArgumentParser:
                      help="reference server on uvloop (more streams per core, coarser timers)")
     cal.add_argument("--out", help="result JSON (default runs/selfcheck/<timestamp>.json)")
     cal.set_defaults(fn=cmd_calibrate)
+
+    ex = sub.add_parser("explain", help="follow-up sweeps that explain a surprise of a published study")
+    ex.add_argument("study", help="a published study (reports/<study>)")
+    ex.add_argument("config", help="the configuration whose change surprised")
+    ex.add_argument("--dry-run", action="store_true", help="print the planned sweeps; start nothing")
+    ex.add_argument("--budget-s", type=float, help="time budget of the follow-up study (design.budget_s)")
+    ex.add_argument("--force", action="store_true", help="replace an earlier follow-up")
+    ex.set_defaults(fn=cmd_explain)
 
     from .cli_capacity import add_parser as add_capacity_parser
 

@@ -262,3 +262,42 @@ def kv_vs_time(samples: pd.DataFrame, color: str = "#1f77b4", lang: str = "en") 
         ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def effect_vs_knob(points: pd.DataFrame, knob: str, knee: Mapping[str, float] | None = None,
+                   lang: str = "en") -> plt.Figure:
+    """A one-knob sweep: the change of aggregate output tok/s against the reference (95 % interval as
+    error bars) against the knob's value, one line per level, log2 x for a numeric knob; the knee of
+    each level (the smallest value within 10 %) marked; the -10 % line dashed. `points`: level,
+    value, effect, ci_low, ci_high (relative)."""
+    L = _labels(lang)
+    fig, ax = plt.subplots(figsize=(6.4, 3.9))
+    handles, names = [], []
+    for i, (lv, g) in enumerate(points.groupby("level", sort=False)):
+        g = g.sort_values("value")
+        c = PALETTE[i % len(PALETTE)]
+        h = ax.errorbar(g["value"], g["effect"] * 100, yerr=[(g["effect"] - g["ci_low"]) * 100,
+                                                           (g["ci_high"] - g["effect"]) * 100],
+                        marker="o", ms=4, capsize=2, color=c, lw=1.2)
+        handles.append(h)
+        names.append(lv)
+        if knee and lv in knee:
+            row = g[g["value"] == knee[lv]]
+            if len(row):
+                ax.plot([knee[lv]], [float(row["effect"].iloc[0]) * 100], "D", ms=8, color=c,
+                        markeredgecolor="black", zorder=5)
+    ax.axhline(-10, color="grey", ls="--", lw=0.8)
+    ax.axhline(0, color="black", lw=0.6)
+    if points["value"].min() > 0:
+        ax.set_xscale("log", base=2)
+        vals = sorted(points["value"].unique())
+        ax.set_xticks(vals)
+        ax.set_xticklabels([f"{v:g}" for v in vals])
+    ax.set_xlabel(knob, fontsize=8)
+    ax.set_ylabel(L["effect_pct"])
+    ax.grid(alpha=0.3)
+    if knee:
+        handles.append(plt.Line2D([], [], marker="D", ls="", ms=7, color="grey", markeredgecolor="black"))
+        names.append(L["knee"])
+    _legend_below(fig, handles, names)
+    return _finish(fig, len(names))

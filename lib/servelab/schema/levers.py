@@ -1,0 +1,67 @@
+"""The levers table (`data/levers.yaml`): what each lever a study changes is expected to do, and
+which knobs to sweep when it surprises. Validated like params: an unknown key is an error, and a
+knob must be a flag of every engine it names (`engines` flag tables), with a suggestion."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from .parts import Strict
+
+LEVERS_PATH = Path(__file__).resolve().parents[1] / "data" / "levers.yaml"
+
+
+class Suspect(Strict):
+    knob: str = Field(..., description="an engine flag, without dashes")
+    engines: list[str] = Field(..., min_length=1, description="engine kinds whose flag it is")
+    values: list[Any] = Field(..., min_length=2, description="the values the sweep sets it to")
+    why: str = Field(..., description="what the knob could have to do with the surprise")
+
+    @model_validator(mode="after")
+    def _known(self) -> "Suspect":
+        from ..engines import get
+
+        for kind in self.engines:
+            prof = get(kind)
+            if self.knob not in prof.known_flags():
+                raise ValueError(f"suspect for {kind}: {prof.suggest(self.knob)}")
+        return self
+
+
+class Lever(Strict):
+    flag: str = Field(..., description="the engine flag a configuration changes (its args key)")
+    expect: Literal["no_cost", "faster"] = Field(..., description="no_cost: should not cost throughput; "
+                                                 "faster: should raise it")
+    why: str = Field(..., description="why that is expected")
+    suspects: list[Suspect] = Field(default_factory=list, description="knobs to sweep when it surprises")
+
+
+class Levers(Strict):
+    levers: list[Lever] = Field(..., min_length=1)
+
+    def of(self, flag: str) -> Lever | None:
+        return next((lv for lv in self.levers if lv.flag == flag), None)
+
+
+def parse_levers(data: dict[str, Any], source: str = "levers") -> Levers:
+    """The table from a mapping; ParamsError naming the key path on any problem."""
+    from . import ParamsError, format_errors
+
+    try:
+        return Levers.model_validate(data)
+    except ValidationError as e:
+        raise ParamsError(format_errors(source, e)) from None
+
+
+@cache
+def load_levers(path: str | None = None) -> Levers:
+    p = Path(path) if path else LEVERS_PATH
+    return parse_levers(yaml.safe_load(p.read_text(encoding="utf-8")), str(p))
+
+
+__all__ = ["Lever", "Levers", "Suspect", "load_levers", "parse_levers"]

@@ -1,0 +1,30 @@
+"""`servelab explain`: a study without surprises says so and runs nothing; with --dry-run the
+planned sweeps are printed (the committed h200-moe study's SGLang fp8 KV cache)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from paths import ROOT
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "servelab.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_no_surprise_runs_nothing():
+    r = _cli("explain", "local-cpu-kv", "kv-tight")
+    assert r.returncode == 0 and "no surprise" in r.stdout and "nothing run" in r.stdout
+    assert not (ROOT / "runs" / ".explain" / "local-cpu-kv-explain-kv-tight.yaml").exists()
+
+
+def test_dry_run_prints_the_sweeps_of_the_sglang_fp8_surprise():
+    r = _cli("explain", "h200-moe", "sglang-fp8kv", "--dry-run")
+    assert r.returncode == 0, r.stderr
+    sweeps = [ln for ln in r.stdout.splitlines() if ln.startswith("sweep ")]
+    assert [s.split()[1] for s in sweeps] == ["mem-fraction-static", "attention-backend", "page-size",
+                                             "disable-cuda-graph"]
+    assert "12 configurations: sglang-fp8kv, sglang-fp8kv-mem-fraction-static-0p5" in r.stdout
+    assert not (ROOT / "runs" / ".explain" / "h200-moe-explain-sglang-fp8kv.yaml").exists()
