@@ -24,7 +24,12 @@ def test_dry_run_prints_the_sweeps_of_the_sglang_fp8_surprise():
     r = _cli("explain", "h200-moe", "sglang-fp8kv", "--dry-run")
     assert r.returncode == 0, r.stderr
     sweeps = [ln for ln in r.stdout.splitlines() if ln.startswith("sweep ")]
-    assert [s.split()[1] for s in sweeps] == ["mem-fraction-static", "attention-backend", "page-size",
+    assert [s.split()[1] for s in sweeps] == ["max-total-tokens", "attention-backend", "page-size",
                                              "disable-cuda-graph"]
-    assert "12 configurations: sglang-fp8kv, sglang-fp8kv-mem-fraction-static-0p5" in r.stdout
+    assert any(ln.startswith("try attention-backend flashmla, page-size 64") for ln in r.stdout.splitlines())
+    # the surprising configuration's own value (552000) and the engine's defaults (fa3, pages of 1, graphs on)
+    # are not run again beside it: it is the reference
+    assert ("8 configurations: sglang-fp8kv, sglang-fp8kv-max-total-tokens-69000, sglang-fp8kv-max-total-tokens-138000, "
+            "sglang-fp8kv-attention-backend-flashmla, sglang-fp8kv-attention-backend-triton, sglang-fp8kv-page-size-64, "
+            "sglang-fp8kv-disable-cuda-graph-true, sglang-fp8kv-fix-1") in r.stdout
     assert not (ROOT / "runs" / ".explain" / "h200-moe-explain-sglang-fp8kv.yaml").exists()

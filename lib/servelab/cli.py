@@ -263,6 +263,9 @@ def parser() -> argparse.ArgumentParser:
     from .cli_capacity import add_parser as add_capacity_parser
 
     add_capacity_parser(sub)  # servelab capacity URL
+    from .cli_predict import add_parser as add_predict_parser
+
+    add_predict_parser(sub)  # servelab calibrate-hw, servelab predict PARAMS
 
     try:  # boto3 is a dependency; the GPU device's image lacks it, and needs no aws commands
         from .cli_aws import add_parser as add_aws_parser

@@ -51,10 +51,19 @@ def followup_params(study_dir: Path, config: str, *, budget_s: float | None = No
                 continue
             lines.append(f"sweep {sus.knob} over {sus.values} around {config} ({sus.why}); the surprise: "
                          f"{flag} at {levels}")
+            own = ((base.get("engine") or {}).get("args") or {}).get(sus.knob, sus.default)
             for v in sus.values:
+                if v == own:  # the surprising configuration itself: measured again as the reference
+                    continue
                 args = {**((base.get("engine") or {}).get("args") or {}), sus.knob: v}
                 confs.append({"id": f"{config}-{_slug(sus.knob)}-{_slug(v)}", "label": f"{config}, {sus.knob} {v}",
                               "baseline": config, "engine": {**(base.get("engine") or {}), "args": args}})
+        for i, fx in enumerate(f for f in (lever.fixes if lever else []) if kind in f.engines):
+            lines.append(f"try {', '.join(f'{k} {v}' for k, v in fx.args.items())} ({fx.why})")
+            args = {**((base.get("engine") or {}).get("args") or {}), **fx.args}
+            confs.append({"id": f"{config}-fix-{i + 1}", "label": f"{config}, " + ", ".join(
+                f"{k} {v}" for k, v in fx.args.items()), "baseline": config,
+                "engine": {**(base.get("engine") or {}), "args": args}})
     if len(confs) == 1:
         raise UserError(f"the levers table names no suspect of {', '.join(s.flag for s in found)} for {kind}")
     out = {k: v for k, v in params.items() if k not in ("configurations", "texts", "translations", "tune")}

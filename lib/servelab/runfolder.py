@@ -39,8 +39,10 @@ STUDY_JSON = "study.json"  # beside the configurations: the study as run, device
 QUALITY_JSON = "quality.json"  # the output check after the launch (measure.quality)
 DESIGN_JSON = "design.json"  # beside the configurations: how they were measured (interleaved, budget, sampling)
 VERDICTS_JSON = "verdicts.json"  # beside the configurations: each change's verdict per level (analysis.verdicts)
+PREDICTION_JSON = "prediction.json"  # the performance model's prediction, written before the first request
 # What a published report keeps of each configuration's run folder.
-PUBLISHED_FILES = (RECORDS, RUN_JSON, SERVER_METRICS, GPU_METRICS, ENGINE_LOG, CLIENT_STATS, LEVELS, QUALITY_JSON)
+PUBLISHED_FILES = (RECORDS, RUN_JSON, SERVER_METRICS, GPU_METRICS, ENGINE_LOG, CLIENT_STATS, LEVELS, QUALITY_JSON,
+                   PREDICTION_JSON)
 
 # What a GPU study's real-weights checks leave in a configuration's folder (scripts/device/real_checks.py),
 # published beside (or instead of) the workload's files.
@@ -214,6 +216,14 @@ class RunFolder:
     @cached_property
     def run(self) -> dict[str, Any]:
         return read_json(self.path / RUN_JSON) if self.exists(RUN_JSON) else {}
+
+    @cached_property
+    def prediction(self) -> dict[str, Any]:
+        """prediction.json (written before the first request), else run.json's stored `prediction`
+        of an older run, else {}."""
+        if self.exists(PREDICTION_JSON):
+            return read_json(self.path / PREDICTION_JSON)
+        return self.run.get("prediction") or {}
 
     def jsonl(self, name: str) -> list[dict[str, Any]]:
         return read_jsonl(self.path / name)

@@ -24,7 +24,7 @@ from .measure.runinfo import base_record, engine_gpu_devices, model_record
 from .measure.runner import RunResult, run_workload
 from .models import model_facts
 from .plan import ConfigPlan
-from .runfolder import ENGINE_JSON, HOST_JSON, RunFolder, read_json, runs_root, write_json
+from .runfolder import ENGINE_JSON, HOST_JSON, PREDICTION_JSON, RunFolder, read_json, runs_root, write_json
 
 
 def run_dir(study: str, config_id: str, root: Path | None = None) -> Path:
@@ -56,10 +56,11 @@ def smoke(plan: ConfigPlan, handle: dict[str, Any]) -> dict[str, Any]:
         return {"applies": None, "ok": False, "reason": f"smoke check failed: {type(e).__name__}: {e}"}
 
 
-def _run_record(plan: ConfigPlan, h: dict[str, Any], hardware: dict[str, Any] | None = None
-                ) -> tuple[dict[str, Any], RssWatcher | None, list[dict[str, Any]] | None]:
-    """run.json's opening record of one configuration (what ran, the machine, the prediction stored
-    before the first request), the engine's RSS watcher (started) and the GPUs it uses.
+def _run_record(plan: ConfigPlan, h: dict[str, Any], rdir: Path, hardware: dict[str, Any] | None = None,
+                resume: bool = False) -> tuple[dict[str, Any], RssWatcher | None, list[dict[str, Any]] | None]:
+    """run.json's opening record of one configuration (what ran, the machine), the engine's RSS
+    watcher (started) and the GPUs it uses; the prediction is written to prediction.json in `rdir`
+    now, before the first request (a resumed run keeps the one stored before its first start).
     `hardware`: the CPU probe's result when the caller measured it already."""
     host, study, config_id = plan.host, plan.study, plan.config_id
     rss = RssWatcher(h["pid"]) if h.get("pid") else None
@@ -78,7 +79,9 @@ def _run_record(plan: ConfigPlan, h: dict[str, Any], hardware: dict[str, Any] | 
         from .measure.probe import measure_cpu_bandwidth
 
         rec["hardware_measured"] = hardware or measure_cpu_bandwidth(seconds=1.0)
-    rec.update(_prediction(study, config_id, rec, host.server(config_id, h)))
+    if not (resume and (Path(rdir) / PREDICTION_JSON).exists()):
+        write_json(Path(rdir) / PREDICTION_JSON, _prediction(study, config_id, rec, host.server(config_id, h)))
+    rec["prediction_file"] = PREDICTION_JSON
     return rec, rss, gpus
 
 
@@ -98,7 +101,7 @@ def benchmark(plan: ConfigPlan, rdir: Path, *, progress: bool = True,
     host, study, config_id = plan.host, plan.study, plan.config_id
     h = read_json(rdir / ENGINE_JSON)
     server = host.server(config_id, h)
-    rec, rss, gpus = _run_record(plan, h)
+    rec, rss, gpus = _run_record(plan, h, rdir, resume=resume)
     kw = dict(study=study.study, config_id=config_id, record=rec, progress=progress, log=log, resume=resume,
               gpu_devices=[g["index"] for g in gpus] if gpus else None, before_final=_add_rss(rss))
     cap = study.capacity_for(config_id)
@@ -128,7 +131,7 @@ def benchmark_interleaved(plans: list[ConfigPlan], rdirs: list[Path], *, deadlin
         h = read_json(Path(rdir) / ENGINE_JSON)
         if hw is None and plan.host.engine_on_this_machine(h):
             hw = measure_cpu_bandwidth(seconds=1.0)  # one machine: probed once for every configuration
-        rec, rss, _ = _run_record(plan, h, hw)
+        rec, rss, _ = _run_record(plan, h, Path(rdir), hw)
         starts.append(Start(plan.config_id, plan.host.server(plan.config_id, h), Path(rdir), rec, h.get("pid"),
                             _add_rss(rss)))
     deadline = (_time.monotonic() + max(0.0, deadline_unix - _time.time())) if deadline_unix else None
@@ -192,14 +195,19 @@ def sampling_rule(plans: list[ConfigPlan]) -> Callable[[int, pd.DataFrame], tupl
 
 
 def _prediction(study: Any, config_id: str, rec: dict[str, Any], server: Any = None) -> dict[str, Any]:
-    """What the model facts and the hardware table predict, stored before the first request so
-    it can never be fitted to the result it is compared with; what is missing for a prediction
-    says "not predictable" with the fact (`analysis.capacity.stored_prediction`)."""
-    from .analysis.capacity import stored_prediction
+    """What the performance model predicts (`analysis.perfmodel`: the model facts, the engine's flags
+    and the machine's calibration), to be stored in prediction.json before the first request so it
+    can never be fitted to the result it is compared with; what is missing says "not predictable"
+    with the fact. Never raises: a prediction is a record, not a reason to stop a measurement."""
+    from .analysis.perfmodel import predict_configuration
     from .runfolder import now_iso
 
     wl = study.workload_for(config_id)
-    return {"prediction": stored_prediction(rec, bucket_lengths(wl, server), study.slo, now_iso())}
+    try:
+        return predict_configuration(rec, wl, study.slo.model_dump(), bucket_lengths(wl, server), now_iso("microseconds"))
+    except Exception as e:  # noqa: BLE001 - said so in the file instead
+        return {"stored_at": now_iso(), "stored_before_measurement": True,
+                "not_predictable": f"the model failed: {type(e).__name__}: {e}"}
 
 
 def bucket_lengths(wl: Any, server: Any = None) -> dict[str, tuple[int | None, int | None]]:

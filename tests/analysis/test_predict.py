@@ -9,8 +9,8 @@ import math
 import pandas as pd
 import pytest
 
-from servelab.analysis.capacity import (brackets_overlap, grid_agrees, grid_capacity, grid_verdicts, prediction_for,
-                                        stored_prediction)
+from servelab.analysis.capacity import brackets_overlap, grid_agrees, grid_capacity, grid_verdicts, prediction_for
+from servelab.analysis.perfmodel import predict_configuration
 from servelab.analysis.predict import errors, predict, predict_run, symptom_evidence
 from servelab.analysis.roofline import get_hardware
 from servelab.schema import Slo
@@ -80,28 +80,35 @@ def test_errors_and_evidence():
     assert symptom_evidence(pred, {"tpot_c1_s": 0.006, "kv_concurrency": 95.0}) == []
 
 
-def test_stored_prediction_wins_over_render_time(h200_run):
+def _wl():
+    from servelab.schema import Bucket, Workload
+
+    return Workload(buckets=[Bucket(input_tokens=256, output_tokens=256)], concurrency=[1, 4])
+
+
+def test_stored_prediction_wins_over_render_time(h200_run, tmp_path):
     slo = Slo(ttft_p95_s=0.5, tpot_p95_s=0.05)
-    stored = stored_prediction(h200_run, {"in256-out256": (256, 256)}, slo, "2026-12-01T00:00:00")
-    run = {**h200_run, "prediction": stored}
-    p, src = prediction_for(run, {"input_tokens": 256, "output_tokens": 256, "label": "in256-out256"}, slo)
-    assert src == "stored" and p == stored["buckets"]["in256-out256"]
+    stored = predict_configuration(h200_run, _wl(), slo.model_dump(), {"in256-out256": (256, 256)},
+                                   "2026-12-01T00:00:00", folder=tmp_path)  # no calibration there: the roofline
+    p, src = prediction_for(h200_run, {"input_tokens": 256, "output_tokens": 256, "label": "in256-out256"}, slo, stored)
+    assert src == "stored" and p["tpot_c1_s"] == stored["buckets"]["in256-out256"]["c1_tpot_s"]
+    assert p["kinds"]["tpot_c1_s"] == "bound" and p["tpot_cmax_s"] > p["tpot_c1_s"] and p["cmax"] == 4
     p2, src2 = prediction_for(h200_run, {"input_tokens": 256, "output_tokens": 256}, slo)
     assert src2 == "render" and p2["tpot_c1_s"] == p["tpot_c1_s"]
 
 
-def test_a_prediction_never_crashes_it_says_what_is_missing(h200_run):
+def test_a_prediction_never_crashes_it_says_what_is_missing(h200_run, tmp_path):
     """The default study's buckets are prompt sets: their lengths come from counting the prompts;
     a bucket without them, or a run without the model's facts, is said not predictable."""
-    slo = Slo(ttft_p95_s=0.5, tpot_p95_s=0.05)
-    out = stored_prediction(h200_run, {"rewrite": (130, 48), "trace": (None, 48)}, slo, "2026-12-01T00:00:00")
+    slo = Slo(ttft_p95_s=0.5, tpot_p95_s=0.05).model_dump()
+    out = predict_configuration(h200_run, _wl(), slo, {"rewrite": (130, 48), "trace": (None, 48)}, "t",
+                                folder=tmp_path)
     assert set(out["buckets"]) == {"rewrite"} and out["buckets"]["rewrite"]["input_tokens"] == 130
     assert out["not_predictable_buckets"] == {"trace": "its prompt lengths unknown before the run"}
     bare = {**h200_run, "model": {}}
-    none = stored_prediction(bare, {"rewrite": (130, 48)}, slo, "2026-12-01T00:00:00")
+    none = predict_configuration(bare, _wl(), slo, {"rewrite": (130, 48)}, "t", folder=tmp_path)
     assert none["not_predictable"] == "the model's facts (parameter count) unknown" and "buckets" not in none
-    p, src = prediction_for({**bare, "prediction": none}, {"input_tokens": 130, "output_tokens": 48, "label": "rewrite"},
-                            slo)
+    p, src = prediction_for(bare, {"input_tokens": 130, "output_tokens": 48, "label": "rewrite"}, slo, none)
     assert p is None and src == "not_predictable"
 
 

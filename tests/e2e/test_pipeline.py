@@ -187,3 +187,21 @@ def test_sigterm_mid_level_stops_the_engine_and_keeps_a_partial_run(tmp_path):
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", port)) != 0  # nothing listens on the engine's port
     assert "engine stopped" in err or "engine killed" in err, err[-2000:]
+
+
+def test_prediction_is_written_before_the_first_request(study_run):
+    """prediction.json (analysis.perfmodel) lands in the run folder before the first request is sent:
+    its time stamp precedes every record's send time, and it says it was stored before measurement."""
+    from datetime import datetime
+
+    base, _, _ = study_run
+    folders = [p for p in (base / "runs" / "local-cpu-kv").iterdir() if (p / "records.jsonl").exists()]
+    assert folders
+    for f in folders:
+        pred = json.loads((f / "prediction.json").read_text())
+        assert pred["stored_before_measurement"] is True and pred["format_version"] == 1
+        stored = datetime.fromisoformat(pred["stored_at"]).timestamp()
+        sent = [json.loads(line)["sent_unix_s"] for line in (f / "records.jsonl").read_text().splitlines()]
+        assert sent and stored < min(sent), (f.name, pred["stored_at"], min(sent))
+        assert pred.get("buckets") or pred.get("not_predictable")
+        assert json.loads((f / "run.json").read_text())["prediction_file"] == "prediction.json"

@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..measure.capacity import trial_of
 from ..measure.slo_search import Targets, binding, load_verdict, measured, point_verdict
-from .predict import hardware_of, predict_run
+from .predict import predict_run
 
 
 def capacity_result(run: Mapping[str, Any], records: pd.DataFrame | None = None) -> dict[str, Any] | None:
@@ -95,56 +95,40 @@ def grid_agrees(bracket: list[float | None], grid: Mapping[str, Any]) -> bool:
     return (g_pass is None or g_pass <= hi) and (g_fail is None or g_fail >= lo)
 
 
-def prediction_for(run: Mapping[str, Any], bucket: Mapping[str, Any], slo: Any) -> tuple[dict[str, Any] | None, str]:
-    """The run's prediction for a bucket, and where it came from: stored in run.json before the
-    measurement ("stored"), not predictable when the run said so ("not_predictable"), or computed
-    now from the committed facts ("render", a run published before predictions were stored)."""
-    pred = run.get("prediction") or {}
+def report_quantities(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """A prediction bucket under the report's quantity names: prediction.json's (`perfmodel`:
+    c1_tpot_s, tpot_s per concurrency, prefill_tok_s, kv_limited_concurrency) or an older run.json's
+    roofline keys as they are; `kinds` says which are estimates and which bounds."""
+    if "c1_tpot_s" not in entry:
+        return {**entry, "kinds": {q: "bound" for q in ("tpot_c1_s", "kv_concurrency", "prefill_tps", "capacity_rps")}}
+    tp = entry.get("tpot_s") or {}
+    cmax = max((int(c) for c in tp), default=1)
+    k = entry.get("kinds") or {}
+    return {"tpot_c1_s": entry["c1_tpot_s"], "tpot_cmax_s": tp.get(str(cmax)) if cmax > 1 else None, "cmax": cmax,
+            "kv_concurrency": entry.get("kv_limited_concurrency"), "prefill_tps": entry.get("prefill_tok_s"),
+            "capacity_rps": entry.get("capacity_rps"), "ttft_c1_s": entry.get("ttft_c1_s"),
+            "kinds": {"tpot_c1_s": k.get("c1_tpot_s"), "tpot_cmax_s": k.get("tpot_s"),
+                      "kv_concurrency": k.get("kv_limited_concurrency"), "prefill_tps": k.get("prefill_tok_s"),
+                      "capacity_rps": k.get("capacity_rps")}}
+
+
+def prediction_for(run: Mapping[str, Any], bucket: Mapping[str, Any], slo: Any,
+                   stored: Mapping[str, Any] | None = None) -> tuple[dict[str, Any] | None, str]:
+    """The run's prediction for a bucket (report quantity names, `report_quantities`), and where it
+    came from: stored before the measurement ("stored": prediction.json, or run.json's `prediction`
+    of an older run; pass the folder's `RunFolder.prediction` as `stored`), not predictable when the
+    run said so ("not_predictable"), or computed now from the committed facts with the roofline of
+    the hardware table ("render", a run published before predictions were stored)."""
+    pred = stored if stored is not None else (run.get("prediction") or {})
     per = pred.get("buckets") or {}
-    stored = per.get(bucket.get("label")) or per.get(f"in{bucket['input_tokens']}-out{bucket['output_tokens']}")
-    if stored:
-        return stored, "stored"
+    entry = per.get(bucket.get("label")) or per.get(f"in{bucket['input_tokens']}-out{bucket['output_tokens']}")
+    if entry:
+        return report_quantities(entry), "stored"
     if pred.get("not_predictable"):
         return None, "not_predictable"
     slo_d = slo.model_dump() if hasattr(slo, "model_dump") else dict(slo or {})
-    return predict_run(run, bucket["input_tokens"], bucket["output_tokens"], slo_d), "render"
-
-
-def not_predictable(run: Mapping[str, Any]) -> str | None:
-    """Why nothing can be predicted for a run ("the model's parameter count unknown", ...), None
-    when it can."""
-    facts = (run.get("model") or {}).get("facts")
-    hw, _ = hardware_of(run)
-    if not facts or not facts.get("param_count"):
-        return "the model's facts (parameter count) unknown"
-    if not hw:
-        return "the hardware's bandwidth and compute unknown"
-    return None
-
-
-def stored_prediction(run: Mapping[str, Any], lengths: Mapping[str, tuple[int | None, int | None]], slo: Any,
-                      at: str) -> dict[str, Any]:
-    """What a new run stores in run.json before its first request (`prediction`): per bucket label
-    (its input and output tokens in `lengths`: a prompt set's counted from its prompts), or
-    `not_predictable` with the fact that is missing."""
-    why = not_predictable(run)
-    if why:
-        return {"stored_at": at, "not_predictable": why}
-    slo_d = slo.model_dump() if hasattr(slo, "model_dump") else dict(slo or {})
-    per, missing = {}, []
-    for label, (n_in, n_out) in lengths.items():
-        if not n_in or not n_out:
-            missing.append(label)
-            continue
-        p = predict_run(run, n_in, n_out, slo_d)
-        if p is not None:
-            per[label] = {**p, "input_tokens": n_in, "output_tokens": n_out}
-    out: dict[str, Any] = {"stored_at": at, "buckets": per}
-    if missing:
-        out["not_predictable_buckets"] = {b: "its prompt lengths unknown before the run" for b in missing}
-    if not per:
-        out["not_predictable"] = "no bucket with known prompt and output lengths"
-    return out
+    p = predict_run(run, bucket["input_tokens"], bucket["output_tokens"], slo_d)
+    return (report_quantities(p), "render") if p is not None else (None, "render")
 
 
 def measurements(summary: pd.DataFrame, samples: pd.DataFrame | None, run: Mapping[str, Any], bucket: str,
@@ -154,11 +138,15 @@ def measurements(summary: pd.DataFrame, samples: pd.DataFrame | None, run: Mappi
     tokens of one request), the prefill rate (the TTFT fit's slope) and the capacity at SLO
     (the search's, else the best fixed-grid level that meets the SLO)."""
     nan = math.nan
-    out = {"tpot_c1_s": nan, "kv_concurrency": nan, "prefill_tps": nan, "capacity_rps": nan}
+    out = {"tpot_c1_s": nan, "tpot_cmax_s": nan, "kv_concurrency": nan, "prefill_tps": nan, "capacity_rps": nan}
     s = summary[summary["bucket"] == bucket] if summary is not None and not summary.empty else pd.DataFrame()
     if not s.empty:
         low = s.sort_values(["rate_rps", "concurrency"] if (s["rate_rps"] > 0).all() else ["concurrency"]).iloc[0]
         out["tpot_c1_s"] = float(low["tpot_p50_s"])
+        closed = s[s["rate_rps"] <= 0] if "rate_rps" in s else s
+        if len(closed) and int(closed["concurrency"].max()) > 1:
+            top = closed.sort_values("concurrency").iloc[-1]
+            out["tpot_cmax_s"], out["cmax"] = float(top["tpot_p50_s"]), int(top["concurrency"])
         per_request = float(low["prompt_tokens"]) + float(low["output_tokens_p50"])
         if samples is not None and not samples.empty and "kv_capacity_tokens" in samples.columns:
             kv = samples["kv_capacity_tokens"].dropna()

@@ -94,6 +94,7 @@ class Result:
     error_detail: str | None = None
     http_status: int | None = None
     start_s: float = 0.0  # perf_counter seconds at send (absolute, same clock for all requests)
+    sent_unix_s: float = 0.0  # the wall clock at send (UTC seconds): orders a request against files and other tools
     end_s: float = 0.0
     ttft_s: float | None = None
     e2e_s: float | None = None
@@ -228,7 +229,7 @@ async def send(client: "StreamClient", spec: RequestSpec, *, timeout_s: float,
     """Send one streaming request and time it. Never raises for server or network faults."""
     r = Result()
     t0 = time.perf_counter_ns()
-    r.start_s = t0 / 1e9
+    r.start_s, r.sent_unix_s = t0 / 1e9, time.time()
     try:
         async with asyncio.timeout(timeout_s):
             await _stream(client, spec, r, t0, headers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 import time
 from typing import Any
 
@@ -65,4 +66,26 @@ def measure_cpu_bandwidth(seconds: float = 2.0, array_bytes: int = 256 * 2**20,
         "matmul_repeats": n_mm,
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
+        "cpu_signature": cpu_signature(),
     }
+
+
+#: instruction-set features that change how fast the CPU engine computes in bf16
+SIGNATURE_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_tile")
+
+
+def cpu_signature() -> str | None:
+    """Which CPU this is beyond its marketing name ("AMD EPYC" names several generations): vendor
+    family and model numbers and the bf16-relevant instruction sets, from /proc/cpuinfo."""
+    try:
+        info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        return None
+    kv = {}
+    for line in info.splitlines():
+        if ":" in line:
+            k, v = line.split(":", 1)
+            kv[k.strip()] = v.strip()
+    flags = set(kv.get("flags", "").split())
+    return (f"{kv.get('vendor_id', '?')} family {kv.get('cpu family', '?')} model {kv.get('model', '?')}; "
+            + " ".join(f for f in SIGNATURE_FLAGS if f in flags))

@@ -122,6 +122,16 @@ def _qwen3_moe_mlp(cfg: dict[str, Any], hidden: int, n_layers: int) -> tuple[int
     return total, active, n_experts, n_active, 0
 
 
+def _mixtral_mlp(cfg: dict[str, Any], hidden: int, n_layers: int) -> tuple[int, int, int, int, int]:
+    """(total, active MLP parameters, experts, active experts, shared experts) of Mixtral: every
+    layer routes to `num_experts_per_tok` of `num_local_experts` experts of `intermediate_size`."""
+    n_experts = int(cfg["num_local_experts"])
+    n_active = int(cfg["num_experts_per_tok"])
+    expert = 3 * hidden * int(cfg["intermediate_size"])
+    router = hidden * n_experts
+    return (n_layers * (n_experts * expert + router), n_layers * (n_active * expert + router), n_experts, n_active, 0)
+
+
 def _deepseek_moe_mlp(cfg: dict[str, Any], hidden: int, n_layers: int) -> tuple[int, int, int, int, int]:
     """(total, active MLP parameters, experts, active experts, shared experts) of DeepSeek's MoE:
     dense for the first `first_k_dense_replace` layers, then routed + shared experts."""
@@ -189,6 +199,8 @@ def facts_from_config(cfg: dict[str, Any], *, vocab_size: int | None = None) -> 
     facts.update(heads)
     if model_type == "qwen3_moe":
         total_mlp, active_mlp, n_experts, n_active_experts, n_shared_experts = _qwen3_moe_mlp(cfg, hidden, n_layers)
+    elif model_type == "mixtral":
+        total_mlp, active_mlp, n_experts, n_active_experts, n_shared_experts = _mixtral_mlp(cfg, hidden, n_layers)
     elif is_mla and cfg.get("n_routed_experts"):
         total_mlp, active_mlp, n_experts, n_active_experts, n_shared_experts = _deepseek_moe_mlp(cfg, hidden, n_layers)
     else:
@@ -205,6 +217,8 @@ def facts_from_config(cfg: dict[str, Any], *, vocab_size: int | None = None) -> 
         weight_bytes=param_count * dtype_bytes,
         kv_cache_bytes_per_token=kv_bytes_per_token(cfg),
     )
+    facts["num_moe_layers"] = moe_layers(cfg, n_layers) if n_experts else 0
+    facts["attention"] = "mla" if is_mla else "gqa"
     if n_experts:
         facts.update(
             num_experts=n_experts,
@@ -213,6 +227,18 @@ def facts_from_config(cfg: dict[str, Any], *, vocab_size: int | None = None) -> 
             active_param_count=outside_layers + per_layer_fixed + active_mlp,
         )
     return facts
+
+
+def moe_layers(cfg: Mapping[str, Any], n_layers: int) -> int:
+    """How many of the layers route to experts (the rest have a dense MLP)."""
+    mt = cfg.get("model_type", "")
+    if mt == "qwen3_moe":
+        step, only = int(cfg.get("decoder_sparse_step", 1)), set(cfg.get("mlp_only_layers") or [])
+        return sum(1 for i in range(n_layers) if i not in only and (i + 1) % step == 0)
+    if cfg.get("n_routed_experts"):
+        first, freq = int(cfg.get("first_k_dense_replace", 0)), int(cfg.get("moe_layer_freq", 1))
+        return sum(1 for i in range(n_layers) if i >= first and i % freq == 0)
+    return n_layers
 
 
 def model_facts(model_dir: Path, *, vocab_size: int | None = None) -> dict[str, Any]:

@@ -215,6 +215,50 @@ PRESET_TOKENIZER_VOCAB_SIZE: dict[str, int] = {
     "deepseek-v2-lite": 32000,
 }
 
+# Calibration models (`servelab calibrate-hw`, analysis.perfmodel): one per layer kind, width and
+# depth, `calib-<kind>-w<width>-l<layers>`. Their weights are small, so an engine's time per decode
+# step on them is its fixed cost per layer and per step; a second width on the CPU engine adds the
+# bytes that separate its bandwidth from those costs. Kinds: dense (grouped-query attention + an
+# MLP, Llama), moe (grouped-query attention + routed experts, Mixtral), mla (multi-head latent
+# attention + routed and shared experts, DeepSeek-V2). None is the shape of a studied model.
+CALIB_KINDS = ("dense", "moe", "mla")
+CALIB_WIDTHS = (256, 1024)
+CALIB_LAYERS = (2, 4, 8)
+
+
+def calib_preset(kind: str, width: int, layers: int) -> dict[str, Any]:
+    """The HF config of one calibration model."""
+    heads = max(1, width // 64)
+    if kind == "dense":
+        return {**_LLAMA_COMMON, "hidden_size": width, "intermediate_size": 3 * width, "num_hidden_layers": layers,
+                "num_attention_heads": heads, "num_key_value_heads": max(1, heads // 2), "head_dim": 64,
+                "max_position_embeddings": 4096, "rope_theta": 10000.0, "vocab_size": 4096}
+    if kind == "moe":
+        return {**_LLAMA_COMMON, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                "hidden_size": width, "intermediate_size": width, "num_hidden_layers": layers,
+                "num_attention_heads": heads, "num_key_value_heads": max(1, heads // 2), "head_dim": 64,
+                "num_local_experts": 16, "num_experts_per_tok": 4, "router_aux_loss_coef": 0.0,
+                "max_position_embeddings": 4096, "rope_theta": 10000.0, "vocab_size": 4096}
+    if kind == "mla":
+        base = dict(PRESETS["deepseek-v2-lite"])
+        base.pop("rope_scaling")
+        return {**base, "hidden_size": width, "intermediate_size": 3 * width, "num_hidden_layers": layers,
+                "moe_intermediate_size": width, "n_routed_experts": 16, "n_shared_experts": 1,
+                "num_experts_per_tok": 4, "first_k_dense_replace": 0, "max_position_embeddings": 4096,
+                "vocab_size": 4096}
+    raise KeyError(f"unknown calibration kind {kind!r}; known: {CALIB_KINDS}")
+
+
+def calib_name(kind: str, width: int, layers: int) -> str:
+    return f"calib-{kind}-w{width}-l{layers}"
+
+
+for _k in CALIB_KINDS:
+    for _w in CALIB_WIDTHS:
+        for _n in CALIB_LAYERS:
+            PRESETS[calib_name(_k, _w, _n)] = calib_preset(_k, _w, _n)
+            PRESET_TOKENIZER_VOCAB_SIZE[calib_name(_k, _w, _n)] = 4096
+
 
 def list_presets() -> list[str]:
     """Names accepted by `make_model`, CPU default first, then the real-weights presets

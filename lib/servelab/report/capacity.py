@@ -18,8 +18,8 @@ from .diagnosis import prefill_fits
 from .load import StudyData
 from .progress import tune_value
 
-QUANTITIES = ("tpot_c1_s", "kv_concurrency", "prefill_tps", "capacity_rps")
-SCALE = {"tpot_c1_s": 1000.0}
+QUANTITIES = ("tpot_c1_s", "tpot_cmax_s", "kv_concurrency", "prefill_tps", "capacity_rps")
+SCALE = {"tpot_c1_s": 1000.0, "tpot_cmax_s": 1000.0}
 
 
 def _sig(v: Any) -> str:
@@ -125,17 +125,20 @@ def prediction_frame(sd: StudyData) -> pd.DataFrame:
         b = _bucket_of(sd, cid)
         if b["input_tokens"] is None or b["output_tokens"] is None:
             continue  # no length to predict for
-        pred, src = prediction_for(sd.runs[cid], b, sd.study.slo)
+        rf = sd.folders[cid]
+        pred, src = prediction_for(sd.runs[cid], b, sd.study.slo, rf.prediction)
         if pred is None and src == "not_predictable":  # said so by the run: a row that says why
             pred = {}
         elif pred is None:
             continue
-        rf = sd.folders[cid]
         m = measurements(rf.summary, rf.samples, sd.runs[cid], b["label"], fits.get(cid), rf.records, sd.study.slo)
         err = errors(pred, m)
         for q in QUANTITIES:
+            if q == "tpot_cmax_s" and (pred.get(q) is None or m.get("cmax") != pred.get("cmax")):
+                continue  # no TPOT predicted or measured at the same higher concurrency
             rows.append({"config": cid, "bucket": b["label"], "quantity": q, "predicted": pred.get(q),
                          "measured": m.get(q), "error_pct": err.get(q), "source": src,
+                         "kind": (pred.get("kinds") or {}).get(q), "cmax": m.get("cmax"),
                          "capacity_source": m.get("capacity_source")})
     return pd.DataFrame(rows)
 
@@ -152,12 +155,14 @@ def prediction_section(sd: StudyData) -> tuple[str, Any, str]:
         q = r["quantity"]
         src = r["capacity_source"] if q == "capacity_rps" else None
         key = "capacity.q.capacity_rps_grid" if src in ("grid", "grid_lower_bound") else f"capacity.q.{q}"
+        kind = sd.w(f"capacity.kind.{r['kind']}") if r.get("kind") in ("estimate", "bound") else ""
         k = SCALE.get(q, 1.0)
         p = r["predicted"] * k if isinstance(r["predicted"], (int, float)) else r["predicted"]
         mv = r["measured"] * k if isinstance(r["measured"], (int, float)) else r["measured"]
         bound = src == "grid_lower_bound"  # every grid level met the SLO: no error against a lower bound
-        rows.append([labels.get(r["config"], r["config"]), sd.w(key), _sig(p), ("≥ " if bound else "") + _sig(mv),
-                     math.nan if bound else r["error_pct"], sd.w(f"capacity.src.{r['source']}")])
+        rows.append([labels.get(r["config"], r["config"]), sd.w(key, c=r.get("cmax") or ""), _sig(p),
+                     ("≥ " if bound else "") + _sig(mv), math.nan if bound else r["error_pct"],
+                     sd.w(f"capacity.src.{r['source']}") + (f" ({kind})" if kind else "")])
     buckets = sorted(set(f["bucket"]))
     t = rh.table(pd.DataFrame(rows, columns=cols), sd.w("capacity.t_predict", bucket=", ".join(buckets)),
                  formats={cols[4]: "{:+,.0f}"},

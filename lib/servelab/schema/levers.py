@@ -21,6 +21,8 @@ class Suspect(Strict):
     engines: list[str] = Field(..., min_length=1, description="engine kinds whose flag it is")
     values: list[Any] = Field(..., min_length=2, description="the values the sweep sets it to")
     why: str = Field(..., description="what the knob could have to do with the surprise")
+    default: Any = Field(None, description="the engine's own value when the flag is not given (a sweep does not "
+                                           "run it again beside the surprising configuration)")
 
     @model_validator(mode="after")
     def _known(self) -> "Suspect":
@@ -33,12 +35,30 @@ class Suspect(Strict):
         return self
 
 
+class Fix(Strict):
+    engines: list[str] = Field(..., min_length=1, description="engine kinds it applies to")
+    args: dict[str, Any] = Field(..., min_length=1, description="the flags it sets (on top of the surprising configuration)")
+    why: str = Field(..., description="why it may remove the surprise (a source where there is one)")
+
+    @model_validator(mode="after")
+    def _known(self) -> "Fix":
+        from ..engines import get
+
+        for kind in self.engines:
+            prof = get(kind)
+            for knob in self.args:
+                if knob not in prof.known_flags():
+                    raise ValueError(f"fix for {kind}: {prof.suggest(knob)}")
+        return self
+
+
 class Lever(Strict):
     flag: str = Field(..., description="the engine flag a configuration changes (its args key)")
     expect: Literal["no_cost", "faster"] = Field(..., description="no_cost: should not cost throughput; "
                                                  "faster: should raise it")
     why: str = Field(..., description="why that is expected")
     suspects: list[Suspect] = Field(default_factory=list, description="knobs to sweep when it surprises")
+    fixes: list[Fix] = Field(default_factory=list, description="settings to try when it surprises")
 
 
 class Levers(Strict):
@@ -64,4 +84,4 @@ def load_levers(path: str | None = None) -> Levers:
     return parse_levers(yaml.safe_load(p.read_text(encoding="utf-8")), str(p))
 
 
-__all__ = ["Lever", "Levers", "Suspect", "load_levers", "parse_levers"]
+__all__ = ["Fix", "Lever", "Levers", "Suspect", "load_levers", "parse_levers"]

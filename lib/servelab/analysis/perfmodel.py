@@ -1,0 +1,504 @@
+"""The performance model: what a configuration should do, from the model's facts, the engine's
+settings and the *measured* parameters of the machine (a calibration entry, `data/calibrations/`,
+written by `servelab calibrate-hw`), never from the study's own results. Its prediction is stored
+before the first request (`prediction.json`), so it is never fitted to what it is compared with.
+
+One decode step of a batch of B sequences, each with `ctx` tokens of context:
+
+    t_step(B) = max(bytes(B) / BW(B), flops(B) / F(B)) + step_cost + sum over layers of layer_cost(kind)
+
+- bytes(B): weights read once per step (the input embedding is a lookup; a MoE layer reads its
+  dense part and the experts its tokens touch: E * (1 - (1 - k/E)^D) of E for D *distinct* tokens,
+  and requests that are identical and decoded deterministically emit the same token, so they route
+  as one) plus every sequence's KV cache (`ctx * kv_bytes_per_token`);
+- BW(B): the machine's decode-like bandwidth (bf16 matrix-vector products streaming weights far
+  larger than the caches, measured at B = 1, 8, 32; on the CPU engine, its own bandwidth from two
+  calibration widths);
+- F(B): bf16 (or fp8) GEMM throughput at that many rows;
+- step_cost, layer_cost(kind): the engine's fixed costs in that mode (CUDA graphs or eager), fitted
+  from calibration models of 2, 4 and 8 layers of each kind (dense, moe: grouped-query attention;
+  mla: latent attention), whose weights are too small to matter.
+
+TPOT at concurrency c (a closed loop of requests with `input` prompt and `output` new tokens): the
+decode step at B = c with the mean context `input + output / 2`, plus the prefills of the other c - 1
+requests that ride along (each request's prefill once per `output` steps). Prefill of n tokens:
+max(weights / BW, FLOPs / F(n)) plus the fixed costs; FLOPs = 2 * matmul parameters * n + attention's
+2 * layers * heads * head_dim * n^2. TTFT at c = 1 is one prefill. The KV-limited concurrency and the
+capacity at the SLO follow (`predict`).
+
+What is not calibrated is a *bound* and labelled so: tensor parallelism (no all-reduce cost),
+speculative decoding (one token per step assumed), an engine or mode without its own calibration.
+No I/O but reading the calibration entries; not for words (`report.capacity`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..engines.flags import get_flag
+from ..models.facts import kv_bytes_per_token
+from .roofline import decode_weight_bytes, prefill_matmul_params
+
+MODEL_VERSION = "perfmodel-1"
+FORMAT_VERSION = 1
+CALIBRATIONS = Path(__file__).resolve().parents[1] / "data" / "calibrations"
+KINDS = ("dense", "moe", "mla")
+ESTIMATE, BOUND = "estimate", "bound"
+
+
+# -- calibration entries -----------------------------------------------------------------------
+
+@cache
+def _load_dir(folder: str) -> tuple[dict[str, Any], ...]:
+    out = []
+    for p in sorted(Path(folder).glob("*.yaml")):
+        d = yaml.safe_load(p.read_text(encoding="utf-8"))
+        d.setdefault("id", p.stem)
+        out.append(d)
+    return tuple(out)
+
+
+def calibrations(folder: Path | str | None = None) -> list[dict[str, Any]]:
+    """Every calibration entry (`data/calibrations/*.yaml`), oldest first by measurement date."""
+    return sorted(_load_dir(str(folder or CALIBRATIONS)), key=lambda d: str(d.get("measured_at", "")))
+
+
+def _norm(s: str) -> str:
+    return " ".join(str(s).lower().replace("nvidia", "").replace("-", " ").replace("_", " ").split())
+
+
+def calibration_for(machine_kind: str, name: str | None, folder: Path | str | None = None) -> tuple[dict[str, Any] | None, bool]:
+    """The newest entry for this machine (`machine_kind` gpu/cpu, its name as nvidia-smi or the CPU
+    model gives it), and whether it is this machine's own kind; else the newest of the same kind
+    (False), else None."""
+    same = [c for c in calibrations(folder) if c["machine"]["kind"] == machine_kind]
+    exact = [c for c in same if name and (_norm(c["machine"]["name"]) == _norm(name)
+                                          or _norm(name) in _norm(c["machine"]["name"]))]
+    if exact:
+        return exact[-1], True
+    return (same[-1], False) if same else (None, False)
+
+
+# -- fitting the engine's fixed costs from calibration runs --------------------------------------
+
+def fit_fixed_costs(points: Sequence[Mapping[str, float]], bandwidth_Bps: float) -> dict[str, Any]:
+    """Per-layer and per-step cost of one kind and mode from calibration runs: `points` of
+    layers, tpot_s (median c=1) and weight_bytes (read per step); the weight time (bytes over
+    `bandwidth_Bps`) is taken off, the rest fitted as step + layers x layer by least squares."""
+    import numpy as np
+
+    xs = np.array([float(p["layers"]) for p in points])
+    ys = np.array([float(p["tpot_s"]) - float(p["weight_bytes"]) / bandwidth_Bps for p in points])
+    if len(set(xs)) < 2:
+        raise ValueError("fixed costs need calibration models of at least two depths")
+    b, a = np.polyfit(xs, ys, 1)
+    pred = a + b * xs
+    ss = float(((ys - ys.mean()) ** 2).sum())
+    r2 = 1.0 - float(((ys - pred) ** 2).sum()) / ss if ss > 0 else 1.0
+    return {"layer_s": float(max(b, 0.0)), "step_s": float(max(a, 0.0)), "r2": r2, "n": int(len(xs)),
+            "points": [dict(p) for p in points]}
+
+
+def fit_engine_bandwidth(narrow: Mapping[str, Any], wide: Mapping[str, Any], narrow_bytes_per_layer: float,
+                         wide_bytes_per_layer: float) -> float:
+    """The engine's own decode bandwidth from two calibration widths of one kind: the slopes of
+    time per step against layers differ by the wider layers' extra bytes over that bandwidth."""
+    extra = wide["layer_slope_s"] - narrow["layer_slope_s"]
+    if extra <= 0:
+        raise ValueError("the wider calibration models were not slower per layer: no bandwidth to fit")
+    return (wide_bytes_per_layer - narrow_bytes_per_layer) / extra
+
+
+# -- the model ----------------------------------------------------------------------------------
+
+def _interp_log(table: Mapping[str, float], x: float) -> float:
+    """A measured table (string keys of positive numbers) read at x, linear in log x, clamped."""
+    pts = sorted((float(k), float(v)) for k, v in table.items())
+    if not pts:
+        return math.nan
+    lx = math.log(max(x, 1e-9))
+    if lx <= math.log(pts[0][0]):
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if lx <= math.log(x1):
+            f = (lx - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return y0 + f * (y1 - y0)
+    return pts[-1][1]
+
+
+def distinct_experts(E: float, k: float, tokens: float) -> float:
+    """Expected distinct experts of E that `tokens` tokens touch, each routed to k of them uniformly
+    and independently: E * (1 - (1 - k/E)^tokens)."""
+    if tokens <= 0:
+        return 0.0
+    return E * (1.0 - (1.0 - k / E) ** tokens)
+
+
+def layer_counts(facts: Mapping[str, Any]) -> dict[str, int]:
+    """How many layers of each calibrated kind the model has; a latent-attention layer with a
+    dense MLP counts as `mla_dense` (mla + dense - moe)."""
+    n = int(facts["num_layers"])
+    moe = int(facts.get("num_moe_layers", n if facts.get("num_experts") else 0))
+    if facts.get("attention") == "mla" or facts.get("kv_lora_rank"):
+        return {k: v for k, v in (("mla", moe), ("mla_dense", n - moe)) if v}
+    return {k: v for k, v in (("moe", moe), ("dense", n - moe)) if v}
+
+
+def _layer_cost(costs: Mapping[str, Any], kind: str) -> float | None:
+    if kind == "mla_dense":
+        parts = [_layer_cost(costs, k) for k in ("mla", "dense", "moe")]
+        return None if None in parts else max(0.0, parts[0] + parts[1] - parts[2])
+    c = costs.get(kind)
+    return float(c["layer_s"]) if c else None
+
+
+class Machine:
+    """The measured parameters the model uses, from one calibration entry (and, for another CPU
+    of the same kind, scaled by the probes of both machines)."""
+
+    def __init__(self, entry: Mapping[str, Any], *, own: bool = True, probe: Mapping[str, Any] | None = None,
+                 memory_bytes: float | None = None) -> None:
+        self.entry, self.own = dict(entry), own
+        self.kind = entry["machine"]["kind"]
+        micro = entry.get("micro") or {}
+        self.gemm = (micro.get("gemm_flops") or {})
+        self.decode_bw = dict(micro.get("decode_bandwidth_Bps") or {})
+        self.memory_bytes = memory_bytes or entry["machine"].get("memory_bytes")
+        self.scale_bw = self.scale_fixed = 1.0
+        cal_probe = entry.get("probe") or {}
+        if not own and probe and cal_probe:  # another CPU: its own copy bandwidth (the probe's matmul rate
+            # varies three-fold with a neighbour's load, so the fixed costs stay the calibration's)
+            self.scale_bw = float(probe["copy_bandwidth_Bps"]) / float(cal_probe["copy_bandwidth_Bps"])
+
+    @property
+    def label(self) -> str:
+        m = self.entry["machine"]
+        own = "" if self.own else " (another machine of its kind: its bandwidth scaled by this machine's copy probe)"
+        return f"{self.entry.get('id')}: {m['name']}, measured {str(self.entry.get('measured_at', ''))[:10]}{own}"
+
+    def bandwidth(self, engine: str, batch: float) -> tuple[float, str]:
+        eng = (self.entry.get("engines") or {}).get(engine) or {}
+        if eng.get("bandwidth_Bps"):
+            return float(eng["bandwidth_Bps"]) * self.scale_bw, f"{engine}'s own decode bandwidth (calibration widths)"
+        if self.decode_bw:
+            return _interp_log(self.decode_bw, batch) * self.scale_bw, f"bf16 GEMV bandwidth at batch {batch:g} (micro)"
+        raise KeyError("the calibration entry has no bandwidth")
+
+    def flops(self, precision: str, rows: float) -> tuple[float, str]:
+        table = self.gemm.get(precision) or self.gemm.get("bf16") or {}
+        if not table:
+            return math.nan, "no GEMM throughput measured"
+        used = precision if self.gemm.get(precision) else "bf16"
+        return _interp_log(table, rows) / self.scale_fixed, f"{used} GEMM at {rows:g} rows (micro)"
+
+    def fixed(self, engine: str, mode: str, counts: Mapping[str, int]) -> tuple[float | None, str, bool]:
+        """(step + layer costs, where from, whether it is the engine's own calibration in this mode)."""
+        engines = self.entry.get("engines") or {}
+        for eng, md, own in ((engine, mode, True), ("vllm", mode, False), (engine, "eager", False),
+                             ("vllm", "eager", False)):
+            costs = (engines.get(eng) or {}).get(md)
+            if not costs:
+                continue
+            layers = [_layer_cost(costs, k) for k in counts]
+            if None in layers:
+                continue
+            step = max(float(c.get("step_s", 0.0)) for c in costs.values() if isinstance(c, Mapping) and "step_s" in c)
+            total = step + sum(n * c for n, c in zip(counts.values(), layers))
+            return total * self.scale_fixed, f"{eng} {md} fixed costs ({', '.join(counts)} layers)", own
+        return None, "no fixed costs calibrated for these layer kinds", False
+
+
+def mode_of(engine: str, args: Mapping[str, Any], kind: str) -> str:
+    """graphs or eager: how the engine runs its decode steps with these flags."""
+    if engine == "sglang":
+        return "eager" if get_flag(args, "disable-cuda-graph") else "graphs"
+    return "eager" if (get_flag(args, "enforce-eager") or kind == "cpu") else "graphs"
+
+
+def _precision(facts: Mapping[str, Any]) -> str:
+    return "fp8" if "float8" in str(facts.get("dtype", "")) else "bf16"
+
+
+def weight_bytes(facts: Mapping[str, Any], distinct_tokens: float) -> float:
+    """Weight bytes one decode step reads for `distinct_tokens` distinct tokens (roofline's rule)."""
+    return decode_weight_bytes(facts, max(1, int(round(distinct_tokens))))
+
+
+def step_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], *, batch: int, ctx: float,
+              kv_bpt: float, distinct: float, n_gpus: int = 1, prefill_tokens: float = 0.0) -> dict[str, Any]:
+    """One decode step of `batch` sequences (and, when `prefill_tokens`, a prefill riding in it)."""
+    bw, _ = m.bandwidth(engine, batch)
+    wbytes = weight_bytes(facts, distinct) / n_gpus
+    kvbytes = batch * ctx * kv_bpt
+    mm = prefill_matmul_params(facts)
+    prec = _precision(facts)
+    f_dec, _ = m.flops(prec, max(batch, 1))
+    t_mem = (wbytes + kvbytes) / bw
+    t_cmp = 2.0 * mm * batch / n_gpus / f_dec if f_dec == f_dec else 0.0
+    if prefill_tokens:
+        f_pre, _ = m.flops(prec, prefill_tokens)
+        t_cmp += prefill_flops(facts, prefill_tokens) / n_gpus / f_pre
+    fixed, _, _ = m.fixed(engine, mode, layer_counts(facts))
+    return {"memory_s": t_mem, "compute_s": t_cmp, "fixed_s": fixed or 0.0,
+            "total_s": max(t_mem, t_cmp) + (fixed or 0.0)}
+
+
+def prefill_flops(facts: Mapping[str, Any], n: float) -> float:
+    """FLOPs of a prefill of n tokens: the matmuls' 2 * params * n and causal attention's
+    2 * layers * heads * head_dim * n^2 (QK^T and PV, half of the square each)."""
+    head = float(facts.get("head_dim") or 128)
+    return 2.0 * prefill_matmul_params(facts) * n + 2.0 * float(facts["num_layers"]) * float(facts["num_heads"]) * head * n * n
+
+
+def prefill_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n: float, n_gpus: int = 1) -> float:
+    bw, _ = m.bandwidth(engine, n)
+    f, _ = m.flops(_precision(facts), n)
+    fixed, _, _ = m.fixed(engine, mode, layer_counts(facts))
+    t_mem = weight_bytes(facts, n) / n_gpus / bw
+    t_cmp = prefill_flops(facts, n) / n_gpus / f if f == f else 0.0
+    return max(t_mem, t_cmp) + (fixed or 0.0)
+
+
+def tpot(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], c: int, n_in: float, n_out: float,
+         kv_bpt: float, identical: bool, n_gpus: int = 1) -> float:
+    """Mean time per output token of a request at concurrency c: decode steps at batch c, a share
+    (c - 1) / output of which also carry another request's prefill."""
+    ctx = n_in + n_out / 2.0
+    distinct = 1 if identical else c
+    plain = step_time(m, engine, mode, facts, batch=c, ctx=ctx, kv_bpt=kv_bpt, distinct=distinct, n_gpus=n_gpus)
+    if c <= 1 or n_out <= 1:
+        return plain["total_s"]
+    mixed = step_time(m, engine, mode, facts, batch=c, ctx=ctx, kv_bpt=kv_bpt, distinct=distinct, n_gpus=n_gpus,
+                      prefill_tokens=n_in)
+    share = min(1.0, (c - 1) / n_out)
+    return (1 - share) * plain["total_s"] + share * mixed["total_s"]
+
+
+def kv_tokens(engine: str, facts: Mapping[str, Any], args: Mapping[str, Any], m: Machine | None, n_gpus: int,
+              kv_dtype: str) -> tuple[float, str]:
+    """KV-cache tokens the flags allow (SGLang's max-total-tokens, vLLM's forced blocks or byte
+    budget), else the memory share left after the weights (an upper bound: activations and graphs
+    take some of it)."""
+    from .predict import DEFAULT_GPU_MEMORY_UTILIZATION
+    from .kv import parse_size_bytes
+
+    if engine == "sglang" and get_flag(args, "max-total-tokens"):
+        return float(get_flag(args, "max-total-tokens")), "max-total-tokens"
+    bpt = kv_bytes_per_token(facts, kv_dtype, n_gpus)
+    block = int(get_flag(args, "block-size") or get_flag(args, "page-size") or 16)
+    blocks = get_flag(args, "num-gpu-blocks-override")
+    if blocks:
+        return float(int(blocks) * block), "num-gpu-blocks-override"
+    mem = get_flag(args, "kv-cache-memory-bytes")
+    if mem is not None:
+        return float(parse_size_bytes(mem) // (bpt * block) * block), "kv-cache-memory-bytes"
+    if m is not None and m.memory_bytes:
+        util = float(get_flag(args, "gpu-memory-utilization") or get_flag(args, "mem-fraction-static")
+                     or DEFAULT_GPU_MEMORY_UTILIZATION)
+        free = util * float(m.memory_bytes) - float(facts["weight_bytes"]) / n_gpus
+        return float(max(0.0, free) // (bpt * block) * block), "memory share after the weights (upper bound)"
+    return math.nan, "unknown"
+
+
+def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: Machine, *, input_tokens: int,
+            output_tokens: int, concurrency: Sequence[int], slo: Mapping[str, Any] | None = None,
+            identical: bool = False, n_gpus: int = 1, speculative: bool = False) -> dict[str, Any]:
+    """Every prediction for one request shape: c=1 TPOT, TPOT at each concurrency, prefill tok/s,
+    TTFT at c=1, the KV-limited concurrency and the capacity at the SLO, each labelled estimate or
+    bound, with the inputs it used."""
+    slo = dict(slo or {})
+    mode = mode_of(engine, args, m.kind)
+    counts = layer_counts(facts)
+    kv_dtype = str(get_flag(args, "kv-cache-dtype") or "auto")
+    kv_dtype = "auto" if kv_dtype in ("auto", "bfloat16", "bf16") else kv_dtype
+    kv_bpt = float(kv_bytes_per_token(facts, kv_dtype, n_gpus))
+    fixed, fixed_src, own_fixed = m.fixed(engine, mode, counts)
+    n_in, n_out = float(input_tokens), float(output_tokens)
+    kind = ESTIMATE if (own_fixed and n_gpus == 1 and not speculative and fixed is not None) else BOUND
+    kind = kind if m.own else BOUND
+    why_bound = [w for w, cond in (
+        (f"calibrated on another machine of this kind ({m.label})", not m.own),
+        (f"{fixed_src}: not {engine}'s own {mode} calibration", not own_fixed),
+        ("tensor parallel: the all-reduce cost is not calibrated", n_gpus > 1),
+        ("speculative decoding is not modelled (one token per step)", speculative)) if cond]
+    cs = sorted({int(c) for c in concurrency} | {1})
+    tp = {str(c): tpot(m, engine, mode, facts, c, n_in, n_out, kv_bpt, identical, n_gpus) for c in cs}
+    t_pre = prefill_time(m, engine, mode, facts, n_in, n_gpus)
+    kv_tok, kv_from = kv_tokens(engine, facts, args, m, n_gpus, kv_dtype)
+    per_request = n_in + n_out
+    c_kv = kv_tok / per_request if kv_tok == kv_tok else math.nan
+    seqs = get_flag(args, "max-num-seqs") or get_flag(args, "max-running-requests")
+    limits = {"kv": math.floor(c_kv) if c_kv == c_kv else 4096, "max-num-seqs": int(seqs) if seqs else 4096}
+    cap = _capacity(m, engine, mode, facts, n_in, n_out, kv_bpt, identical, n_gpus, min(limits.values()), slo, t_pre)
+    bw1, bw_src = m.bandwidth(engine, 1)
+    f_pre, f_src = m.flops(_precision(facts), n_in)
+    inputs = [
+        {"name": "hardware", "value": m.label, "source": (m.entry.get("source") or "")},
+        {"name": "decode bandwidth at batch 1 (B/s)", "value": bw1, "source": bw_src},
+        {"name": f"GEMM FLOP/s at {n_in:g} rows", "value": f_pre, "source": f_src},
+        {"name": "fixed cost per decode step (s)", "value": fixed, "source": fixed_src},
+        {"name": "layers by kind", "value": counts, "source": "model facts (config.json)"},
+        {"name": "weight bytes read at c=1", "value": weight_bytes(facts, 1) / n_gpus,
+         "source": "model facts: non-expert weights + the experts one token touches"},
+        {"name": "KV bytes per token", "value": kv_bpt, "source": f"model facts, kv-cache-dtype {kv_dtype}"},
+        {"name": "identical requests (route as one token)", "value": identical,
+         "source": "workload: the same prompt for every request, decoded deterministically (temperature 0 or a "
+                   "fixed seed)"},
+        {"name": "GPUs", "value": n_gpus, "source": "tensor x pipeline parallel flags"},
+    ]
+    return {
+        "input_tokens": int(input_tokens), "output_tokens": int(output_tokens), "mode": mode,
+        "c1_tpot_s": tp["1"], "tpot_s": tp, "ttft_c1_s": t_pre, "prefill_tok_s": n_in / t_pre if t_pre > 0 else math.nan,
+        "kv_tokens": kv_tok, "kv_from": kv_from, "kv_limited_concurrency": c_kv,
+        "max_num_seqs": int(seqs) if seqs else None, **cap,
+        "kinds": {"c1_tpot_s": kind, "tpot_s": kind, "prefill_tok_s": ESTIMATE if kind == ESTIMATE else BOUND,
+                  "kv_limited_concurrency": BOUND if "upper bound" in kv_from else ESTIMATE, "capacity_rps": kind},
+        "bound_because": why_bound, "inputs": inputs,
+    }
+
+
+def _capacity(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n_in: float, n_out: float, kv_bpt: float,
+              identical: bool, n_gpus: int, c_max: int, slo: Mapping[str, Any], t_pre: float) -> dict[str, Any]:
+    """The most concurrent requests whose TPOT and TTFT (one prefill after the running step) meet
+    the SLO, as a request rate by Little's law."""
+    tpot_t, ttft_t = slo.get("tpot_p95_s"), slo.get("ttft_p95_s")
+    if not (tpot_t or ttft_t):
+        return {"capacity_rps": math.nan, "capacity_concurrency": None, "capacity_binding": "no SLO"}
+    best, binding = None, "kv" if c_max < 4096 else "search limit"
+    c = 1
+    while c <= max(1, c_max):
+        t = tpot(m, engine, mode, facts, c, n_in, n_out, kv_bpt, identical, n_gpus)
+        ttft = t_pre + step_time(m, engine, mode, facts, batch=c, ctx=n_in + n_out / 2, kv_bpt=kv_bpt,
+                                 distinct=1 if identical else c, n_gpus=n_gpus)["total_s"]
+        if (tpot_t and t > tpot_t) or (ttft_t and ttft > ttft_t):
+            binding = "tpot" if tpot_t and t > tpot_t else "ttft"
+            break
+        best = (c, t, ttft)
+        c = c + 1 if c < 16 else int(c * 1.1) + 1
+    if best is None:
+        return {"capacity_rps": 0.0, "capacity_concurrency": 0, "capacity_binding": binding}
+    c, t, ttft = best
+    return {"capacity_rps": c / (ttft + n_out * t), "capacity_concurrency": c, "capacity_binding": binding}
+
+
+def identical_requests(workload: Any) -> bool:
+    """Whether every request of the workload is the same and decoded deterministically: calibrated
+    filler prompts (the same text for every request of a bucket) at temperature 0 or with a fixed
+    seed. Such requests emit the same token at every step, so a batch of them routes as one token."""
+    filler = all(b.source == "filler" and not b.shared_prefix and not b.prefix_reuse for b in workload.buckets)
+    return bool(filler and (float(workload.temperature or 0) == 0 or workload.seed is not None))
+
+
+def machine_for(run: Mapping[str, Any], folder: Path | str | None = None) -> tuple[Machine | None, str]:
+    """The calibrated machine of a run record (its GPUs, else the CPU it measured), or None and why."""
+    gpus = run.get("gpus_used") or (run.get("client_host") or {}).get("gpus") or []
+    if gpus:
+        entry, own = calibration_for("gpu", gpus[0].get("name"), folder)
+        mib = str(gpus[0].get("memory") or "").split()
+        mem = float(mib[0]) * 2**20 if mib and mib[0].replace(".", "").isdigit() else None  # nvidia-smi "143771 MiB"
+        if entry is None:
+            return None, f"no calibration entry for a GPU ({gpus[0].get('name')}): run servelab calibrate-hw there"
+        if not own:
+            return None, f"no calibration entry for {gpus[0].get('name')} (have {entry['machine']['name']})"
+        return Machine(entry, own=True, memory_bytes=mem), ""
+    probe = run.get("hardware_measured")
+    if probe:
+        entry, own = calibration_for("cpu", probe.get("cpu_model"), folder)
+        if entry is None:
+            return None, "no calibration entry for a CPU: run servelab calibrate-hw"
+        return Machine(entry, own=own and _same_cpu(entry, probe), probe=probe), ""
+    return None, "the hardware is unknown (no GPU reported, no CPU probe)"
+
+
+def _same_cpu(entry: Mapping[str, Any], probe: Mapping[str, Any]) -> bool:
+    """The calibration's CPU is this one: the same cores and the same signature (family, model and
+    bf16 instruction sets: two machine types here share the name 'AMD EPYC' and differ two-fold), or,
+    for a probe without a signature, a copy bandwidth within 25 %."""
+    cal = entry.get("probe") or {}
+    if not cal:
+        return True
+    if cal.get("cpu_count") != probe.get("cpu_count"):
+        return False
+    if cal.get("cpu_signature") and probe.get("cpu_signature"):
+        return cal["cpu_signature"] == probe["cpu_signature"]
+    ratio = float(probe["copy_bandwidth_Bps"]) / float(cal["copy_bandwidth_Bps"])
+    return bool(0.8 <= ratio <= 1.25)
+
+
+def predict_configuration(run: Mapping[str, Any], workload: Any, slo: Mapping[str, Any] | None,
+                          lengths: Mapping[str, tuple[int | None, int | None]], at: str, *,
+                          folder: Path | str | None = None) -> dict[str, Any]:
+    """prediction.json of one configuration: per bucket label, `predict` at the workload's
+    concurrencies, with the machine, the model version and every input (without a calibration of
+    the machine, the roofline's bounds, labelled so); or `not_predictable` with the fact that is
+    missing. Written before the first request (`stages._run_record`)."""
+    from ..engines import get as profile
+    from ..engines.flags import engine_args
+
+    base = {"format_version": FORMAT_VERSION, "model_version": MODEL_VERSION, "stored_before_measurement": True,
+            "stored_at": at, "study": run.get("study"), "config": run.get("config")}
+    facts = (run.get("model") or {}).get("facts")
+    if not facts or not facts.get("param_count"):
+        return {**base, "not_predictable": "the model's facts (parameter count) unknown"}
+    known = {label: (int(a), int(b)) for label, (a, b) in lengths.items() if a and b}
+    missing = {label: "its prompt lengths unknown before the run" for label in lengths if label not in known}
+    conc = list(getattr(workload, "concurrency", None) or [1])
+    m, why = machine_for(run, folder)
+    if m is None:
+        out = {**base, "model_version": "roofline", "machine": {"calibration": None, "why": why},
+               "buckets": _roofline_bounds(run, slo, known, why, conc)}
+    else:
+        ep = run.get("engine_params") or {}
+        engine = ep.get("kind", "vllm")
+        args = engine_args(ep.get("args"))
+        prof = profile(engine)
+        n_gpus, ident, spec = max(1, prof.gpu_count(args)), identical_requests(workload), prof.speculative(args)
+        out = {**base, "machine": {"calibration": m.entry.get("id"), "name": m.entry["machine"]["name"],
+                                   "measured_at": m.entry.get("measured_at"), "own": m.own},
+               "buckets": {label: predict(facts, engine, args, m, input_tokens=n_in, output_tokens=n_out,
+                                          concurrency=conc, slo=slo, identical=ident, n_gpus=n_gpus, speculative=spec)
+                           for label, (n_in, n_out) in known.items()}}
+    if missing:
+        out["not_predictable_buckets"] = missing
+    if not out["buckets"]:
+        out["not_predictable"] = why if m is None and known else "no bucket with known prompt and output lengths"
+    return out
+
+
+def _roofline_bounds(run: Mapping[str, Any], slo: Mapping[str, Any] | None, lengths: Mapping[str, tuple[int, int]],
+                     why: str, concurrency: Sequence[int]) -> dict[str, Any]:
+    """Without a calibration of the machine: the datasheet (or probed CPU) roofline's bounds
+    (`analysis.predict`), every quantity labelled a bound, and why."""
+    from .predict import hardware_of, predict_run
+    from .roofline import decode_bound_s_per_token
+
+    hw, n = hardware_of(run)
+    facts = (run.get("model") or {}).get("facts") or {}
+    kv = float(facts.get("kv_cache_bytes_per_token") or 0)
+    per = {}
+    for label, (n_in, n_out) in lengths.items():
+        p = predict_run(run, n_in, n_out, slo)
+        if p is None:
+            continue
+        tp = {str(c): decode_bound_s_per_token(weight_bytes(facts, c) / n, kv, n_in + n_out / 2, c,
+                                               float(hw["memory_bandwidth_Bps"]) * n) for c in sorted(set(concurrency))}
+        per[label] = {"input_tokens": n_in, "output_tokens": n_out, "c1_tpot_s": p["tpot_c1_s"],
+                      "tpot_s": {**tp, "1": p["tpot_c1_s"]}, "ttft_c1_s": p["ttft_c1_s"], "prefill_tok_s": p["prefill_tps"],
+                      "kv_tokens": p["kv_tokens"], "kv_from": p["kv_from"], "kv_limited_concurrency": p["kv_concurrency"],
+                      "capacity_rps": p.get("capacity_rps"), "capacity_concurrency": p.get("capacity_concurrency"),
+                      "capacity_binding": p.get("capacity_binding"),
+                      "kinds": {k: BOUND for k in ("c1_tpot_s", "tpot_s", "prefill_tok_s", "kv_limited_concurrency",
+                                                   "capacity_rps")},
+                      "bound_because": [why + "; the roofline of the hardware table instead"]}
+    return per
+
+
+__all__ = ["BOUND", "CALIBRATIONS", "ESTIMATE", "KINDS", "MODEL_VERSION", "Machine", "calibration_for",
+           "calibrations", "distinct_experts", "identical_requests", "machine_for", "predict_configuration", "fit_engine_bandwidth", "fit_fixed_costs", "layer_counts", "mode_of",
+           "predict", "prefill_time", "step_time", "tpot"]

@@ -1,0 +1,34 @@
+"""`servelab predict PARAMS`: a study's predictions with no server running (the "before I rent"
+answer), naming the machine's calibration entry and its date, or the roofline bounds and why."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from paths import ROOT
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "servelab.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_predict_a_local_study_with_no_server():
+    r = _cli("predict", "params/local-cpu-kv.yaml")
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("local-cpu-kv: predicted on this CPU")
+    for cid in ("roomy", "kv-tight"):
+        head = next(ln for ln in lines if ln.startswith(f"{cid}: "))
+        assert re.search(r"calibration \S+ \(.+, measured 20\d\d-\d\d-\d\d\)|roofline bounds", head), head
+    assert re.search(r"TPOT c=1 [\d.]+ ms", r.stdout) and "capacity at SLO" in r.stdout
+
+
+def test_predict_a_gpu_study_names_the_gpu_and_an_unknown_configuration_is_one_line():
+    r = _cli("predict", "params/h200-perfmodel.yaml", "--config", "qwen3moe", "--hardware", "NVIDIA H200")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "qwen3moe: " in r.stdout and re.search(r"c=32 [\d.]+ ms", r.stdout)
+    bad = _cli("predict", "params/h200-perfmodel.yaml", "--config", "nope", "--hardware", "NVIDIA H200")
+    assert bad.returncode == 2 and "no configuration nope" in bad.stderr and "Traceback" not in bad.stderr
