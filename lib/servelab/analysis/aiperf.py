@@ -1,0 +1,149 @@
+"""AIPerf's per-request export (``aiperf profile``, 0.13: ``profile_export.jsonl``) into servelab's
+record rows (the columns of the vLLM/GuideLLM/SGLang importers), and its own headline figures
+from the summary it writes beside (``profile_export_aiperf.json``).
+
+One JSON line per request: ``metadata`` (``request_start_ns`` and ``request_end_ns`` on the wall
+clock, ``benchmark_phase`` warmup | profiling, ``session_num``) and ``metrics``, each
+``{"value": ..., "unit": ...}``; an ``error`` object on a failed request. How they map:
+- ttft_s = ``time_to_first_token`` (request start -> first response carrying content: servelab's).
+- chunk_times_s = ttft + cumulative ``inter_chunk_latency`` (the gaps between content chunks), so
+  servelab's pooled ITL is theirs; e2e_s = ``request_latency`` (to the last content chunk: the end
+  of the stream, [DONE], is not in the export; servelab's own e2e ends there, < 1 ms later).
+- output_tokens = ``output_sequence_length``: the server's usage with ``--use-server-token-count``,
+  else AIPerf's tokenizer count of the text (``usage_completion_tokens`` present says which).
+- prompt_tokens = ``usage_prompt_tokens`` (server), else ``input_sequence_length`` (their tokenizer).
+- start_s / end_s = the wall-clock ns stamps in seconds; the aggregate output tok/s of a round is
+  then AIPerf's ``output_token_throughput`` (total output / (last response - first request)).
+Not for running AIPerf (benchmarks/tools_study.py does that)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+AIPERF = "aiperf"
+SUMMARY_NAME = "profile_export_aiperf.json"
+
+
+def _v(metrics: dict[str, Any], name: str) -> Any:
+    m = metrics.get(name)
+    return m.get("value") if isinstance(m, dict) else m
+
+
+def _ms(x: Any) -> float | None:
+    return None if x is None else float(x) / 1000.0
+
+
+def is_record(obj: Any) -> bool:
+    """One line of profile_export.jsonl: metadata with request stamps and metrics as {value, unit}."""
+    return (isinstance(obj, dict) and isinstance(obj.get("metadata"), dict) and isinstance(obj.get("metrics"), dict)
+            and "request_start_ns" in obj["metadata"])
+
+
+def is_summary(obj: Any) -> bool:
+    return isinstance(obj, dict) and "aiperf_version" in obj and "input_config" in obj
+
+
+def in_flight_max(starts: list[float], ends: list[float]) -> int:
+    """The most requests in flight at once (AIPerf's concurrency when its summary is not at hand)."""
+    ev = sorted([(s, 1) for s in starts] + [(e, -1) for e in ends], key=lambda x: (x[0], x[1]))
+    n = best = 0
+    for _, d in ev:
+        n += d
+        best = max(best, n)
+    return best
+
+
+def summary_settings(summary: dict[str, Any] | None) -> dict[str, Any]:
+    """(concurrency, request rate, target input / output tokens, streaming, server token count) from a
+    profile_export_aiperf.json's input_config; {} without one."""
+    if not summary:
+        return {}
+    cfg = summary.get("input_config") or {}
+    phase = next((p for p in cfg.get("phases") or [] if p.get("kind") == "profiling"), {})
+    ds = next(iter(cfg.get("datasets") or []), {})
+    prompts = ds.get("prompts") or {}
+    ep = cfg.get("endpoint") or {}
+    return {"concurrency": phase.get("concurrency"), "rate_rps": phase.get("rate"),
+            "input_tokens": (prompts.get("isl") or {}).get("mean"), "output_tokens": (prompts.get("osl") or {}).get("mean"),
+            "streaming": ep.get("streaming"), "server_token_count": ep.get("use_server_token_count"),
+            "model": next(iter((cfg.get("models") or {}).get("items") or []), {}).get("name"),
+            "urls": ep.get("urls")}
+
+
+def aiperf_rows(records: list[dict[str, Any]], *, config: str, summary: dict[str, Any] | None = None,
+                bucket_label: str | None = None, round_: int = 0, seq0: int = 0) -> list[dict[str, Any]]:
+    """servelab records of one AIPerf run (the lines of its profile_export.jsonl)."""
+    st = summary_settings(summary)
+    starts = [r["metadata"]["request_start_ns"] / 1e9 for r in records]
+    ends = [(r["metadata"].get("request_end_ns") or r["metadata"]["request_start_ns"]) / 1e9 for r in records]
+    idx = [i for i, r in enumerate(records) if r["metadata"].get("benchmark_phase", "profiling") == "profiling"]
+    measured = [records[i] for i in idx]
+    conc = int(st.get("concurrency") or in_flight_max([starts[i] for i in idx], [ends[i] for i in idx]) or 1)
+    outs = [_v(r["metrics"], "output_sequence_length") for r in measured if not r.get("error")]
+    ins = [_v(r["metrics"], "usage_prompt_tokens") or _v(r["metrics"], "input_sequence_length")
+           for r in measured if not r.get("error")]
+    tin = int(st.get("input_tokens") or np.median([x for x in ins if x is not None] or [0]))
+    tout = int(st.get("output_tokens") or np.median([x for x in outs if x is not None] or [0]))
+    rows = []
+    for i, r in enumerate(records):
+        m, md = r["metrics"], r["metadata"]
+        err = r.get("error")
+        ttft = _ms(_v(m, "time_to_first_token"))
+        ok = not err and ttft is not None
+        gaps = _v(m, "inter_chunk_latency") or []
+        chunk_times = (ttft + np.concatenate([[0.0], np.cumsum(np.asarray(gaps, dtype=float) / 1000.0)])).tolist() \
+            if ok else []
+        e2e = _ms(_v(m, "request_latency")) if ok else None
+        out = _v(m, "output_sequence_length") if ok else None
+        rows.append({
+            "config": config, "bucket": bucket_label or f"in{tin}-out{tout}", "target_input_tokens": tin,
+            "target_output_tokens": tout, "concurrency": conc, "rate_rps": float(st.get("rate_rps") or 0.0),
+            "round": round_, "warmup": md.get("benchmark_phase", "profiling") != "profiling", "seq": seq0 + i,
+            "ok": ok, "error_kind": None if ok else "peer_error",
+            "error_detail": None if ok else str((err or {}).get("message") or "no content response")[:600],
+            "ttft_s": ttft if ok else None, "e2e_s": e2e,
+            "prompt_tokens": _v(m, "usage_prompt_tokens") or _v(m, "input_sequence_length"),
+            "output_tokens": int(out) if out is not None else None,
+            "decode_tps": None, "e2e_output_tps": None, "tpot_s": None,  # recomputed by analysis.harmonise
+            "chunk_times_s": chunk_times, "start_s": starts[i], "end_s": ends[i], "tool": AIPERF,
+            "times_reconstructed": False,
+            "output_tokens_source": "server" if _v(m, "usage_completion_tokens") is not None else "tool tokenizer",
+        })
+    return rows
+
+
+def load_records(path: Path) -> list[dict[str, Any]]:
+    """The lines of a profile_export.jsonl (ValueError naming the line when one is not JSON)."""
+    out = []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"line {n} is not JSON ({e.msg})") from None
+    return out
+
+
+def aiperf_reported(summary: dict[str, Any]) -> dict[str, Any]:
+    """AIPerf's own figures from profile_export_aiperf.json, in servelab's units (s, tok/s), under
+    the names the definitions table uses (`<metric>.<stat>`)."""
+    out: dict[str, Any] = {}
+    for name, scale in (("time_to_first_token", 1e-3), ("request_latency", 1e-3), ("inter_token_latency", 1e-3),
+                        ("inter_chunk_latency", 1e-3), ("output_token_throughput_per_user", 1.0),
+                        ("output_sequence_length", 1.0), ("output_token_throughput", 1.0),
+                        ("e2e_output_token_throughput", 1.0), ("request_count", 1.0), ("request_error_rate", 1.0)):
+        m = summary.get(name)
+        if not isinstance(m, dict):
+            continue
+        for stat in ("avg", "p50", "p95"):
+            if m.get(stat) is not None:
+                out[f"{name}.{stat}"] = float(m[stat]) * scale
+    return out
+
+
+__all__ = ["AIPERF", "SUMMARY_NAME", "aiperf_reported", "aiperf_rows", "in_flight_max", "is_record", "is_summary",
+           "load_records", "summary_settings"]

@@ -1,0 +1,108 @@
+"""servelab's per-request definitions applied to imported records, statistics taken the tool's way,
+and the definitions table held to the metrics servelab defines."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from servelab.analysis.aiperf import aiperf_reported, aiperf_rows, in_flight_max
+from servelab.analysis.harmonise import (definitions, drop_role_chunk, harmonised_rows, recompute_per_request,
+                                         recomputed, statistic, unexplained)
+from servelab.summary import DEFINED_METRICS, RECORD_COLUMNS
+
+
+def _rec(**kw):
+    base = dict(config="x", bucket="b", target_input_tokens=8, target_output_tokens=5, concurrency=1, rate_rps=0.0,
+                round=0, warmup=False, seq=0, ok=True, error_kind=None, error_detail=None, ttft_s=0.1, e2e_s=0.5,
+                prompt_tokens=8, output_tokens=5, decode_tps=None, e2e_output_tps=None, tpot_s=None,
+                chunk_times_s=[0.1, 0.2, 0.3, 0.4, 0.5], start_s=0.0, end_s=0.5, tool="t", times_reconstructed=False)
+    return {**base, **kw}
+
+
+def test_servelabs_definitions_replace_whatever_the_importer_had():
+    df = pd.DataFrame([_rec(decode_tps=999.0), _rec(seq=1, output_tokens=1), _rec(seq=2, ok=False, ttft_s=None,
+                                                                                 e2e_s=None, output_tokens=None)])
+    r = recompute_per_request(df)
+    assert r.loc[0, "decode_tps"] == pytest.approx(4 / 0.4)  # (out - 1) / (e2e - ttft)
+    assert r.loc[0, "tpot_s"] == pytest.approx(0.1) and r.loc[0, "e2e_output_tps"] == pytest.approx(10.0)
+    assert math.isnan(r.loc[1, "decode_tps"]) and r.loc[1, "e2e_output_tps"] == pytest.approx(2.0)
+    assert r.loc[2, ["decode_tps", "tpot_s", "e2e_output_tps"]].isna().all()
+
+
+def test_guidellms_median_is_a_sample_value_servelabs_interpolates():
+    x = np.array([0.132, 0.209, 0.578, 0.703])
+    assert statistic(x, "p50") == pytest.approx((0.209 + 0.578) / 2)
+    assert statistic(x, "p50", "inverted_cdf") == pytest.approx(0.209)
+    # GuideLLM sums the shares in floating point: twelve 1/12 reach 0.5 only at the 7th value
+    assert statistic(np.arange(1.0, 13.0), "p50", "inverted_cdf") == 7.0
+    assert statistic(np.arange(1.0, 13.0), "p50") == 6.5
+    assert statistic(x, "mean") == pytest.approx(x.mean())
+    assert math.isnan(statistic(np.array([]), "p50"))
+
+
+def test_the_role_chunk_of_vllm_bench_is_not_servelabs_first_token():
+    df = pd.DataFrame([_rec(chunk_times_s=[0.1, 0.10001, 0.2, 0.3, 0.4, 0.5])])  # 6 chunks for 5 tokens
+    r = drop_role_chunk(df)
+    assert r.loc[0, "ttft_s"] == pytest.approx(0.10001) and len(r.loc[0, "chunk_times_s"]) == 5
+    same = drop_role_chunk(pd.DataFrame([_rec()]))  # one chunk per token: nothing to drop
+    assert same.loc[0, "ttft_s"] == 0.1 and len(same.loc[0, "chunk_times_s"]) == 5
+
+
+def test_a_round_gives_servelabs_aggregate_and_pooled_itl():
+    df = recompute_per_request(pd.DataFrame([_rec(), _rec(seq=1, start_s=0.25, end_s=1.0)]))
+    assert recomputed(df, "aggregate_output_tps", "value") == pytest.approx(10 / 1.0)
+    assert recomputed(df, "itl_s", "p50") == pytest.approx(0.1)
+    assert recomputed(df, "success_rate", "value") == 1.0
+
+
+def test_a_same_definition_difference_beyond_tolerance_is_flagged_not_explained():
+    tool = definitions().of("vllm-bench")
+    df = pd.DataFrame([_rec(), _rec(seq=1)])
+    # servelab: 10 tokens in the round's 0.5 s = 20 tok/s; the tool says 30
+    rows = harmonised_rows(df, {("b", 1, 0): {"output_throughput": 30.0, "median_ttft_ms": 0.1}}, tool)
+    agg = rows[rows["field"] == "output_throughput"].iloc[0]
+    assert agg["diff_pct"] == pytest.approx(50.0) and agg["within"] == False  # noqa: E712
+    assert agg["reason"].startswith("unexplained")
+    assert list(unexplained(rows)["field"]) == ["output_throughput"]
+    ttft = rows[rows["field"] == "median_ttft_ms"].iloc[0]
+    assert ttft["within"] and pd.isna(ttft["reason"])
+    missing = rows[rows["field"] == "median_itl_ms"].iloc[0]
+    assert pd.isna(missing["tool_value"]) and missing["reason"] == "not reported"
+
+
+def test_the_table_defines_every_servelab_metric_and_every_difference_has_a_reason():
+    d = definitions()
+    assert set(d.servelab) == set(DEFINED_METRICS)
+    assert {t.tool for t in d.tools} == {"aiperf", "guidellm", "vllm-bench", "sglang-bench"}
+    for t in d.tools:
+        assert all(f.why for f in t.figures if not f.same)
+
+
+def test_aiperf_records_map_to_servelabs_fields():
+    md = {"request_start_ns": 1_000_000_000_000, "request_end_ns": 1_000_500_000_000, "benchmark_phase": "profiling"}
+    m = {"time_to_first_token": {"value": 100.0, "unit": "ms"}, "request_latency": {"value": 500.0, "unit": "ms"},
+         "inter_chunk_latency": {"value": [100.0, 100.0, 100.0, 100.0], "unit": "ms"},
+         "output_sequence_length": {"value": 5, "unit": "tokens"}, "usage_prompt_tokens": {"value": 9, "unit": "tokens"}}
+    recs = [{"metadata": md, "metrics": m},
+            {"metadata": {**md, "benchmark_phase": "warmup"}, "metrics": m},
+            {"metadata": md, "metrics": {}, "error": {"message": "boom", "code": 500}}]
+    rows = aiperf_rows(recs, config="a")
+    assert set(RECORD_COLUMNS) <= set(rows[0])
+    assert rows[0]["ttft_s"] == pytest.approx(0.1) and rows[0]["e2e_s"] == pytest.approx(0.5)
+    assert rows[0]["chunk_times_s"] == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])
+    assert rows[0]["start_s"] == pytest.approx(1000.0) and rows[0]["prompt_tokens"] == 9
+    assert rows[0]["output_tokens_source"] == "tool tokenizer"  # no usage_completion_tokens in the record
+    assert rows[1]["warmup"] and not rows[2]["ok"] and rows[2]["error_detail"] == "boom"
+    assert rows[0]["concurrency"] == 2  # no summary: the most requests in flight at once (warm-up left out)
+
+
+def test_in_flight_and_aiperfs_figures_in_servelab_units():
+    assert in_flight_max([0, 1, 2], [1.5, 2.5, 3]) == 2
+    assert in_flight_max([0, 1], [1, 2]) == 1  # one ends as the next starts
+    rep = aiperf_reported({"time_to_first_token": {"unit": "ms", "avg": 250.0, "p50": 200.0},
+                           "output_token_throughput": {"unit": "tokens/sec", "avg": 99.7}})
+    assert rep == {"time_to_first_token.avg": 0.25, "time_to_first_token.p50": 0.2, "output_token_throughput.avg": 99.7}
