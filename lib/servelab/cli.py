@@ -147,6 +147,29 @@ def cmd_explain(a: argparse.Namespace) -> int:
     return explain(a.study, a.config, dry_run=a.dry_run, budget_s=a.budget_s, force=a.force)
 
 
+def cmd_import(a: argparse.Namespace) -> int:
+    """Other tools' result files as a run folder (servelab.results.importer)."""
+    from .results.importer import import_files
+
+    res = import_files(a.files, tool=a.tool, out=a.out, study=a.study, config=a.config, bucket=a.bucket,
+                       force=a.force)
+    print(res.line())
+    return 0
+
+
+def cmd_compare(a: argparse.Namespace) -> int:
+    """Two runs (or two studies) under the verdict machinery, and a page (servelab.results.compare)."""
+    from .results.compare import compare
+    from .results.pages import compare_page
+
+    res = compare(a.run_a, a.run_b, between_sd_pct=a.between_sd_pct)
+    for line in res.lines():
+        print(line)
+    html = Path(a.html or Path("runs") / "compare" / f"{Path(a.run_a).name}-vs-{Path(a.run_b).name}.html")
+    print(f"page: {compare_page(res, html, a.title)}")
+    return 0
+
+
 def cmd_calibrate(a: argparse.Namespace) -> int:
     """Client self-check against the reference server (servelab.measure.selfcheck)."""
     from .measure.selfcheck import calibrate
@@ -259,6 +282,26 @@ def parser() -> argparse.ArgumentParser:
     ex.add_argument("--budget-s", type=float, help="time budget of the follow-up study (design.budget_s)")
     ex.add_argument("--force", action="store_true", help="replace an earlier follow-up")
     ex.set_defaults(fn=cmd_explain)
+
+    im = sub.add_parser("import", help="other tools' result files (AIPerf, GuideLLM, vllm bench, SGLang) as a run folder")
+    im.add_argument("files", nargs="+", help="result files of one tool (each run in them is one round of its level)")
+    im.add_argument("--tool", choices=["aiperf", "guidellm", "vllm-bench", "sglang-bench"],
+                    help="the format the files must be (default: detected)")
+    im.add_argument("--out", help="the run folder to write (default runs/<study>/<config>, else runs/imported/...)")
+    im.add_argument("--study", help="study id: the run folder is runs/<study>/<config>")
+    im.add_argument("--config", help="configuration id of the run folder")
+    im.add_argument("--bucket", help="bucket label of every level (default in<input>-out<output>)")
+    im.add_argument("--force", action="store_true", help="replace an existing run folder")
+    im.set_defaults(fn=cmd_import)
+
+    cp = sub.add_parser("compare", help="two runs or two studies, level by level: faster / slower / no detectable change")
+    cp.add_argument("run_a", help="run folder or study folder (reports/<study>, runs/<study>): the baseline")
+    cp.add_argument("run_b", help="run folder or study folder compared with it")
+    cp.add_argument("--between-sd-pct", type=float,
+                    help="variance between engine starts (sd %%) measured elsewhere, when neither study repeats a start")
+    cp.add_argument("--html", help="the page to write (default runs/compare/<A>-vs-<B>.html)")
+    cp.add_argument("--title", help="the page's title")
+    cp.set_defaults(fn=cmd_compare)
 
     from .cli_capacity import add_parser as add_capacity_parser
 

@@ -1,0 +1,196 @@
+"""`servelab import FILE...`: other tools' result files as an ordinary run folder.
+
+Every file is read first (`results.formats`); any that is not a result servelab can import stops
+the import with one line naming it, and nothing is written. Then the run folder is written in a
+temporary folder beside the destination and renamed into place at the end:
+
+- records.jsonl: servelab's record fields, per-request metrics recomputed by servelab's definitions
+  (`analysis.harmonise.recompute_per_request`); each run of the tool (a file, a GuideLLM benchmark,
+  a JSON line) is one round of its level (bucket x concurrency), in the order given;
+- levels.jsonl: one line per level, as a measured run writes it;
+- run.json: `imported` (tool, version, files with their sha256), the model and server as the tool
+  recorded them, `packages` (the tool and its version), the headline (measure.runfiles.finalize);
+- source_summary.json: the tool's own summary of each run as it wrote it (per-request lists left out);
+- harmonised.json: each figure of the tool beside servelab's recomputation (`analysis.harmonise`), and
+  the metrics its data cannot give;
+- source/: the imported files themselves (and AIPerf's summary beside its export).
+Not for reading formats (`results.formats`) or for comparing runs (`results.compare`)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from .. import __version__
+from ..analysis.harmonise import definitions, harmonised_rows, recompute_per_request, unexplained
+from ..errors import RunFolderExists, UserError
+from ..measure.runfiles import finalize
+from ..runfolder import LEVELS, RECORDS, JsonlWriter, RunFolder, now_iso, runs_root, write_json
+from .formats import Source, frame, read
+
+SOURCE_SUMMARY = "source_summary.json"
+HARMONISED = "harmonised.json"
+SOURCE_DIR = "source"
+
+
+@dataclass
+class ImportResult:
+    path: Path
+    tool: str
+    version: str | None
+    requests: int
+    levels: int
+    rounds: int
+    harmonised: pd.DataFrame
+
+    def line(self) -> str:
+        h = self.harmonised[self.harmonised["tool_value"].notna()] if len(self.harmonised) else self.harmonised
+        agree = int((h["within"] == True).sum()) if len(h) else 0  # noqa: E712
+        differ = int(((h["within"] == False) & (h["same"] == False)).sum()) if len(h) else 0  # noqa: E712
+        bad = len(unexplained(h)) if len(h) else 0
+        return (f"{self.path}: {self.requests} requests of {self.tool} {self.version or '(version unknown)'} "
+                f"({self.levels} levels, {self.rounds} runs); {agree} of its figures agree with servelab's "
+                f"recomputation within the tolerance, {differ} differ by definition, {bad} unexplained")
+
+
+def _sha256(p: Path) -> str:
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _destination(out: str | Path | None, study: str | None, config: str | None, sources: list[Source]) -> Path:
+    if out:
+        return Path(out)
+    if study or config:
+        if not (study and config):
+            raise UserError("--study and --config go together (the run folder runs/<study>/<config>)")
+        return runs_root() / study / config
+    first = sources[0]
+    return runs_root() / "imported" / f"{first.tool}-{first.path.stem}"
+
+
+def _number(rows: list[Source], study: str, config: str) -> pd.DataFrame:
+    """All runs' records: one round per run within its level, levels numbered by concurrency."""
+    levels = sorted({s.level for s in rows}, key=lambda k: (k[1], k[0]))
+    index = {k: i for i, k in enumerate(levels)}
+    frames, seq = [], 0
+    for s, rnd in _rounds(rows):
+        f = frame(s.rows)
+        f["round"] = rnd
+        f["seq"] = range(seq, seq + len(f))
+        seq += len(f)
+        f["level"] = index[s.level]
+        f["study"], f["config"], f["source_file"] = study, config, s.path.name
+        frames.append(f)
+    return recompute_per_request(pd.concat(frames, ignore_index=True))
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def import_files(files: Sequence[str | Path], *, tool: str | None = None, out: str | Path | None = None,
+                 study: str | None = None, config: str | None = None, bucket: str | None = None,
+                 force: bool = False) -> ImportResult:
+    """Import `files` (all of one tool) into one run folder; returns where and what."""
+    if not files:
+        raise UserError("give at least one result file")
+    srcs: list[Source] = []
+    for f in files:
+        srcs += read(f, tool, config=config or "imported", bucket=bucket)
+    tools = {s.tool for s in srcs}
+    if len(tools) > 1:
+        raise UserError(f"one tool per run folder: {', '.join(sorted(tools))} given; import them one at a time")
+    tool_name = srcs[0].tool
+    dest = _destination(out, study, config, srcs)
+    study_id = study or dest.parent.name
+    config_id = config or dest.name
+    if dest.exists() and any(dest.iterdir()) and not force:
+        raise RunFolderExists(f"{dest} exists: runs are immutable; pass --force to replace it or choose --out")
+    df = _number(srcs, study_id, config_id)
+    tdef = definitions().of(tool_name)
+    reported = {(s.level[0], s.level[1], r): s.reported for s, r in _rounds(srcs)}
+    harm = harmonised_rows(df, reported, tdef)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.importing-", dir=dest.parent))
+    try:
+        _write(tmp, df, srcs, harm, tdef, study_id, config_id)
+        if dest.exists():
+            old = dest.with_name(f".{dest.name}.replaced")
+            shutil.rmtree(old, ignore_errors=True)
+            dest.rename(old)
+            shutil.rmtree(old)
+        tmp.rename(dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    n_rounds = len(srcs)
+    return ImportResult(dest, tool_name, srcs[0].version, len(df), df["level"].nunique(), n_rounds, harm)
+
+
+def _rounds(srcs: list[Source]) -> list[tuple[Source, int]]:
+    seen: dict[tuple[str, int], int] = {}
+    out = []
+    for s in srcs:
+        r = seen.get(s.level, 0)
+        seen[s.level] = r + 1
+        out.append((s, r))
+    return out
+
+
+def _write(tmp: Path, df: pd.DataFrame, srcs: list[Source], harm: pd.DataFrame, tdef: Any, study: str,
+           config: str) -> None:
+    rf = RunFolder(tmp)
+    with JsonlWriter(tmp / RECORDS) as w:
+        for rec in df.to_dict("records"):
+            w.write({k: _clean(v) for k, v in rec.items()}, allow_nan=False)
+    with JsonlWriter(tmp / LEVELS) as w:
+        for (lvl, bucket, conc), g in df.groupby(["level", "bucket", "concurrency"], sort=True):
+            m = g[~g["warmup"].astype(bool)]
+            w.write({"level": int(lvl), "label": f"{bucket} c={int(conc)}", "status": "complete", "sent": int(len(m)),
+                     "failed": int((~m["ok"].astype(bool)).sum()), "rounds": int(m["round"].nunique()),
+                     "imported": True})
+    (tmp / SOURCE_DIR).mkdir()
+    files = []
+    for p in dict.fromkeys(s.path for s in srcs):
+        shutil.copy(p, tmp / SOURCE_DIR / p.name)
+        files.append({"name": p.name, "sha256": _sha256(p), "runs": sum(1 for s in srcs if s.path == p)})
+        beside = p.with_name(p.name.replace("profile_export.jsonl", "profile_export_aiperf.json"))
+        if srcs[0].tool == "aiperf" and beside.exists():
+            shutil.copy(beside, tmp / SOURCE_DIR / beside.name)
+    write_json(tmp / SOURCE_SUMMARY, [{"file": s.path.name, "round": r, "level": list(s.level), "tool": s.tool,
+                                       "version": s.version, "summary": s.summary} for s, r in _rounds(srcs)])
+    write_json(tmp / HARMONISED, {
+        "tool": tdef.tool, "name": tdef.name, "percentiles": tdef.percentiles,
+        "definitions": {f.field: {"label": f.label, "metric": f.metric, "stat": f.stat, "same": f.same,
+                                  "definition": f.definition, "why": f.why} for f in tdef.figures},
+        "servelab": dict(definitions().servelab),
+        "not_recomputable": dict(tdef.not_recomputable),
+        "rows": [{k: _clean(v) for k, v in r.items()} for r in harm.to_dict("records")]})
+    settings = next((s.settings for s in srcs if s.settings), {})
+    start = pd.to_numeric(df["start_s"], errors="coerce").min()
+    record: dict[str, Any] = {
+        "study": study, "config": config, "status": "running",
+        "started_at": pd.Timestamp(start, unit="s", tz="UTC").isoformat() if start and start > 1e9 else None,
+        "servelab": {"version": __version__},
+        "imported": {"tool": srcs[0].tool, "name": tdef.name, "version": srcs[0].version, "files": files,
+                     "imported_at": now_iso()},
+        "packages": {srcs[0].tool: srcs[0].version} if srcs[0].version else {},
+        "server": {"mode": "imported", "model": settings.get("model"), "urls": settings.get("urls")},
+        "model_name": settings.get("model"),
+        "workload": {"levels": sorted({f"{b} c={c}" for b, c in (s.level for s in srcs)})},
+    }
+    finalize(rf, record, status="complete", message=f"imported from {tdef.name}")

@@ -1,0 +1,87 @@
+"""`servelab compare`: two runs of the default study (recorded in tests/fixtures/compare/local-cpu:
+eager, its A/A repeats eager-again and eager-third, and n-gram speculative decoding, copied from
+reports/local-cpu/data at 833a9d7). Two starts of one setting say "no detectable change" on every
+level, as the study's own A/A verdicts do; n-gram against eager reports the change with its
+interval; what differs is listed first and the quality answers are compared."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+
+from paths import FIXTURES
+from servelab.analysis import verdicts as v
+from servelab.errors import UserError
+from servelab.report.lint import lint_html
+from servelab.results.compare import compare
+from servelab.results.pages import compare_page
+
+STUDY = FIXTURES / "compare" / "local-cpu"
+
+
+def _primary(pair):
+    return pair.verdicts[pair.verdicts["metric"] == v.PRIMARY].set_index("level")
+
+
+@pytest.mark.parametrize("repeat", ["eager-again", "eager-third"])
+def test_the_aa_says_no_detectable_change_on_every_level(repeat):
+    res = compare(STUDY / "eager", STUDY / repeat)
+    (p,) = res.pairs
+    assert p.aa and p.differences == []
+    rows = _primary(p)
+    assert sorted(rows.index) == ["code c=1", "code c=4", "rewrite c=1", "rewrite c=4"]
+    assert (rows["verdict"] == v.NO_CHANGE).all()
+    for r in rows.itertuples():
+        assert r.ci[0] < 0 < r.ci[1] and math.isfinite(r.mde)
+    # the variance between starts comes from the study's three eager starts, as in its own verdicts
+    assert p.between[v.PRIMARY]["source"] == "repeats"
+    assert p.between[v.PRIMARY]["starts"] == [["local-cpu:eager", "local-cpu:eager-again", "local-cpu:eager-third"]]
+    assert p.quality["identical"] == p.quality["total"] == 18
+
+
+def test_the_aa_agrees_with_the_studys_own_verdict():
+    """The study's verdicts.json (reports/local-cpu at 833a9d7): eager-again against eager,
+    rewrite c=1: +0.3 %, 95 % [-13.4 %, +16.1 %]."""
+    r = _primary(compare(STUDY / "eager", STUDY / "eager-again").pairs[0]).loc["rewrite c=1"]
+    assert r["effect"] == pytest.approx(0.003, abs=0.001)
+    assert r["ci"][0] == pytest.approx(-0.134, abs=0.001) and r["ci"][1] == pytest.approx(0.161, abs=0.001)
+
+
+def test_a_changed_configuration_is_reported_with_its_interval():
+    (p,) = compare(STUDY / "eager", STUDY / "ngram").pairs
+    assert not p.aa
+    assert [d[0] for d in p.differences][0] == "engine args.speculative-config.method"
+    assert ("engine args.speculative-config.method", None, "ngram") in p.differences
+    rows = _primary(p)
+    copy = rows.loc["rewrite c=1"]  # copy-heavy prompts: n-gram lookup finds its drafts
+    assert copy["verdict"] == v.FASTER and copy["ci"][0] > 0.25 and copy["effect"] > 1.0
+    assert rows.loc["code c=4", "verdict"] == v.SLOWER and rows.loc["code c=4", "ci"][1] < 0
+    assert p.quality["identical"] < p.quality["total"] and p.quality["first_divergence"]
+
+
+def test_two_study_folders_compare_configuration_by_configuration(tmp_path):
+    other = tmp_path / "rerun"
+    for c in ("eager", "ngram"):
+        shutil.copytree(STUDY / c, other / c)
+    res = compare(STUDY, other)
+    assert [(p.config_a, p.config_b) for p in res.pairs] == [("eager", "eager"), ("ngram", "ngram")]
+    # identical records: no change, and the starts of both studies are kept apart
+    for p in res.pairs:
+        rows = _primary(p)
+        assert (rows["verdict"] == v.NO_CHANGE).all() and rows["effect"].abs().max() < 1e-9
+
+
+def test_one_run_against_a_study_is_refused():
+    with pytest.raises(UserError, match="two run folders, or two study folders"):
+        compare(STUDY / "eager", STUDY)
+
+
+def test_the_page_renders_and_passes_the_report_lint(tmp_path):
+    res = compare(STUDY / "eager", STUDY / "ngram")
+    page = compare_page(res, tmp_path / "compare.html", "n-gram against eager")
+    html = page.read_text()
+    assert lint_html(page) == []
+    assert "speculative-config.method" in html and "faster" in html and "95 % interval" in html
+    assert "Quality check" in html and "<script" not in html

@@ -1,0 +1,97 @@
+"""Which tool wrote a file, and what a file that is none of them gets: one line naming the file and
+the formats expected (exit 2 at the command line), and nothing written.
+
+Fixtures (tests/fixtures/imports/README.md): files the tools wrote against this machine's vLLM CPU
+server (benchmarks/tools_study.py), and SGLang's bench_serving shape from tests/fixtures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from paths import FIXTURES, ROOT
+from servelab.results.formats import EXPECTED, ImportFormatError, detect, read
+
+IMPORTS = FIXTURES / "imports"
+FILES = {
+    "aiperf": IMPORTS / "aiperf-c1" / "profile_export.jsonl",
+    "guidellm": IMPORTS / "guidellm-c1.json",
+    "vllm-bench": IMPORTS / "vllm-bench-c4.json",
+    "sglang-bench": FIXTURES / "sglang_bench_serving.jsonl",
+}
+
+
+@pytest.mark.parametrize("tool", list(FILES))
+def test_each_tools_file_is_detected(tool):
+    assert detect(FILES[tool]) == tool
+
+
+def test_an_aiperf_artifact_folder_is_its_export():
+    assert detect(IMPORTS / "aiperf-c1") == "aiperf"
+
+
+@pytest.mark.parametrize("tool", list(FILES))
+def test_every_run_in_a_file_is_a_source_with_requests_and_figures(tool):
+    srcs = read(FILES[tool])
+    assert srcs and all(s.tool == tool and s.rows for s in srcs)
+    assert all(s.reported for s in srcs)  # the tool's own figures are there to compare with
+    assert all("ttfts" not in s.summary for s in srcs)  # the tool's summary without per-request lists
+
+
+def _truncated(tmp_path, src, name):
+    p = tmp_path / name
+    text = src.read_text()
+    p.write_text(text[: len(text) // 2])
+    return p
+
+
+@pytest.mark.parametrize("tool", ["guidellm", "vllm-bench", "aiperf"])
+def test_a_truncated_file_is_one_error_naming_it_and_the_formats(tmp_path, tool):
+    p = _truncated(tmp_path, FILES[tool], FILES[tool].name)
+    with pytest.raises(ImportFormatError) as e:
+        read(p)
+    msg = str(e.value)
+    assert msg.startswith(f"{p}: ") and "\n" not in msg
+    assert "truncated?" in msg and "expected" in msg
+
+
+def test_a_foreign_json_names_every_format_expected(tmp_path):
+    p = tmp_path / "foreign.json"
+    p.write_text(json.dumps({"hello": "world", "results": [1, 2, 3]}))
+    with pytest.raises(ImportFormatError) as e:
+        detect(p)
+    assert str(e.value) == f"{p}: no tool's result format recognised; expected one of: {EXPECTED}"
+
+
+def test_the_wrong_tool_says_which_format_it_found(tmp_path):
+    with pytest.raises(ImportFormatError, match="not aiperf's format \\(guidellm recognised\\)"):
+        read(FILES["guidellm"], "aiperf")
+
+
+def test_aiperfs_summary_alone_points_at_the_export_beside_it():
+    with pytest.raises(ImportFormatError, match="import the profile_export.jsonl beside it"):
+        read(IMPORTS / "aiperf-c1" / "profile_export_aiperf.json")
+
+
+def test_a_vllm_result_without_details_says_what_cannot_be_recomputed(tmp_path):
+    res = json.loads(FILES["vllm-bench"].read_text())
+    for k in ("ttfts", "itls", "input_lens", "output_lens", "latencies", "start_times", "errors", "generated_texts"):
+        res.pop(k, None)
+    p = tmp_path / "summary-only.json"
+    p.write_text(json.dumps(res))
+    with pytest.raises(ImportFormatError, match="--save-detailed.*none of TTFT, e2e, TPOT, ITL or tokens"):
+        read(p)
+
+
+def test_the_command_prints_one_line_exits_2_and_writes_nothing(tmp_path):
+    bad = _truncated(tmp_path, FILES["guidellm"], "benchmarks.json")
+    out = tmp_path / "run"
+    r = subprocess.run([sys.executable, "-m", "servelab.cli", "import", str(bad), "--out", str(out)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"servelab import: {bad}: not valid JSON") and "Traceback" not in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["benchmarks.json"]  # no run folder, no temporary folder
