@@ -106,3 +106,16 @@ def test_in_flight_and_aiperfs_figures_in_servelab_units():
     rep = aiperf_reported({"time_to_first_token": {"unit": "ms", "avg": 250.0, "p50": 200.0},
                            "output_token_throughput": {"unit": "tokens/sec", "avg": 99.7}})
     assert rep == {"time_to_first_token.avg": 0.25, "time_to_first_token.p50": 0.2, "output_token_throughput.avg": 99.7}
+
+
+def test_a_request_without_decode_time_explains_a_same_definition_difference():
+    """AIPerf counts a request whose whole output came in one chunk with an ITL of 0; servelab has no
+    TPOT for it (no decode time): the medians run over different requests (seen in the tools study)."""
+    tool = definitions().of("aiperf")
+    df = pd.DataFrame([_rec(), _rec(seq=1, e2e_s=0.7), _rec(seq=2, e2e_s=0.1)])  # the last: e2e = TTFT
+    rows = harmonised_rows(df, {("b", 1, 0): {"inter_token_latency.p50": 0.1}}, tool).set_index("field")
+    r = rows.loc["inter_token_latency.p50"]
+    assert r["servelab"] == pytest.approx(0.125) and r["same"] and not r["within"]  # median of 0.1 and 0.15
+    assert r["reason"].startswith("a request whose whole output came in one chunk")
+    assert r["reason"].endswith("(1 of 3 requests in this run)")
+    assert unexplained(rows.reset_index()).empty

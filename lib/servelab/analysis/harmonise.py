@@ -109,6 +109,15 @@ def recomputed(g: pd.DataFrame, metric: str, stat: str, method: str = "linear") 
     return statistic(_values(g, metric), "mean" if stat == "value" else stat, method)
 
 
+def _no_decode_time(g: pd.DataFrame) -> int:
+    """Successful requests of more than one token with no time after their first chunk: the whole output
+    came in one chunk (a client too busy to read the stream as it came), so decode tok/s is undefined."""
+    ok = g[g["ok"].astype(bool)]
+    out = pd.to_numeric(ok["output_tokens"], errors="coerce")
+    dt = pd.to_numeric(ok["e2e_s"], errors="coerce") - pd.to_numeric(ok["ttft_s"], errors="coerce")
+    return int(((out > 1) & (dt <= 0)).sum())
+
+
 def _diff_pct(tool_value: Any, ours: float) -> float:
     if tool_value is None or not math.isfinite(ours) or ours == 0:
         return math.nan
@@ -133,12 +142,17 @@ def harmonised_rows(df: pd.DataFrame, reported: Mapping[tuple[str, int, int], Ma
             tv = rep.get(f.field)
             d = _diff_pct(tv, ours)
             within = bool(math.isfinite(d) and abs(d) <= f.tolerance_pct) if tv is not None else None
+            stuck = _no_decode_time(g)
             if tv is None:
                 reason = "not in the tool's summary (no summary beside the file)" if not rep else "not reported"
             elif within:
                 reason = None
+            elif not f.same:
+                reason = f.why
+            elif f.no_decode_why and stuck:
+                reason = f"{f.no_decode_why} ({stuck} of {len(g)} requests in this run)"
             else:
-                reason = f.why if not f.same else "unexplained: the definitions are the same"
+                reason = "unexplained: the definitions are the same"
             rows.append({**base, "metric": f.metric, "field": f.field, "label": f.label, "stat": f.stat,
                          "tool_value": None if tv is None else float(tv), "servelab": ours,
                          "servelab_tool_stat": tool_stat, "diff_pct": d, "same": f.same, "within": within,
@@ -159,7 +173,7 @@ def unexplained(rows: pd.DataFrame) -> pd.DataFrame:
     """Rows whose difference exceeds the tolerance without a definitional reason."""
     if rows.empty:
         return rows
-    return rows[(rows["within"] == False) & (rows["same"] == True)]  # noqa: E712 (object columns)
+    return rows[rows["reason"].fillna("").str.startswith("unexplained")]
 
 
 __all__ = ["COLUMNS", "definitions", "drop_role_chunk", "harmonised_rows", "not_recomputable", "recompute_per_request",

@@ -140,10 +140,15 @@ def differences(a: RunFolder, b: RunFolder) -> list[tuple[str, Any, Any]]:
     ia, ib = (ra.get("imported") or {}).get("tool"), (rb.get("imported") or {}).get("tool")
     if ia != ib:
         out.append(("measured by", ia or "servelab", ib or "servelab"))
-    wa, wb = flatten(ra.get("workload") or {}), flatten(rb.get("workload") or {})
-    for k in sorted(set(wa) | set(wb)):
-        if wa.get(k) != wb.get(k):
-            out.append((f"workload {k}", wa.get(k), wb.get(k)))
+    if ia or ib:  # an imported run has the tool's workload, not servelab's: the levels are what compares
+        la, lb = sorted({r["label"] for r in a.levels}), sorted({r["label"] for r in b.levels})
+        if la != lb:
+            out.append(("levels", ", ".join(la), ", ".join(lb)))
+    else:
+        wa, wb = flatten(ra.get("workload") or {}), flatten(rb.get("workload") or {})
+        for k in sorted(set(wa) | set(wb)):
+            if wa.get(k) != wb.get(k):
+                out.append((f"workload {k}", wa.get(k), wb.get(k)))
     sva, svb = (ra.get("servelab") or {}).get("commit"), (rb.get("servelab") or {}).get("commit")
     if sva and svb and sva != svb:
         out.append(("servelab commit", sva[:10], svb[:10]))

@@ -172,7 +172,9 @@ def _read_guidellm(p: Path, obj: dict[str, Any], config: str, bucket: str | None
             for r in rows:
                 r.update(bucket=label, target_input_tokens=data["prompt_tokens"],
                          target_output_tokens=data["output_tokens"])
-        summary = {k: v for k, v in b.items() if k != "requests"}
+        metrics = {k: v for k, v in (b.get("metrics") or {}).items()
+                   if k not in ("text", "image", "video", "audio", "tool_call")}  # per-modality counts: in the file
+        summary = {**{k: v for k, v in b.items() if k not in ("requests", "metrics")}, "metrics": metrics}
         be = (b.get("config") or {}).get("backend") or {}
         out.append(Source("guidellm", version, p, rows, guidellm_reported(b), summary,
                           {"model": be.get("model"), "urls": [be.get("target")],

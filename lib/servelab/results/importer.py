@@ -126,6 +126,7 @@ def import_files(files: Sequence[str | Path], *, tool: str | None = None, out: s
     harm = harmonised_rows(df, reported, tdef)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.importing-", dir=dest.parent))
+    tmp.chmod(0o755)  # mkdtemp's folder is private; a run folder is not
     try:
         _write(tmp, df, srcs, harm, tdef, study_id, config_id)
         if dest.exists():

@@ -31,6 +31,8 @@ class Figure(Strict):
     same: bool = Field(..., description="true: the definition is servelab's, so the numbers must agree")
     why: str | None = Field(None, description="what differs from servelab's definition (required unless same)")
     tolerance_pct: float = Field(2.0, gt=0, description="a larger difference is flagged (same definitions)")
+    no_decode_why: str | None = Field(None, description="why the figure differs where a request had no decode time "
+                                      "(its whole output in one chunk): how the tool counts such a request")
 
     @model_validator(mode="after")
     def _check(self) -> "Figure":
