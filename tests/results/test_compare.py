@@ -85,3 +85,19 @@ def test_the_page_renders_and_passes_the_report_lint(tmp_path):
     assert lint_html(page) == []
     assert "speculative-config.method" in html and "faster" in html and "95 % interval" in html
     assert "Quality check" in html and "<script" not in html
+
+
+def test_the_command_prints_the_verdicts_and_writes_the_page(tmp_path):
+    import subprocess
+    import sys
+
+    from paths import ROOT
+
+    page = tmp_path / "aa.html"
+    r = subprocess.run([sys.executable, "-m", "servelab.cli", "compare", str(STUDY / "eager"), str(STUDY / "eager-again"),
+                        "--html", str(page)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].endswith("(A/A: one setting)") and lines[1] == "  nothing differs"
+    assert sum("no detectable change" in ln for ln in lines) == 4
+    assert lines[-1] == f"page: {page}" and page.exists()

@@ -95,3 +95,14 @@ def test_the_command_prints_one_line_exits_2_and_writes_nothing(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"servelab import: {bad}: not valid JSON") and "Traceback" not in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["benchmarks.json"]  # no run folder, no temporary folder
+
+
+def test_guidellms_yaml_report_reads_as_its_json(tmp_path):
+    import yaml
+
+    p = tmp_path / "benchmarks.yaml"
+    p.write_text(yaml.safe_dump(json.loads(FILES["guidellm"].read_text())))
+    a, b = read(FILES["guidellm"]), read(p)
+    assert detect(p) == "guidellm"
+    assert [r["ttft_s"] for r in a[0].rows] == [r["ttft_s"] for r in b[0].rows]
+    assert a[0].reported == b[0].reported
