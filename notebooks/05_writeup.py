@@ -78,8 +78,11 @@ why_text, why_figures = why.why_section(sd)  # surprises, and the law and knee o
 Markdown(f"{sec.anchor('why', w('section.why'), 3)}\n\n{why_text}")
 
 # %%
-for knob, points, knee in why_figures:
-    display(rh.figure(plots.effect_vs_knob(points, knob, knee, lang=sd.language), w("figure.effect_vs_knob")))
+for knob, points, knee in why_figures:  # a decode-time law (knee None), else the throughput sweep
+    if knee is None:
+        display(rh.figure(plots.time_law(points, knob, lang=sd.language), w("figure.time_law")))
+    else:
+        display(rh.figure(plots.effect_vs_knob(points, knob, knee, lang=sd.language), w("figure.effect_vs_knob")))
 
 # %%
 sets_text, sets_table = levels.prompt_set_table(sd)
@@ -196,7 +199,9 @@ if gpu_tables:
     display(Markdown(f"{sec.anchor('gpu', w('section.gpu'))}\n\n{gpu_text}"))
     for t in gpu_tables:
         display(t)
-    display(gpu.comparison_table(sd))
+    engines_table = gpu.comparison_table(sd)  # None with one engine
+    if engines_table is not None:
+        display(engines_table)
 
 # %%
 cost_text, cost_table = money.cost_section(sd)

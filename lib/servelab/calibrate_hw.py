@@ -134,16 +134,16 @@ def run_sweep(items: list[dict[str, Any]], engine: str, out_dir: Path, *, gpu: b
                     progress_line(f"calibrate-hw: {it['preset']} {it['mode']}: TPOT {pt['tpot_s'] * 1000:.3f} ms")
                 except Exception as e:  # noqa: BLE001
                     progress_line(f"calibrate-hw: {it['preset']} {it['mode']} not measured: {type(e).__name__}: {e}")
-        finally:
-            for _, eng in engines:
-                eng.stop()
+        finally:  # every server at once: one after another, each waiting out its grace, took minutes
+            with ThreadPoolExecutor(max_workers=len(engines)) as ex2:
+                list(ex2.map(lambda pair: pair[1].stop(grace_s=5.0), engines))
     return points
 
 
 def fit(points: list[dict[str, Any]], micro: dict[str, Any], engine: str) -> dict[str, Any]:
     """The engine's calibration: fixed costs per mode and kind (narrowest width), and on a CPU its own
     bandwidth from the two widths."""
-    from .analysis.perfmodel import fit_engine_bandwidth, fit_fixed_costs
+    from .analysis.calibration import fit_engine_bandwidth, fit_fixed_costs, fit_graph_costs
 
     out: dict[str, Any] = {}
     widths = sorted({p["width"] for p in points})
@@ -168,19 +168,51 @@ def fit(points: list[dict[str, Any]], micro: dict[str, Any], engine: str) -> dic
     for mode in sorted({p["mode"] for p in points}):
         per = {}
         for kind in sorted({p["kind"] for p in points}):
-            pts = [p for p in points if p["mode"] == mode and p["kind"] == kind and p["width"] == narrow]
-            if len({p["layers"] for p in pts}) >= 2:
-                per[kind] = fit_fixed_costs([{k: p[k] for k in ("layers", "tpot_s", "weight_bytes")} for p in pts], bw)
+            pts = [{k: p[k] for k in ("layers", "tpot_s", "weight_bytes")}
+                   for p in points if p["mode"] == mode and p["kind"] == kind and p["width"] == narrow]
+            if len({p["layers"] for p in pts}) < 2:
+                continue
+            shallow = [p for p in pts if p["layers"] <= 8]
+            per[kind] = fit_fixed_costs(shallow if len({p["layers"] for p in shallow}) >= 2 else pts, bw)
+            if mode == "graphs" and micro.get("device") == "cuda":  # the CPU side's floor, the GPU's costs
+                per[kind].update({k: v for k, v in fit_graph_costs(pts, bw).items() if k != "points"})
+                per[kind]["points"] = pts
         if per:
             out[mode] = per
     return out
+
+
+def merge(main: Path, other: Path) -> dict[str, Any]:
+    """One entry from two calibrations of the same machine (deeper models measured in a second
+    pass): the points of each engine, mode and kind pooled and fitted again; `other` removed."""
+    a, b = yaml.safe_load(main.read_text()), yaml.safe_load(other.read_text())
+    micro = {**a["micro"], "device": "cuda" if a["machine"]["kind"] == "gpu" else "cpu"}
+    for eng, modes in (b.get("engines") or {}).items():
+        pts = []
+        for src in (a, b):
+            for mode, per in ((src.get("engines") or {}).get(eng) or {}).items():
+                if isinstance(per, dict):
+                    for kind, c in per.items():
+                        if isinstance(c, dict):
+                            pts += [{**p, "mode": mode, "kind": kind, "width": 256} for p in c.get("points", [])]
+        seen, uniq = set(), []
+        for p in pts:
+            key = (p["mode"], p["kind"], p["layers"])
+            if key not in seen:
+                seen.add(key)
+                uniq.append(p)
+        a["engines"][eng] = {"version": (a["engines"].get(eng) or {}).get("version"), **fit(uniq, micro, eng)}
+    a["source"] += "; deeper calibration models: " + b["source"].split(": ", 1)[-1]
+    main.write_text(yaml.safe_dump(a, sort_keys=False, width=120), encoding="utf-8")
+    other.unlink()
+    return a
 
 
 def calibrate_hw(*, engine: str = "vllm", kinds: list[str] | None = None, widths: list[int] | None = None,
                  layers: list[int] | None = None, modes: list[str] | None = None, out: str | None = None,
                  cal_id: str | None = None, micro_only: bool = False, concurrent: int | None = None,
                  port_base: int = 8600, quick: bool = False) -> int:
-    from .analysis.perfmodel import CALIBRATIONS
+    from .analysis.calibration import CALIBRATIONS
     from .measure import hwbench
     from .paths import runs_root
 
@@ -245,4 +277,4 @@ def _engine_version(folder: Path) -> str | None:
     return None
 
 
-__all__ = ["calibrate_hw", "fit", "plan", "run_sweep"]
+__all__ = ["calibrate_hw", "fit", "merge", "plan", "run_sweep"]

@@ -29,16 +29,18 @@ def cmd_calibrate_hw(a: argparse.Namespace) -> int:
 
 def _machine_record(study: Any, hardware: str | None) -> tuple[dict[str, Any], str]:
     """A run record's machine fields for the prediction: the GPU named (or the study's), else this CPU."""
-    from .analysis.perfmodel import calibrations
+    from .analysis.calibration import calibrations
+
+    from .hosts import get as host_class
 
     name = hardware
-    if name is None and (study.device is not None or study.host.kind in ("attach", "aws-ecs", "aws-instance")):
+    if name is None and (study.device is not None or not host_class(study.host.kind).engine_here):
         gpus = [c for c in calibrations() if c["machine"]["kind"] == "gpu"]
         if not gpus:
             raise UserError("no GPU calibration entry (data/calibrations/): give --hardware or run calibrate-hw")
         name = gpus[-1]["machine"]["name"]
     if name and name.lower() != "cpu":
-        from .analysis.perfmodel import calibration_for
+        from .analysis.calibration import calibration_for
 
         entry, own = calibration_for("gpu", name)
         mem = (entry or {}).get("machine", {}).get("memory_bytes") if own else None

@@ -71,6 +71,7 @@ def followup_params(study_dir: Path, config: str, *, budget_s: float | None = No
         dev = out["device"]
         out["device"] = {k: dev[k] for k in ("gpus", "site") if k in dev} | {"lanes": [[c["id"] for c in confs]]}
     out.update(study=f"{sd.study.study}-explain-{config}", configurations=confs,
+               explains={"study": sd.study.study, "config": config},
                title=f"Why {config} surprised: one suspect at a time ({sd.study.study})",
                description=f"Follow-up sweeps of {sd.study.study}'s {config}: " + "; ".join(lines))
     if budget_s:

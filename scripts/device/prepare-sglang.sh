@@ -36,6 +36,9 @@ if [ -n "$(missing)" ]; then
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .gpu/sglang-override \
     transformers==5.12.1 tokenizers==0.22.2
 fi
+# the resolver may pick a newer release of a wheel that vLLM's set pins (anthropic, uvicorn): the listed
+# release, already downloaded with vLLM's wheels, is the one seen working beside SGLang 0.5.16
+for w in $(missing); do [ -f ".gpu/wheels/wheels/$w" ] && cp ".gpu/wheels/wheels/$w" .gpu/sglang-wheels/; done
 if [ -n "$(missing)" ]; then echo "still missing:"; missing; exit 1; fi
 
 # 3. nvidia-ml-py (pynvml, for servelab's GpuSampler) only if the device image lacks it

@@ -12,7 +12,8 @@ set -euo pipefail
 wt=$(cd "$(dirname "$0")/../.." && pwd)
 co=${1:?CHECKOUT}; study=${2:?STUDY}; hold=${3:?HOLD_S}; prompts=${4:-$wt/lib/servelab/data/prompts}
 grep -qx '/.gpu/' "$co/.git/info/exclude" 2>/dev/null || echo '/.gpu/' >> "$co/.git/info/exclude"
-rm -rf "$co/.gpu" && mkdir -p "$co/.gpu/bin" "$co/.gpu/code" "$co/.gpu/boot" "$co/.gpu/parts"
+rm -rf "$co/.gpu/bin" "$co/.gpu/code" "$co/.gpu/boot" "$co/.gpu/parts"  # never .gpu itself: CHECKOUT may be this worktree, whose .gpu holds the wheels
+mkdir -p "$co/.gpu/bin" "$co/.gpu/code" "$co/.gpu/boot" "$co/.gpu/parts"
 cp "$wt/scripts/device/step.sh" "$co/.gpu/bin/"
 (cd "$wt" && cp -r lib scripts params notebooks pyproject.toml "$co/.gpu/code/")
 find "$co/.gpu/code" -name __pycache__ -prune -exec rm -rf {} +

@@ -46,9 +46,9 @@ def test_the_knee_is_the_smallest_value_within_ten_percent():
 def test_the_levers_table_is_validated_like_params():
     assert load_levers().of("kv-cache-dtype").expect == "no_cost"
     with pytest.raises(ParamsError, match=r"did you mean 'page-size'"):
-        parse_levers({"levers": [{"flag": "kv-cache-dtype", "expect": "no_cost", "why": "w", "suspects": [
+        parse_levers({"levers": [{"flag": "kv-cache-dtype", "expect": "no_cost", "why": {"en": "w"}, "suspects": [
             {"knob": "page-sise", "engines": ["sglang"], "values": [1, 16], "why": "w"}]}]})
     with pytest.raises(ParamsError, match="unknown key"):
-        parse_levers({"levers": [{"flag": "x", "expect": "no_cost", "why": "w", "suspect": []}]})
+        parse_levers({"levers": [{"flag": "x", "expect": "no_cost", "why": {"en": "w"}, "suspect": []}]})
     with pytest.raises(ParamsError, match="expect"):
         parse_levers({"levers": [{"flag": "x", "expect": "maybe", "why": "w"}]})

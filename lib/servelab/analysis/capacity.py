@@ -107,7 +107,7 @@ def report_quantities(entry: Mapping[str, Any]) -> dict[str, Any]:
     return {"tpot_c1_s": entry["c1_tpot_s"], "tpot_cmax_s": tp.get(str(cmax)) if cmax > 1 else None, "cmax": cmax,
             "kv_concurrency": entry.get("kv_limited_concurrency"), "prefill_tps": entry.get("prefill_tok_s"),
             "capacity_rps": entry.get("capacity_rps"), "ttft_c1_s": entry.get("ttft_c1_s"),
-            "kinds": {"tpot_c1_s": k.get("c1_tpot_s"), "tpot_cmax_s": k.get("tpot_s"),
+            "kinds": {"tpot_c1_s": k.get("c1_tpot_s"), "tpot_cmax_s": k.get("tpot_s"), "ttft_c1_s": k.get("prefill_tok_s"),
                       "kv_concurrency": k.get("kv_limited_concurrency"), "prefill_tps": k.get("prefill_tok_s"),
                       "capacity_rps": k.get("capacity_rps")}}
 
@@ -138,11 +138,13 @@ def measurements(summary: pd.DataFrame, samples: pd.DataFrame | None, run: Mappi
     tokens of one request), the prefill rate (the TTFT fit's slope) and the capacity at SLO
     (the search's, else the best fixed-grid level that meets the SLO)."""
     nan = math.nan
-    out = {"tpot_c1_s": nan, "tpot_cmax_s": nan, "kv_concurrency": nan, "prefill_tps": nan, "capacity_rps": nan}
+    out = {"tpot_c1_s": nan, "tpot_cmax_s": nan, "ttft_c1_s": nan, "kv_concurrency": nan, "prefill_tps": nan,
+           "capacity_rps": nan}
     s = summary[summary["bucket"] == bucket] if summary is not None and not summary.empty else pd.DataFrame()
     if not s.empty:
         low = s.sort_values(["rate_rps", "concurrency"] if (s["rate_rps"] > 0).all() else ["concurrency"]).iloc[0]
         out["tpot_c1_s"] = float(low["tpot_p50_s"])
+        out["ttft_c1_s"] = float(low["ttft_p50_s"])
         closed = s[s["rate_rps"] <= 0] if "rate_rps" in s else s
         if len(closed) and int(closed["concurrency"].max()) > 1:
             top = closed.sort_values("concurrency").iloc[-1]

@@ -35,102 +35,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..engines.flags import get_flag
 from ..models.facts import kv_bytes_per_token
+from .calibration import Machine, machine_for
 from .roofline import decode_weight_bytes, prefill_matmul_params
 
 MODEL_VERSION = "perfmodel-1"
 FORMAT_VERSION = 1
-CALIBRATIONS = Path(__file__).resolve().parents[1] / "data" / "calibrations"
 KINDS = ("dense", "moe", "mla")
 ESTIMATE, BOUND = "estimate", "bound"
 
 
-# -- calibration entries -----------------------------------------------------------------------
-
-@cache
-def _load_dir(folder: str) -> tuple[dict[str, Any], ...]:
-    out = []
-    for p in sorted(Path(folder).glob("*.yaml")):
-        d = yaml.safe_load(p.read_text(encoding="utf-8"))
-        d.setdefault("id", p.stem)
-        out.append(d)
-    return tuple(out)
-
-
-def calibrations(folder: Path | str | None = None) -> list[dict[str, Any]]:
-    """Every calibration entry (`data/calibrations/*.yaml`), oldest first by measurement date."""
-    return sorted(_load_dir(str(folder or CALIBRATIONS)), key=lambda d: str(d.get("measured_at", "")))
-
-
-def _norm(s: str) -> str:
-    return " ".join(str(s).lower().replace("nvidia", "").replace("-", " ").replace("_", " ").split())
-
-
-def calibration_for(machine_kind: str, name: str | None, folder: Path | str | None = None) -> tuple[dict[str, Any] | None, bool]:
-    """The newest entry for this machine (`machine_kind` gpu/cpu, its name as nvidia-smi or the CPU
-    model gives it), and whether it is this machine's own kind; else the newest of the same kind
-    (False), else None."""
-    same = [c for c in calibrations(folder) if c["machine"]["kind"] == machine_kind]
-    exact = [c for c in same if name and (_norm(c["machine"]["name"]) == _norm(name)
-                                          or _norm(name) in _norm(c["machine"]["name"]))]
-    if exact:
-        return exact[-1], True
-    return (same[-1], False) if same else (None, False)
-
-
-# -- fitting the engine's fixed costs from calibration runs --------------------------------------
-
-def fit_fixed_costs(points: Sequence[Mapping[str, float]], bandwidth_Bps: float) -> dict[str, Any]:
-    """Per-layer and per-step cost of one kind and mode from calibration runs: `points` of
-    layers, tpot_s (median c=1) and weight_bytes (read per step); the weight time (bytes over
-    `bandwidth_Bps`) is taken off, the rest fitted as step + layers x layer by least squares."""
-    import numpy as np
-
-    xs = np.array([float(p["layers"]) for p in points])
-    ys = np.array([float(p["tpot_s"]) - float(p["weight_bytes"]) / bandwidth_Bps for p in points])
-    if len(set(xs)) < 2:
-        raise ValueError("fixed costs need calibration models of at least two depths")
-    b, a = np.polyfit(xs, ys, 1)
-    pred = a + b * xs
-    ss = float(((ys - ys.mean()) ** 2).sum())
-    r2 = 1.0 - float(((ys - pred) ** 2).sum()) / ss if ss > 0 else 1.0
-    return {"layer_s": float(max(b, 0.0)), "step_s": float(max(a, 0.0)), "r2": r2, "n": int(len(xs)),
-            "points": [dict(p) for p in points]}
-
-
-def fit_engine_bandwidth(narrow: Mapping[str, Any], wide: Mapping[str, Any], narrow_bytes_per_layer: float,
-                         wide_bytes_per_layer: float) -> float:
-    """The engine's own decode bandwidth from two calibration widths of one kind: the slopes of
-    time per step against layers differ by the wider layers' extra bytes over that bandwidth."""
-    extra = wide["layer_slope_s"] - narrow["layer_slope_s"]
-    if extra <= 0:
-        raise ValueError("the wider calibration models were not slower per layer: no bandwidth to fit")
-    return (wide_bytes_per_layer - narrow_bytes_per_layer) / extra
-
-
 # -- the model ----------------------------------------------------------------------------------
-
-def _interp_log(table: Mapping[str, float], x: float) -> float:
-    """A measured table (string keys of positive numbers) read at x, linear in log x, clamped."""
-    pts = sorted((float(k), float(v)) for k, v in table.items())
-    if not pts:
-        return math.nan
-    lx = math.log(max(x, 1e-9))
-    if lx <= math.log(pts[0][0]):
-        return pts[0][1]
-    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
-        if lx <= math.log(x1):
-            f = (lx - math.log(x0)) / (math.log(x1) - math.log(x0))
-            return y0 + f * (y1 - y0)
-    return pts[-1][1]
-
 
 def distinct_experts(E: float, k: float, tokens: float) -> float:
     """Expected distinct experts of E that `tokens` tokens touch, each routed to k of them uniformly
@@ -148,70 +67,6 @@ def layer_counts(facts: Mapping[str, Any]) -> dict[str, int]:
     if facts.get("attention") == "mla" or facts.get("kv_lora_rank"):
         return {k: v for k, v in (("mla", moe), ("mla_dense", n - moe)) if v}
     return {k: v for k, v in (("moe", moe), ("dense", n - moe)) if v}
-
-
-def _layer_cost(costs: Mapping[str, Any], kind: str) -> float | None:
-    if kind == "mla_dense":
-        parts = [_layer_cost(costs, k) for k in ("mla", "dense", "moe")]
-        return None if None in parts else max(0.0, parts[0] + parts[1] - parts[2])
-    c = costs.get(kind)
-    return float(c["layer_s"]) if c else None
-
-
-class Machine:
-    """The measured parameters the model uses, from one calibration entry (and, for another CPU
-    of the same kind, scaled by the probes of both machines)."""
-
-    def __init__(self, entry: Mapping[str, Any], *, own: bool = True, probe: Mapping[str, Any] | None = None,
-                 memory_bytes: float | None = None) -> None:
-        self.entry, self.own = dict(entry), own
-        self.kind = entry["machine"]["kind"]
-        micro = entry.get("micro") or {}
-        self.gemm = (micro.get("gemm_flops") or {})
-        self.decode_bw = dict(micro.get("decode_bandwidth_Bps") or {})
-        self.memory_bytes = memory_bytes or entry["machine"].get("memory_bytes")
-        self.scale_bw = self.scale_fixed = 1.0
-        cal_probe = entry.get("probe") or {}
-        if not own and probe and cal_probe:  # another CPU: its own copy bandwidth (the probe's matmul rate
-            # varies three-fold with a neighbour's load, so the fixed costs stay the calibration's)
-            self.scale_bw = float(probe["copy_bandwidth_Bps"]) / float(cal_probe["copy_bandwidth_Bps"])
-
-    @property
-    def label(self) -> str:
-        m = self.entry["machine"]
-        own = "" if self.own else " (another machine of its kind: its bandwidth scaled by this machine's copy probe)"
-        return f"{self.entry.get('id')}: {m['name']}, measured {str(self.entry.get('measured_at', ''))[:10]}{own}"
-
-    def bandwidth(self, engine: str, batch: float) -> tuple[float, str]:
-        eng = (self.entry.get("engines") or {}).get(engine) or {}
-        if eng.get("bandwidth_Bps"):
-            return float(eng["bandwidth_Bps"]) * self.scale_bw, f"{engine}'s own decode bandwidth (calibration widths)"
-        if self.decode_bw:
-            return _interp_log(self.decode_bw, batch) * self.scale_bw, f"bf16 GEMV bandwidth at batch {batch:g} (micro)"
-        raise KeyError("the calibration entry has no bandwidth")
-
-    def flops(self, precision: str, rows: float) -> tuple[float, str]:
-        table = self.gemm.get(precision) or self.gemm.get("bf16") or {}
-        if not table:
-            return math.nan, "no GEMM throughput measured"
-        used = precision if self.gemm.get(precision) else "bf16"
-        return _interp_log(table, rows) / self.scale_fixed, f"{used} GEMM at {rows:g} rows (micro)"
-
-    def fixed(self, engine: str, mode: str, counts: Mapping[str, int]) -> tuple[float | None, str, bool]:
-        """(step + layer costs, where from, whether it is the engine's own calibration in this mode)."""
-        engines = self.entry.get("engines") or {}
-        for eng, md, own in ((engine, mode, True), ("vllm", mode, False), (engine, "eager", False),
-                             ("vllm", "eager", False)):
-            costs = (engines.get(eng) or {}).get(md)
-            if not costs:
-                continue
-            layers = [_layer_cost(costs, k) for k in counts]
-            if None in layers:
-                continue
-            step = max(float(c.get("step_s", 0.0)) for c in costs.values() if isinstance(c, Mapping) and "step_s" in c)
-            total = step + sum(n * c for n, c in zip(counts.values(), layers))
-            return total * self.scale_fixed, f"{eng} {md} fixed costs ({', '.join(counts)} layers)", own
-        return None, "no fixed costs calibrated for these layer kinds", False
 
 
 def mode_of(engine: str, args: Mapping[str, Any], kind: str) -> str:
@@ -244,9 +99,12 @@ def step_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], *, b
     if prefill_tokens:
         f_pre, _ = m.flops(prec, prefill_tokens)
         t_cmp += prefill_flops(facts, prefill_tokens) / n_gpus / f_pre
-    fixed, _, _ = m.fixed(engine, mode, layer_counts(facts))
-    return {"memory_s": t_mem, "compute_s": t_cmp, "fixed_s": fixed or 0.0,
-            "total_s": max(t_mem, t_cmp) + (fixed or 0.0)}
+    cpu, gpu, _, _ = m.fixed(engine, mode, layer_counts(facts))
+    if m.kind == "cpu":  # the CPU engine computes on the cores that also run its steps: everything adds up
+        total = max(t_mem, t_cmp) + (cpu or 0.0) + gpu
+    else:  # the GPU runs its kernels while the CPU side prepares the next step: the longer of the two
+        total = max(cpu or 0.0, max(t_mem, t_cmp) + gpu)
+    return {"memory_s": t_mem, "compute_s": t_cmp, "cpu_s": cpu or 0.0, "gpu_fixed_s": gpu, "total_s": total}
 
 
 def prefill_flops(facts: Mapping[str, Any], n: float) -> float:
@@ -259,10 +117,12 @@ def prefill_flops(facts: Mapping[str, Any], n: float) -> float:
 def prefill_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n: float, n_gpus: int = 1) -> float:
     bw, _ = m.bandwidth(engine, n)
     f, _ = m.flops(_precision(facts), n)
-    fixed, _, _ = m.fixed(engine, mode, layer_counts(facts))
+    cpu, gpu, _, _ = m.fixed(engine, mode, layer_counts(facts))
     t_mem = weight_bytes(facts, n) / n_gpus / bw
     t_cmp = prefill_flops(facts, n) / n_gpus / f if f == f else 0.0
-    return max(t_mem, t_cmp) + (fixed or 0.0)
+    if m.kind == "cpu":
+        return max(t_mem, t_cmp) + (cpu or 0.0) + gpu
+    return max(cpu or 0.0, max(t_mem, t_cmp) + gpu)
 
 
 def tpot(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], c: int, n_in: float, n_out: float,
@@ -318,7 +178,7 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
     kv_dtype = str(get_flag(args, "kv-cache-dtype") or "auto")
     kv_dtype = "auto" if kv_dtype in ("auto", "bfloat16", "bf16") else kv_dtype
     kv_bpt = float(kv_bytes_per_token(facts, kv_dtype, n_gpus))
-    fixed, fixed_src, own_fixed = m.fixed(engine, mode, counts)
+    fixed, gpu_fixed, fixed_src, own_fixed = m.fixed(engine, mode, counts)
     n_in, n_out = float(input_tokens), float(output_tokens)
     kind = ESTIMATE if (own_fixed and n_gpus == 1 and not speculative and fixed is not None) else BOUND
     kind = kind if m.own else BOUND
@@ -342,7 +202,9 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
         {"name": "hardware", "value": m.label, "source": (m.entry.get("source") or "")},
         {"name": "decode bandwidth at batch 1 (B/s)", "value": bw1, "source": bw_src},
         {"name": f"GEMM FLOP/s at {n_in:g} rows", "value": f_pre, "source": f_src},
-        {"name": "fixed cost per decode step (s)", "value": fixed, "source": fixed_src},
+        {"name": "engine CPU side per decode step (s)", "value": fixed, "source": fixed_src},
+        {"name": "GPU fixed time per decode step (s)", "value": gpu_fixed,
+         "source": "CUDA-graph calibration models deep enough to rise above the CPU side's floor"},
         {"name": "layers by kind", "value": counts, "source": "model facts (config.json)"},
         {"name": "weight bytes read at c=1", "value": weight_bytes(facts, 1) / n_gpus,
          "source": "model facts: non-expert weights + the experts one token touches"},
@@ -357,7 +219,8 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
         "c1_tpot_s": tp["1"], "tpot_s": tp, "ttft_c1_s": t_pre, "prefill_tok_s": n_in / t_pre if t_pre > 0 else math.nan,
         "kv_tokens": kv_tok, "kv_from": kv_from, "kv_limited_concurrency": c_kv,
         "max_num_seqs": int(seqs) if seqs else None, **cap,
-        "kinds": {"c1_tpot_s": kind, "tpot_s": kind, "prefill_tok_s": ESTIMATE if kind == ESTIMATE else BOUND,
+        # prefill: the GEMM micro-benchmark's throughput, not the engine's (its prefill is not calibrated): a bound
+        "kinds": {"c1_tpot_s": kind, "tpot_s": kind, "prefill_tok_s": BOUND,
                   "kv_limited_concurrency": BOUND if "upper bound" in kv_from else ESTIMATE, "capacity_rps": kind},
         "bound_because": why_bound, "inputs": inputs,
     }
@@ -393,42 +256,6 @@ def identical_requests(workload: Any) -> bool:
     seed. Such requests emit the same token at every step, so a batch of them routes as one token."""
     filler = all(b.source == "filler" and not b.shared_prefix and not b.prefix_reuse for b in workload.buckets)
     return bool(filler and (float(workload.temperature or 0) == 0 or workload.seed is not None))
-
-
-def machine_for(run: Mapping[str, Any], folder: Path | str | None = None) -> tuple[Machine | None, str]:
-    """The calibrated machine of a run record (its GPUs, else the CPU it measured), or None and why."""
-    gpus = run.get("gpus_used") or (run.get("client_host") or {}).get("gpus") or []
-    if gpus:
-        entry, own = calibration_for("gpu", gpus[0].get("name"), folder)
-        mib = str(gpus[0].get("memory") or "").split()
-        mem = float(mib[0]) * 2**20 if mib and mib[0].replace(".", "").isdigit() else None  # nvidia-smi "143771 MiB"
-        if entry is None:
-            return None, f"no calibration entry for a GPU ({gpus[0].get('name')}): run servelab calibrate-hw there"
-        if not own:
-            return None, f"no calibration entry for {gpus[0].get('name')} (have {entry['machine']['name']})"
-        return Machine(entry, own=True, memory_bytes=mem), ""
-    probe = run.get("hardware_measured")
-    if probe:
-        entry, own = calibration_for("cpu", probe.get("cpu_model"), folder)
-        if entry is None:
-            return None, "no calibration entry for a CPU: run servelab calibrate-hw"
-        return Machine(entry, own=own and _same_cpu(entry, probe), probe=probe), ""
-    return None, "the hardware is unknown (no GPU reported, no CPU probe)"
-
-
-def _same_cpu(entry: Mapping[str, Any], probe: Mapping[str, Any]) -> bool:
-    """The calibration's CPU is this one: the same cores and the same signature (family, model and
-    bf16 instruction sets: two machine types here share the name 'AMD EPYC' and differ two-fold), or,
-    for a probe without a signature, a copy bandwidth within 25 %."""
-    cal = entry.get("probe") or {}
-    if not cal:
-        return True
-    if cal.get("cpu_count") != probe.get("cpu_count"):
-        return False
-    if cal.get("cpu_signature") and probe.get("cpu_signature"):
-        return cal["cpu_signature"] == probe["cpu_signature"]
-    ratio = float(probe["copy_bandwidth_Bps"]) / float(cal["copy_bandwidth_Bps"])
-    return bool(0.8 <= ratio <= 1.25)
 
 
 def predict_configuration(run: Mapping[str, Any], workload: Any, slo: Mapping[str, Any] | None,
@@ -499,6 +326,5 @@ def _roofline_bounds(run: Mapping[str, Any], slo: Mapping[str, Any] | None, leng
     return per
 
 
-__all__ = ["BOUND", "CALIBRATIONS", "ESTIMATE", "KINDS", "MODEL_VERSION", "Machine", "calibration_for",
-           "calibrations", "distinct_experts", "identical_requests", "machine_for", "predict_configuration", "fit_engine_bandwidth", "fit_fixed_costs", "layer_counts", "mode_of",
-           "predict", "prefill_time", "step_time", "tpot"]
+__all__ = ["BOUND", "ESTIMATE", "KINDS", "MODEL_VERSION", "distinct_experts", "identical_requests", "layer_counts",
+           "mode_of", "predict", "predict_configuration", "prefill_time", "step_time", "tpot"]

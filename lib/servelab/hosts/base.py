@@ -38,6 +38,8 @@ class Host:
     side_by_side = False
     #: what the cost section prices: "local" (nothing billed), "instance" (hours), "endpoint" (tokens)
     cost_basis = "local"
+    #: the engine runs on this machine's own hardware (a prediction's machine is this CPU)
+    engine_here = False
 
     def __init__(self, study: Study) -> None:
         self.study = study

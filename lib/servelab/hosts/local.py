@@ -30,6 +30,7 @@ class LocalHost(Host):
     kinds = ("local",)
     launches_engine = True
     side_by_side = True
+    engine_here = True
 
     def _provision(self, config_id: str, rdir: Path, engine: EngineParams) -> dict[str, Any]:
         return {"model_dir": model_dir_for(engine)}

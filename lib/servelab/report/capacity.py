@@ -16,10 +16,9 @@ from ..runfolder import read_json
 from . import html as rh
 from .diagnosis import prefill_fits
 from .load import StudyData
-from .progress import tune_value
 
-QUANTITIES = ("tpot_c1_s", "tpot_cmax_s", "kv_concurrency", "prefill_tps", "capacity_rps")
-SCALE = {"tpot_c1_s": 1000.0, "tpot_cmax_s": 1000.0}
+QUANTITIES = ("tpot_c1_s", "tpot_cmax_s", "ttft_c1_s", "kv_concurrency", "prefill_tps", "capacity_rps")
+SCALE = {"tpot_c1_s": 1000.0, "tpot_cmax_s": 1000.0, "ttft_c1_s": 1000.0}
 
 
 def _sig(v: Any) -> str:
@@ -143,6 +142,29 @@ def prediction_frame(sd: StudyData) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def prediction_headline(sd: StudyData) -> str:
+    """One sentence for the headline when predictions were stored before measurement: each
+    configuration's c=1 TPOT (and TPOT at its highest concurrency) predicted against measured; ""
+    when none was stored."""
+    f = prediction_frame(sd)
+    if f.empty:
+        return ""
+    f = f[(f["source"] == "stored") & f["quantity"].isin(["tpot_c1_s", "tpot_cmax_s"])]
+    parts, lab = [], sd.labels()
+    for cid, g in f.groupby("config", sort=False):
+        bits = []
+        for r in g.itertuples():
+            if not (isinstance(r.measured, float) and math.isfinite(r.measured)) or not r.predicted:
+                continue
+            c = 1 if r.quantity == "tpot_c1_s" else r.cmax
+            bits.append(sd.w("capacity.head_bit", c=c, p=_sig(r.predicted * 1000), m=_sig(r.measured * 1000),
+                             err=f"{r.error_pct:+.0f}"))
+        if bits:
+            kind = sd.w(f"capacity.kind.{g['kind'].iloc[0]}") if g["kind"].iloc[0] in ("estimate", "bound") else ""
+            parts.append(sd.w("capacity.head_config", label=lab.get(cid, cid), bits="; ".join(bits), kind=kind))
+    return sd.w("capacity.head", configs=" ".join(parts)) if parts else ""
+
+
 def prediction_section(sd: StudyData) -> tuple[str, Any, str]:
     """(text, table, evidence sentences) of the prediction against the measurement."""
     f = prediction_frame(sd)
@@ -175,6 +197,15 @@ def prediction_section(sd: StudyData) -> tuple[str, Any, str]:
         for key, vals in symptom_evidence(pred, meas):
             ev.append(sd.w(f"capacity.evidence.{key}", label=labels.get(cid, cid), **vals))
     return sd.w("capacity.predict_text"), t, "\n\n".join(ev) or sd.w("capacity.evidence.none")
+
+
+def tune_value(sd: StudyData, objective: str, v: float) -> str:
+    """A tune objective's value with its unit: capacity in req/s (or requests in flight on the
+    concurrency axis), goodput and decode speed in tok/s."""
+    if objective == "capacity":
+        axis = getattr(getattr(sd.study, "capacity", None), "axis", "rate")
+        return sd.w("capacity.unit_rate" if axis == "rate" else "capacity.unit_conc", x=f"{v:.3g}")
+    return f"{v:.3g} tok/s"
 
 
 def tune_record(sd: StudyData) -> dict[str, Any] | None:

@@ -17,7 +17,7 @@ from ..analysis.roofline import get_hardware, local_cpu_entry, roofline_efficien
 from ..engines import get as engine_profile
 from . import html as rh
 from .load import StudyData, baselines, engine_gpus
-from .sections import dash_note, num, pct
+from .fmt import dash_note, num, pct
 
 
 def _cached(sd: StudyData, key: str, make: Any) -> Any:

@@ -60,10 +60,14 @@ def cost_sentence(sd: StudyData) -> str:
     """The headline's cost sentence: the best configuration's $ per 1M output tokens against the
     managed API, with the seed's published ratio beside it where the study reproduces a seed."""
     t, kind = cost_rows(sd)
-    if kind != "instance" or t.empty or "managed_usd_per_m_output" not in t:
+    if kind != "instance" or t.empty:
         return sd.w("headline.cost_local")
     r = t.loc[t["aggregate_output_tps"].idxmax()]
     price = study_price(sd.study, use_api=False)
+    if "managed_usd_per_m_output" not in t:  # priced, with no managed API named to hold it against
+        return sd.w("headline.cost_unmanaged", label=sd.labels().get(r["config"], r["config"]),
+                    usd=f"{r['usd_per_m_output']:,.2f}",
+                    instance=f"{price.instance_type} ({r['gpu_share'] or sd.w('cost.whole_instance')})")
     ratio = r["usd_per_m_output"] / r["managed_usd_per_m_output"] if r["managed_usd_per_m_output"] else math.nan
     return sd.w("headline.cost", label=sd.labels().get(r["config"], r["config"]), usd=f"{r['usd_per_m_output']:,.2f}",
                 instance=f"{price.instance_type} ({r['gpu_share'] or sd.w('cost.whole_instance')})", managed=r["managed"],

@@ -301,3 +301,27 @@ def effect_vs_knob(points: pd.DataFrame, knob: str, knee: Mapping[str, float] | 
         names.append(L["knee"])
     _legend_below(fig, handles, names)
     return _finish(fig, len(names))
+
+
+def time_law(law: Mapping[str, Any], knob: str, lang: str = "en") -> plt.Figure:
+    """c=1 decode time against a knob's value: the measured points and the least-squares line with
+    its slope's 95 % interval as a band (`report.why.time_law`)."""
+    import numpy as np
+
+    L = _labels(lang)
+    xs = np.array([p[0] for p in law["points"]], dtype=float)
+    ys = np.array([p[1] for p in law["points"]], dtype=float) * 1000
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    grid = np.linspace(0, xs.max() * 1.05, 50)
+    a = law["intercept"] * 1000
+    lo, hi = (s * 1000 for s in law["slope_ci"])
+    ax.fill_between(grid, a + lo * grid, a + hi * grid, color=PALETTE[0], alpha=0.15, lw=0)
+    line, = ax.plot(grid, a + law["slope"] * 1000 * grid, color=PALETTE[0], lw=1.2)
+    dots, = ax.plot(xs, ys, "o", color=PALETTE[1], ms=5)
+    ax.set_xlabel(knob, fontsize=8)
+    ax.set_ylabel(L["tpot_c1_ms"])
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    _legend_below(fig, [dots, line], [L["measured"], L["fit"]])
+    return _finish(fig, 2)

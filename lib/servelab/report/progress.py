@@ -281,6 +281,15 @@ def headline(sd: StudyData) -> str:
     out.append(sd.w("story.fastest", label=lab.get(best["config"], best["config"]),
                     peak=num(best["aggregate_output_tps"], 0), bucket=best["bucket"],
                     inflight=in_flight(sd, best["concurrency"], best["config"], best["bucket"])) + " " + link(sd, "results"))
+    from .capacity import prediction_headline
+    from .why import headline as why_headline
+
+    why = why_headline(sd)
+    if why:
+        out.append(why + " " + link(sd, "why"))
+    pred = prediction_headline(sd)
+    if pred:
+        out.append(pred + " " + link(sd, "prediction"))
     tune = _tune_sentence(sd)
     if tune:
         out.append(tune + " " + link(sd, "tune"))
@@ -322,19 +331,12 @@ def _tune_sentence(sd: StudyData) -> str:
     fin = t.get("final") or {}
     if not fin:
         return ""
+    from .capacity import tune_value
+
     n = {k: sum(1 for x in t.get("steps", []) if x.get("verdict") == k) for k in ("kept", "rejected", "failed")}
     return sd.w("story.tune", final=sd.labels().get(fin["config"], fin["config"]),
                 objective=sd.w(f"tune.objective.{t['objective']}"), value=tune_value(sd, t["objective"], fin["objective"]),
                 gain=fin.get("gain_pct") or 0.0, **n)
-
-
-def tune_value(sd: StudyData, objective: str, v: float) -> str:
-    """A tune objective's value with its unit: capacity in req/s (or requests in flight on the
-    concurrency axis), goodput and decode speed in tok/s."""
-    if objective == "capacity":
-        axis = getattr(getattr(sd.study, "capacity", None), "axis", "rate")
-        return sd.w("capacity.unit_rate" if axis == "rate" else "capacity.unit_conc", x=f"{v:.3g}")
-    return f"{v:.3g} tok/s"
 
 
 def _saturation_sentence(sd: StudyData, best_config: str) -> str:

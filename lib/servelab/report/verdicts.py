@@ -128,12 +128,12 @@ def verdict_table(sd: StudyData) -> Any:
         out.append([f"{lab.get(x.baseline, x.baseline)} → {lab.get(x.configuration, x.configuration)}"
                     + (" (A/A)" if x.aa else ""), x.level, pct(_p(x.effect)),
                     sd.w("story.range", lo=pct(_p(ci[0])), hi=pct(_p(ci[1]))), f"±{num(_p(x.mde), 0)} %",
-                    sd.w(f"verdict.{_vkey(x.verdict)}"),
+                    sd.w(f"verdict.{verdict_key(x.verdict)}"),
                     sd.w("verdicts.rounds", n=int(x.rounds or 0), b=int(x.baseline_rounds or 0),
                          s=int(x.starts or 0), bs=int(x.baseline_starts or 0)),
                     sd.w(f"verdicts.stopped.{x.stopped}") if isinstance(x.stopped, str) else rh.MISSING,
                     _to_target(sd, x),
-                    rh.MISSING if t is None else f"{pct(_p(t['effect']))} ({sd.w('verdict.' + _vkey(t['verdict']))})"])
+                    rh.MISSING if t is None else f"{pct(_p(t['effect']))} ({sd.w('verdict.' + verdict_key(t['verdict']))})"])
     return rh.table(pd.DataFrame(out, columns=cols), sd.w("verdicts.caption"),
                     notes={rh.MISSING: sd.w("verdicts.dash")})
 
@@ -183,5 +183,5 @@ def _p(x: Any) -> float:
         return math.nan
 
 
-def _vkey(verdict: Any) -> str:
+def verdict_key(verdict: Any) -> str:
     return {v.FASTER: "faster", v.SLOWER: "slower", v.NO_CHANGE: "none"}.get(verdict, "undetermined")

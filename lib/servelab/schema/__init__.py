@@ -47,6 +47,13 @@ class Design(Strict):
         "by a separate A/A experiment; used only when the study repeats no start itself")
 
 
+class Explains(Strict):
+    """What a follow-up study explains (`servelab explain`): a published study and its configuration."""
+
+    study: str = Field(..., description="the published study (reports/<study>)")
+    config: str = Field(..., description="its configuration whose change surprised")
+
+
 class Study(Strict):
     @model_validator(mode="before")
     @classmethod
@@ -72,6 +79,8 @@ class Study(Strict):
     cost: CostParams | None = Field(None, description="prices and cost model for the write-up")
     configurations: list[Configuration] = Field(..., min_length=1, description="ordered, one change at a time")
     device: DeviceParams | None = Field(None, description="how the study runs on the GPU device machine")
+    explains: Explains | None = Field(None, description="a follow-up study: the published study and configuration "
+                                                       "whose surprise it explains (the Why section reads its reference)")
     quality: QualityParams = Field(default_factory=QualityParams,
                                    description="the output check after each configuration (measure.quality)")
     capacity: CapacityParams | None = Field(

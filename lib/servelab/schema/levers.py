@@ -56,7 +56,10 @@ class Lever(Strict):
     flag: str = Field(..., description="the engine flag a configuration changes (its args key)")
     expect: Literal["no_cost", "faster"] = Field(..., description="no_cost: should not cost throughput; "
                                                  "faster: should raise it")
-    why: str = Field(..., description="why that is expected")
+    why: dict[Literal["en", "ja"], str] = Field(..., description="why that is expected, in each report language")
+
+    def why_in(self, language: str) -> str:
+        return self.why.get(language) or self.why["en"]
     suspects: list[Suspect] = Field(default_factory=list, description="knobs to sweep when it surprises")
     fixes: list[Fix] = Field(default_factory=list, description="settings to try when it surprises")
 

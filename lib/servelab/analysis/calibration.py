@@ -1,0 +1,236 @@
+"""Calibration entries of the performance model (`analysis.perfmodel`): the dated measurements of a
+machine in `data/calibrations/` (written by `servelab calibrate-hw`), the fits that turn calibration
+runs into an engine's costs, and `Machine`, what the model reads of an entry (bandwidth by batch, GEMM
+throughput by rows, the engine's CPU-side and GPU fixed costs per step). No I/O but reading the
+entries; not for the model's arithmetic (`perfmodel`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CALIBRATIONS = Path(__file__).resolve().parents[1] / "data" / "calibrations"
+
+
+@cache
+def _load_dir(folder: str) -> tuple[dict[str, Any], ...]:
+    out = []
+    for p in sorted(Path(folder).glob("*.yaml")):
+        d = yaml.safe_load(p.read_text(encoding="utf-8"))
+        d.setdefault("id", p.stem)
+        out.append(d)
+    return tuple(out)
+
+
+def calibrations(folder: Path | str | None = None) -> list[dict[str, Any]]:
+    """Every calibration entry (`data/calibrations/*.yaml`), oldest first by measurement date."""
+    return sorted(_load_dir(str(folder or CALIBRATIONS)), key=lambda d: str(d.get("measured_at", "")))
+
+
+def _norm(s: str) -> str:
+    return " ".join(str(s).lower().replace("nvidia", "").replace("-", " ").replace("_", " ").split())
+
+
+def calibration_for(machine_kind: str, name: str | None, folder: Path | str | None = None) -> tuple[dict[str, Any] | None, bool]:
+    """The newest entry for this machine (`machine_kind` gpu/cpu, its name as nvidia-smi or the CPU
+    model gives it), and whether it is this machine's own kind; else the newest of the same kind
+    (False), else None."""
+    same = [c for c in calibrations(folder) if c["machine"]["kind"] == machine_kind]
+    exact = [c for c in same if name and (_norm(c["machine"]["name"]) == _norm(name)
+                                          or _norm(name) in _norm(c["machine"]["name"]))]
+    if exact:
+        return exact[-1], True
+    return (same[-1], False) if same else (None, False)
+
+
+# -- fitting the engine's fixed costs from calibration runs --------------------------------------
+
+def fit_fixed_costs(points: Sequence[Mapping[str, float]], bandwidth_Bps: float) -> dict[str, Any]:
+    """Per-layer and per-step cost of one kind and mode from calibration runs: `points` of
+    layers, tpot_s (median c=1) and weight_bytes (read per step); the weight time (bytes over
+    `bandwidth_Bps`) is taken off, the rest fitted as step + layers x layer by least squares."""
+    import numpy as np
+
+    xs = np.array([float(p["layers"]) for p in points])
+    ys = np.array([float(p["tpot_s"]) - float(p["weight_bytes"]) / bandwidth_Bps for p in points])
+    if len(set(xs)) < 2:
+        raise ValueError("fixed costs need calibration models of at least two depths")
+    b, a = np.polyfit(xs, ys, 1)
+    pred = a + b * xs
+    ss = float(((ys - ys.mean()) ** 2).sum())
+    r2 = 1.0 - float(((ys - pred) ** 2).sum()) / ss if ss > 0 else 1.0
+    return {"layer_s": float(max(b, 0.0)), "step_s": float(max(a, 0.0)), "r2": r2, "n": int(len(xs)),
+            "points": [dict(p) for p in points]}
+
+
+def fit_graph_costs(points: Sequence[Mapping[str, float]], bandwidth_Bps: float, shallow_max: int = 8) -> dict[str, Any]:
+    """CUDA-graph costs of one kind from calibration models of several depths. The engine's CPU side
+    (scheduling, sampling, streaming) puts a floor under every step: the models shallow enough to
+    sit on it (<= `shallow_max` layers) give it (their median TPOT). The deepest model gives the GPU's
+    cost per layer: its TPOT less its weights' time over its layers when it rose above the floor (by
+    more than 10 %), else its TPOT over its layers, an upper bound (its GPU time stayed under the
+    floor). The floor moves with the host's load (1.9-2.5 ms in one hold), so a middle depth is not
+    trusted to have risen above it."""
+    import statistics
+
+    shallow = [p for p in points if p["layers"] <= shallow_max]
+    floor = statistics.median(float(p["tpot_s"]) for p in shallow) if shallow else 0.0
+    out: dict[str, Any] = {"floor_s": floor}
+    deep = [p for p in points if p["layers"] > shallow_max]
+    if deep:
+        q = max(deep, key=lambda p: p["layers"])
+        above = float(q["tpot_s"]) > 1.1 * floor
+        t = float(q["tpot_s"]) - (float(q["weight_bytes"]) / bandwidth_Bps if above else 0.0)
+        out.update(gpu_layer_s=t / float(q["layers"]), gpu_step_s=0.0,
+                   gpu_layer_rule=(f"the deepest model ({q['layers']} layers) above the floor" if above else
+                                   f"an upper bound: the deepest model ({q['layers']} layers) stayed on the floor"))
+    return out
+
+
+def fit_engine_bandwidth(narrow: Mapping[str, Any], wide: Mapping[str, Any], narrow_bytes_per_layer: float,
+                         wide_bytes_per_layer: float) -> float:
+    """The engine's own decode bandwidth from two calibration widths of one kind: the slopes of
+    time per step against layers differ by the wider layers' extra bytes over that bandwidth."""
+    extra = wide["layer_slope_s"] - narrow["layer_slope_s"]
+    if extra <= 0:
+        raise ValueError("the wider calibration models were not slower per layer: no bandwidth to fit")
+    return (wide_bytes_per_layer - narrow_bytes_per_layer) / extra
+
+
+def _interp_log(table: Mapping[str, float], x: float) -> float:
+    """A measured table (string keys of positive numbers) read at x, linear in log x, clamped."""
+    pts = sorted((float(k), float(v)) for k, v in table.items())
+    if not pts:
+        return math.nan
+    lx = math.log(max(x, 1e-9))
+    if lx <= math.log(pts[0][0]):
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if lx <= math.log(x1):
+            f = (lx - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return y0 + f * (y1 - y0)
+    return pts[-1][1]
+
+
+def _layer_cost(costs: Mapping[str, Any], kind: str, key: str = "layer_s") -> float | None:
+    if kind == "mla_dense":
+        parts = [_layer_cost(costs, k, key) for k in ("mla", "dense", "moe")]
+        return None if None in parts else max(0.0, parts[0] + parts[1] - parts[2])
+    c = costs.get(kind)
+    return float(c[key]) if c and key in c else None
+
+
+class Machine:
+    """The measured parameters the model uses, from one calibration entry (and, for another CPU
+    of the same kind, scaled by the probes of both machines)."""
+
+    def __init__(self, entry: Mapping[str, Any], *, own: bool = True, probe: Mapping[str, Any] | None = None,
+                 memory_bytes: float | None = None) -> None:
+        self.entry, self.own = dict(entry), own
+        self.kind = entry["machine"]["kind"]
+        micro = entry.get("micro") or {}
+        self.gemm = (micro.get("gemm_flops") or {})
+        self.decode_bw = dict(micro.get("decode_bandwidth_Bps") or {})
+        self.memory_bytes = memory_bytes or entry["machine"].get("memory_bytes")
+        self.scale_bw = self.scale_fixed = 1.0
+        cal_probe = entry.get("probe") or {}
+        if not own and probe and cal_probe:  # another CPU: its own copy bandwidth (the probe's matmul rate
+            # varies three-fold with a neighbour's load, so the fixed costs stay the calibration's)
+            self.scale_bw = float(probe["copy_bandwidth_Bps"]) / float(cal_probe["copy_bandwidth_Bps"])
+
+    @property
+    def label(self) -> str:
+        m = self.entry["machine"]
+        own = "" if self.own else " (another machine of its kind: its bandwidth scaled by this machine's copy probe)"
+        return f"{self.entry.get('id')}: {m['name']}, measured {str(self.entry.get('measured_at', ''))[:10]}{own}"
+
+    def bandwidth(self, engine: str, batch: float) -> tuple[float, str]:
+        eng = (self.entry.get("engines") or {}).get(engine) or {}
+        if eng.get("bandwidth_Bps"):
+            return float(eng["bandwidth_Bps"]) * self.scale_bw, f"{engine}'s own decode bandwidth (calibration widths)"
+        if self.decode_bw:
+            return _interp_log(self.decode_bw, batch) * self.scale_bw, f"bf16 GEMV bandwidth at batch {batch:g} (micro)"
+        raise KeyError("the calibration entry has no bandwidth")
+
+    def flops(self, precision: str, rows: float) -> tuple[float, str]:
+        table = self.gemm.get(precision) or self.gemm.get("bf16") or {}
+        if not table:
+            return math.nan, "no GEMM throughput measured"
+        used = precision if self.gemm.get(precision) else "bf16"
+        return _interp_log(table, rows) / self.scale_fixed, f"{used} GEMM at {rows:g} rows (micro)"
+
+    def fixed(self, engine: str, mode: str, counts: Mapping[str, int]) -> tuple[float | None, float, str, bool]:
+        """(the engine's CPU-side time per step, its GPU fixed time per step, where from, whether it is
+        the engine's own calibration in this mode). On the CPU engine everything is the first, added
+        to the bytes; on a GPU a step takes the longer of the CPU side and the GPU's bytes + fixed time.
+        None when no calibration has these layer kinds."""
+        engines = self.entry.get("engines") or {}
+        gpu_costs = (engines.get(engine) or {}).get("graphs") or (engines.get("vllm") or {}).get("graphs") or {}
+        gpu = 0.0
+        if self.kind == "gpu":
+            per = [_layer_cost(gpu_costs, k, "gpu_layer_s") for k in counts]
+            if None not in per and gpu_costs:
+                gpu = max(float(c.get("gpu_step_s", 0.0)) for c in gpu_costs.values() if isinstance(c, Mapping)) \
+                    + sum(n * c for n, c in zip(counts.values(), per))
+        for eng, md, own in ((engine, mode, True), ("vllm", mode, False), (engine, "eager", False),
+                             ("vllm", "eager", False)):
+            costs = (engines.get(eng) or {}).get(md)
+            if not costs:
+                continue
+            if md == "graphs" and self.kind == "gpu":  # the CPU side's floor
+                floors = [float(c["floor_s"]) for c in costs.values() if isinstance(c, Mapping) and "floor_s" in c]
+                if floors:
+                    return max(floors), gpu, f"{eng} CUDA-graph floor and GPU costs ({', '.join(counts)} layers)", own
+            layers = [_layer_cost(costs, k) for k in counts]
+            if None in layers:
+                continue
+            step = max(float(c.get("step_s", 0.0)) for c in costs.values() if isinstance(c, Mapping) and "step_s" in c)
+            total = (step + sum(n * c for n, c in zip(counts.values(), layers))) * self.scale_fixed
+            return total, gpu, f"{eng} {md} fixed costs ({', '.join(counts)} layers)", own
+        return None, gpu, "no fixed costs calibrated for these layer kinds", False
+
+
+def machine_for(run: Mapping[str, Any], folder: Path | str | None = None) -> tuple[Machine | None, str]:
+    """The calibrated machine of a run record (its GPUs, else the CPU it measured), or None and why."""
+    gpus = run.get("gpus_used") or (run.get("client_host") or {}).get("gpus") or []
+    if gpus:
+        entry, own = calibration_for("gpu", gpus[0].get("name"), folder)
+        mib = str(gpus[0].get("memory") or "").split()
+        mem = float(mib[0]) * 2**20 if mib and mib[0].replace(".", "").isdigit() else None  # nvidia-smi "143771 MiB"
+        if entry is None:
+            return None, f"no calibration entry for a GPU ({gpus[0].get('name')}): run servelab calibrate-hw there"
+        if not own:
+            return None, f"no calibration entry for {gpus[0].get('name')} (have {entry['machine']['name']})"
+        return Machine(entry, own=True, memory_bytes=mem), ""
+    probe = run.get("hardware_measured")
+    if probe:
+        entry, own = calibration_for("cpu", probe.get("cpu_model"), folder)
+        if entry is None:
+            return None, "no calibration entry for a CPU: run servelab calibrate-hw"
+        return Machine(entry, own=own and _same_cpu(entry, probe), probe=probe), ""
+    return None, "the hardware is unknown (no GPU reported, no CPU probe)"
+
+
+def _same_cpu(entry: Mapping[str, Any], probe: Mapping[str, Any]) -> bool:
+    """The calibration's CPU is this one: the same cores and the same signature (family, model and
+    bf16 instruction sets: two machine types here share the name 'AMD EPYC' and differ two-fold), or,
+    for a probe without a signature, a copy bandwidth within 25 %."""
+    cal = entry.get("probe") or {}
+    if not cal:
+        return True
+    if cal.get("cpu_count") != probe.get("cpu_count"):
+        return False
+    if cal.get("cpu_signature") and probe.get("cpu_signature"):
+        return cal["cpu_signature"] == probe["cpu_signature"]
+    ratio = float(probe["copy_bandwidth_Bps"]) / float(cal["copy_bandwidth_Bps"])
+    return bool(0.8 <= ratio <= 1.25)
+
+
+__all__ = ["CALIBRATIONS", "Machine", "calibration_for", "calibrations", "fit_engine_bandwidth", "fit_fixed_costs",
+           "fit_graph_costs", "machine_for"]
