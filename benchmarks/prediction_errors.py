@@ -1,0 +1,102 @@
+"""How far the predictions are from the measurements over every published configuration: the
+roofline bounds servelab stored or computed before (analysis.predict) against the calibrated
+performance model (analysis.perfmodel, with data/calibrations/), for c=1 TPOT and the TPOT at each
+configuration's highest concurrency. Runs that carry prediction.json use what was stored before
+their first request; the rest are predicted now from their run.json (labelled so).
+
+    .venv/bin/python benchmarks/prediction_errors.py [--out benchmarks/results/prediction_errors.json]
+
+Not a test: a table for the closing note and the README (bias = mean error, spread = its sd).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "lib"))
+
+
+def rows() -> list[dict]:
+    from servelab.analysis.perfmodel import predict_configuration
+    from servelab.analysis.predict import predict_run
+    from servelab.report import load_study_data
+
+    out = []
+    for study_dir in sorted((ROOT / "reports").iterdir()):
+        if not (study_dir / "data" / "study.json").exists():
+            continue
+        sd = load_study_data(study_dir)
+        s = sd.summary
+        for cid in sd.config_ids:
+            run, rf = sd.runs[cid], sd.folders[cid]
+            g = s[(s["config"] == cid) & (s["rate_rps"] <= 0)] if not s.empty else s
+            if g.empty or (run.get("model") or {}).get("facts") is None:
+                continue
+            b = g[g["bucket"] == g["bucket"].iloc[0]]
+            n_in, n_out = int(round(b["prompt_tokens"].median())), int(round(b["output_tokens_p50"].median()))
+            measured = {int(r.concurrency): float(r.tpot_p50_s) for r in b.itertuples()}
+            c_low, c_high = min(measured), max(measured)
+            old = predict_run(run, n_in, n_out) or {}
+            wl = sd.study.workload_for(cid)
+            stored = rf.prediction if rf.exists("prediction.json") else None
+            label = b["bucket"].iloc[0]
+            new = ((stored or {}).get("buckets") or {}).get(label)
+            source = "stored before measurement"
+            if new is None:
+                new = (predict_configuration(run, wl, {}, {label: (n_in, n_out)}, "now").get("buckets") or {}).get(label)
+                source = "computed now"
+            if not new:
+                continue
+            tp = new.get("tpot_s") or {}
+            out.append({"study": study_dir.name, "config": cid, "bucket": label, "c_low": c_low, "c_high": c_high,
+                        "measured_low_ms": measured[c_low] * 1e3, "measured_high_ms": measured[c_high] * 1e3,
+                        "roofline_low_ms": (old.get("tpot_c1_s") or math.nan) * 1e3,
+                        "model_low_ms": (tp.get(str(c_low)) or new.get("c1_tpot_s") or math.nan) * 1e3,
+                        "model_high_ms": (tp.get(str(c_high)) or math.nan) * 1e3,
+                        "kind": (new.get("kinds") or {}).get("c1_tpot_s"), "source": source,
+                        "machine": ((stored or {}).get("machine") or {}).get("calibration")})
+    return out
+
+
+def err(measured: float, predicted: float) -> float:
+    return (measured - predicted) / predicted * 100 if predicted and predicted == predicted else math.nan
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "prediction_errors.json"))
+    a = ap.parse_args()
+    rs = rows()
+    for r in rs:
+        r["roofline_err_pct"] = err(r["measured_low_ms"], r["roofline_low_ms"])
+        r["model_err_pct"] = err(r["measured_low_ms"], r["model_low_ms"])
+        r["model_high_err_pct"] = err(r["measured_high_ms"], r["model_high_ms"]) if r["c_high"] > r["c_low"] else math.nan
+    print(f"{'study/config':52} {'c':>3} {'meas':>7} {'roof':>7} {'err%':>7} {'model':>7} {'err%':>7} | {'c':>3} "
+          f"{'meas':>7} {'model':>7} {'err%':>7}  kind / source")
+    for r in rs:
+        print(f"{r['study'] + '/' + r['config']:52} {r['c_low']:>3} {r['measured_low_ms']:7.2f} {r['roofline_low_ms']:7.2f} "
+              f"{r['roofline_err_pct']:+7.0f} {r['model_low_ms']:7.2f} {r['model_err_pct']:+7.0f} | {r['c_high']:>3} "
+              f"{r['measured_high_ms']:7.2f} {r['model_high_ms']:7.2f} {r['model_high_err_pct']:+7.0f}  {r['kind']} / {r['source']}")
+
+    def stats(key: str, pick=lambda r: True) -> str:
+        xs = [r[key] for r in rs if pick(r) and r[key] == r[key]]
+        if len(xs) < 2:
+            return "n/a"
+        return f"bias {statistics.mean(xs):+.0f} %, spread (sd) {statistics.stdev(xs):.0f} %, |error| median " \
+               f"{statistics.median(abs(x) for x in xs):.0f} % over {len(xs)}"
+    print("c=1 TPOT, roofline bound:     ", stats("roofline_err_pct"))
+    print("c=1 TPOT, performance model:  ", stats("model_err_pct"))
+    print("  of which calibrated estimates:", stats("model_err_pct", lambda r: r["kind"] == "estimate"))
+    print("highest c TPOT, model:        ", stats("model_high_err_pct"))
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(rs, indent=1, allow_nan=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()
