@@ -33,3 +33,14 @@ def test_dry_run_prints_the_sweeps_of_the_sglang_fp8_surprise():
             "sglang-fp8kv-attention-backend-flashmla, sglang-fp8kv-attention-backend-triton, sglang-fp8kv-page-size-64, "
             "sglang-fp8kv-disable-cuda-graph-true, sglang-fp8kv-fix-1") in r.stdout
     assert not (ROOT / "runs" / ".explain" / "h200-moe-explain-sglang-fp8kv.yaml").exists()
+
+
+def test_the_followups_option_plans_one_followup_per_surprising_configuration(capsys):
+    """`followups:` in a study runs `servelab explain` for each surprise after the report (dry run here)."""
+    from servelab.explain import run_followups
+
+    assert run_followups("h200-moe", budget_s=600, max_studies=2, dry_run=True) == 0
+    out = capsys.readouterr().out
+    assert "sweep max-total-tokens over [69000, 138000, 552000] around sglang-fp8kv" in out
+    assert run_followups("local-cpu-kv", budget_s=600, max_studies=2, dry_run=True) == 0
+    assert not (ROOT / "runs" / ".explain" / "h200-moe-explain-sglang-fp8kv.yaml").exists()

@@ -113,8 +113,15 @@ def cmd_run(a: argparse.Namespace) -> int:
 
         return run_tune(study, Path(a.params), force=a.force, resume=a.resume, dry_run=a.dry_run,
                         report=not a.no_report)
-    return run_study(study, Path(a.params), only=a.config, reduced=a.reduced, force=a.force,
-                     dry_run=a.dry_run, notebooks=not a.no_notebooks, report=not a.no_report, resume=a.resume)
+    rc = run_study(study, Path(a.params), only=a.config, reduced=a.reduced, force=a.force,
+                   dry_run=a.dry_run, notebooks=not a.no_notebooks, report=not a.no_report, resume=a.resume)
+    fu = study.followups
+    if rc == 0 and fu is not None and fu.enabled and not a.no_report and not a.reduced and not a.config:
+        from .explain import run_followups  # `followups:` in the study: explain every surprise in its budget
+
+        rc = run_followups(study.study, budget_s=fu.budget_s, max_studies=fu.max_studies, force=a.force,
+                           dry_run=a.dry_run)
+    return rc
 
 
 def cmd_serve(a: argparse.Namespace) -> int:

@@ -108,4 +108,25 @@ def explain(study: str, config: str, *, dry_run: bool = False, budget_s: float |
     return run_study(st, path, force=force)
 
 
-__all__ = ["NoSurprise", "explain", "followup_params"]
+def run_followups(study: str, *, budget_s: float, max_studies: int, force: bool = False,
+                  dry_run: bool = False) -> int:
+    """The study option `followups:`: after a published study, `explain` every configuration with a
+    surprise (at most `max_studies`, the worst first), each within `budget_s`. Returns the worst exit."""
+    from .report import load_study_data
+    from .report.why import study_surprises
+
+    sd = load_study_data(reports_root() / study)
+    worst: dict[str, float] = {}
+    for s in study_surprises(sd):
+        worst[s.config] = min(worst.get(s.config, 0.0), s.effect)
+    if not worst:
+        progress_line(f"follow-ups: {study} has no surprise; nothing to explain")
+        return 0
+    rc = 0
+    for cid in sorted(worst, key=worst.get)[:max_studies]:
+        progress_line(f"follow-ups: {study} {cid} (worst change {worst[cid] * 100:+.1f} %)")
+        rc = max(rc, explain(study, cid, dry_run=dry_run, budget_s=budget_s, force=force))
+    return rc
+
+
+__all__ = ["NoSurprise", "explain", "followup_params", "run_followups"]

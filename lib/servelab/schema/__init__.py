@@ -54,6 +54,14 @@ class Explains(Strict):
     config: str = Field(..., description="its configuration whose change surprised")
 
 
+class Followups(Strict):
+    """Follow-up experiments run automatically after the study (`servelab explain` per surprise)."""
+
+    enabled: bool = Field(False, description="after the report, run the follow-up sweeps of every surprise")
+    budget_s: float = Field(900.0, gt=0, description="time budget of each follow-up study (design.budget_s)")
+    max_studies: int = Field(2, ge=1, description="follow-up studies at most (one per surprising configuration)")
+
+
 class Study(Strict):
     @model_validator(mode="before")
     @classmethod
@@ -79,6 +87,8 @@ class Study(Strict):
     cost: CostParams | None = Field(None, description="prices and cost model for the write-up")
     configurations: list[Configuration] = Field(..., min_length=1, description="ordered, one change at a time")
     device: DeviceParams | None = Field(None, description="how the study runs on the GPU device machine")
+    followups: Followups | None = Field(None, description="run `servelab explain` for every surprise after the "
+                                                           "report, each follow-up within its own time budget")
     explains: Explains | None = Field(None, description="a follow-up study: the published study and configuration "
                                                        "whose surprise it explains (the Why section reads its reference)")
     quality: QualityParams = Field(default_factory=QualityParams,
