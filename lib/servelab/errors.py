@@ -22,4 +22,9 @@ class RunFolderExists(UserError, FileExistsError):
     """A run folder or published report is there already: runs are immutable (--force, --resume)."""
 
 
-__all__ = ["ServelabError", "UserError", "RunFolderExists"]
+class RunFileError(UserError, ValueError):
+    """A run folder's file (run.json, engine.json, a line of records.jsonl or levels.jsonl) that is not
+    what servelab writes: the message names the file, the line and the first key that is wrong."""
+
+
+__all__ = ["ServelabError", "UserError", "RunFolderExists", "RunFileError"]

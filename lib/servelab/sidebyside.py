@@ -20,7 +20,7 @@ from . import stages
 from .execute import STAGES, StageFailed, Stopped, close_partial, execute_notebook, log, stop_children
 from .hosts import EngineError
 from .plan import ConfigPlan, plan_config
-from .runfolder import DESIGN_JSON, ENGINE_JSON, PARAMS_EFFECTIVE, RunFolder, read_json, write_json
+from .runfolder import DESIGN_JSON, ENGINE_JSON, PARAMS_EFFECTIVE, RunFolder, read_engine, write_json
 from .schema import Study
 
 def write_effective(study: Study, rdir: Path) -> Path:
@@ -73,7 +73,7 @@ def fits_side_by_side(rdir: Path, n: int, headroom_bytes: float = 2**30) -> tupl
 
     from .hosts.process import tree_rss_bytes
 
-    pid = read_json(rdir / ENGINE_JSON).get("pid")
+    pid = read_engine(rdir / ENGINE_JSON).get("pid")
     rss = tree_rss_bytes(pid) if pid else 0
     free = psutil.virtual_memory().available
     need = rss * (n - 1) * 1.15 + headroom_bytes

@@ -24,7 +24,8 @@ from .measure.runinfo import base_record, engine_gpu_devices, model_record
 from .measure.runner import RunResult, run_workload
 from .models import model_facts
 from .plan import ConfigPlan
-from .runfolder import ENGINE_JSON, HOST_JSON, PREDICTION_JSON, RunFolder, read_json, runs_root, write_json
+from .runfolder import (ENGINE_JSON, HOST_JSON, PREDICTION_JSON, RunFolder, read_engine, read_json, runs_root,
+                        write_engine, write_json)
 
 
 def run_dir(study: str, config_id: str, root: Path | None = None) -> Path:
@@ -40,7 +41,7 @@ def launch(plan: ConfigPlan, rdir: Path) -> dict[str, Any]:
     """Start the engine (local), reach it (attach, AWS); run the smoke check; writes engine.json."""
     handle = plan.host.launch(plan.config_id, Path(rdir), plan.engine)
     handle["info"]["smoke_check"] = smoke(plan, handle)
-    write_json(Path(rdir) / ENGINE_JSON, handle)
+    write_engine(Path(rdir) / ENGINE_JSON, handle)
     return handle
 
 
@@ -99,7 +100,7 @@ def benchmark(plan: ConfigPlan, rdir: Path, *, progress: bool = True,
     """Run the configuration's workload against its server; returns RunResult."""
     rdir = Path(rdir)
     host, study, config_id = plan.host, plan.study, plan.config_id
-    h = read_json(rdir / ENGINE_JSON)
+    h = read_engine(rdir / ENGINE_JSON)
     server = host.server(config_id, h)
     rec, rss, gpus = _run_record(plan, h, rdir, resume=resume)
     kw = dict(study=study.study, config_id=config_id, record=rec, progress=progress, log=log, resume=resume,
@@ -128,7 +129,7 @@ def benchmark_interleaved(plans: list[ConfigPlan], rdirs: list[Path], *, deadlin
     study, design = plans[0].study, plans[0].study.design
     starts, hw = [], None
     for plan, rdir in zip(plans, rdirs):
-        h = read_json(Path(rdir) / ENGINE_JSON)
+        h = read_engine(Path(rdir) / ENGINE_JSON)
         if hw is None and plan.host.engine_on_this_machine(h):
             hw = measure_cpu_bandwidth(seconds=1.0)  # one machine: probed once for every configuration
         rec, rss, _ = _run_record(plan, h, Path(rdir), hw)
@@ -243,7 +244,7 @@ def quality(plan: ConfigPlan, rdir: Path) -> dict[str, Any] | None:
     if qp.enabled is False:
         return None
     host = plan.host
-    h = read_json(rdir / ENGINE_JSON)
+    h = read_engine(rdir / ENGINE_JSON)
     server = host.server(plan.config_id, h)
     dummy = host.weights_known(h) and plan.engine.load_format == "dummy"
     kw = dict(sets=qp.sets, prompts_per_set=qp.prompts_per_set, max_tokens=qp.max_tokens, headers=server.headers)

@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from ..runfolder import ENGINE_JSON, HOST_JSON, read_json, runs_root, write_json
+from ..runfolder import ENGINE_JSON, HOST_JSON, read_engine, runs_root, write_json
 from ..schema import EngineParams, Study
 from .process import Server, auth_headers, stop_process_group  # noqa: F401  (Server: where a client sends)
 
@@ -65,7 +65,7 @@ class Host:
         p = rdir / ENGINE_JSON
         if not p.exists():
             return "no engine handle"
-        h = read_json(p)
+        h = read_engine(p)
         if h.get("tunnel_pid"):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(h["tunnel_pid"], signal.SIGTERM)

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from ..log import progress_line
 from ..hosts.base import Server
-from ..runfolder import LEVELS, RECORDS, RunFolder, read_jsonl
+from ..runfolder import LEVELS, RECORDS, RunFolder, read_typed
 from ..schema import Workload
 from .grid import make_sources
 from .runfiles import finalize, open_run_folder
@@ -101,8 +101,8 @@ def trial_of(recs: list[dict[str, Any]], level: int, axis: str) -> Trial:
 def trials_in(run_dir: Path, axis: str) -> list[Trial]:
     """The finished trials of a run folder (levels.jsonl), in the order they ran."""
     rf = RunFolder(run_dir)
-    recs = read_jsonl(rf.path / RECORDS)
-    done = sorted({int(x["level"]) for x in read_jsonl(rf.path / LEVELS)})
+    recs = read_typed(rf.path / RECORDS)
+    done = sorted({int(x["level"]) for x in read_typed(rf.path / LEVELS)})
     return [trial_of(recs, li, axis) for li in done]
 
 

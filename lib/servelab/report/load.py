@@ -14,6 +14,7 @@ import pandas as pd
 from ..engines import get as engine_profile
 from ..runfolder import RECORDS, STUDY_JSON, RunFolder, read_json, resolve
 from ..schema import Study, study_from_dict, upgrade
+from ..schema.runfiles import RunInfo
 from ..summary import summarize
 from .i18n import Words, words
 
@@ -46,7 +47,13 @@ class StudyData:
 
     @property
     def runs(self) -> dict[str, dict[str, Any]]:
+        """Each configuration's run.json as written (validated); `info` is the typed one."""
         return {cid: rf.run for cid, rf in self.folders.items()}
+
+    def info(self, cid: str) -> RunInfo:
+        """The configuration's run.json, typed (`schema.runfiles.RunInfo`; empty where none)."""
+        rf = self.folders.get(cid)
+        return rf.info if rf is not None else RunInfo()
 
     def labels(self) -> dict[str, str]:
         return {c.id: c.label or c.id for c in self.study.configurations}
@@ -77,7 +84,7 @@ class StudyData:
         return self.folders[cid].samples if cid in self.folders else None
 
     def facts(self, cid: str) -> dict[str, Any]:
-        return ((self.runs.get(cid) or {}).get("model") or {}).get("facts") or {}
+        return self.info(cid).facts
 
     def engine_params(self, cid: str) -> dict[str, Any]:
         return self.runs[cid].get("engine_params") or {}

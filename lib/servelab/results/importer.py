@@ -33,7 +33,7 @@ from .. import __version__
 from ..analysis.harmonise import definitions, harmonised_rows, recompute_per_request, unexplained
 from ..errors import RunFolderExists, UserError
 from ..measure.runfiles import finalize
-from ..runfolder import LEVELS, RECORDS, JsonlWriter, RunFolder, now_iso, runs_root, write_json
+from ..runfolder import LEVELS, RECORDS, RunFolder, now_iso, runs_root, write_json
 from .formats import Source, frame, read
 
 SOURCE_SUMMARY = "source_summary.json"
@@ -155,10 +155,10 @@ def _rounds(srcs: list[Source]) -> list[tuple[Source, int]]:
 def _write(tmp: Path, df: pd.DataFrame, srcs: list[Source], harm: pd.DataFrame, tdef: Any, study: str,
            config: str) -> None:
     rf = RunFolder(tmp)
-    with JsonlWriter(tmp / RECORDS) as w:
+    with rf.writer(RECORDS) as w:  # typed: each record validated and versioned
         for rec in df.to_dict("records"):
             w.write({k: _clean(v) for k, v in rec.items()}, allow_nan=False)
-    with JsonlWriter(tmp / LEVELS) as w:
+    with rf.writer(LEVELS) as w:
         for (lvl, bucket, conc), g in df.groupby(["level", "bucket", "concurrency"], sort=True):
             m = g[~g["warmup"].astype(bool)]
             w.write({"level": int(lvl), "label": f"{bucket} c={int(conc)}", "status": "complete", "sent": int(len(m)),

@@ -1,0 +1,248 @@
+"""The run folder's files as types: run.json (`RunInfo`), engine.json (`EngineHandle`), a line of
+levels.jsonl (`LevelSummary`) and a line of records.jsonl (`RequestRecord`).
+
+Unlike the params models these allow unknown keys (`extra="allow"`): a file keeps every key it was
+written with, older files lack keys added since and newer ones may carry keys this code does not
+know; the keys readers rely on are typed here, and a file whose value has the wrong type is refused.
+Each file carries `format_version`; a file without one is version 1 (records, levels and engine.json
+before this module; run.json's own history is `schema.FORMAT_VERSION`'s). The writers
+(`runfolder.RunFolder.write_run`, `RunFolder.writer`, `runfolder.write_engine`) validate through
+these models and write the dict as given, so the bytes on disk are what they were, plus the version.
+`check_line` is the hot path's validator (pydantic-core's compiled validator: ~5 us per request record).
+Nothing here reads or writes a file (`runfolder`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from . import FORMAT_VERSION
+
+#: the format of records.jsonl, levels.jsonl and engine.json lines this code writes (1: no key)
+LINE_FORMAT = 2
+
+Number = float | None
+
+
+class Open(BaseModel):
+    """A run file's part: typed where readers rely on it, every other key kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+# -- records.jsonl --------------------------------------------------------------------------------
+
+class RequestRecord(Open):
+    """One request, as the runner writes it when it ends (`measure.client.Result.to_dict` and the level's
+    keys, `measure.runner.LevelRunner._record`); an imported run's records have the same keys."""
+
+    format_version: int = 1
+    study: str | None = None
+    config: str
+    level: int
+    bucket: str
+    target_input_tokens: int = 0
+    target_output_tokens: int = 0
+    shared_prefix: bool | None = None
+    concurrency: int
+    rate_rps: float = 0.0
+    arrival: str | None = None
+    round: int
+    warmup: bool
+    seq: int
+    cache_salt: str | None = None
+    scheduled_s: Number = None
+    send_lag_s: Number = None
+    source: str | None = None
+    prompt_set: str | None = None
+    ok: bool
+    error_kind: str | None = None
+    error_detail: str | None = None
+    http_status: int | None = None
+    start_s: float = 0.0
+    sent_unix_s: float | None = None
+    end_s: float = 0.0
+    ttft_s: Number = None
+    e2e_s: Number = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_tokens: int | None = None
+    n_chunks: int | None = None
+    n_text_chunks: int | None = None
+    chunk_times_s: list[float] = Field(default_factory=list)
+    finish_reason: str | None = None
+    output_chars: int | None = None
+    server_chunk_ns: list[int] | None = None
+    server_due_ns: list[int] | None = None
+    content_ttft_s: Number = None
+    reasoning_chunks: int | None = None
+    reasoning_tokens: int | None = None
+    output_tokens_source: str | None = None
+    output_text: str | None = None
+    decode_tps: Number = None
+    e2e_output_tps: Number = None
+    tpot_s: Number = None
+    tool: str | None = None
+    times_reconstructed: bool | None = None
+
+
+# -- levels.jsonl ---------------------------------------------------------------------------------
+
+class LevelSampling(Open):
+    """How an interleaved level's sampling ended (`measure.interleave`)."""
+
+    stopped: str
+    measured_rounds: int
+
+
+class LevelSummary(Open):
+    """A finished level (what --resume skips), with the engine's counters over its measured rounds."""
+
+    format_version: int = 1
+    level: int
+    label: str
+    status: str
+    sent: int
+    failed: int
+    prefix_cache_queries: Number = None
+    prefix_cache_hits: Number = None
+    measured_s: Number = None
+    counters: dict[str, float | list[float] | None] | None = None
+    sampling: LevelSampling | None = None
+    rounds: int | None = None
+    imported: bool | None = None
+
+
+# -- engine.json ----------------------------------------------------------------------------------
+
+class EngineHandle(Open):
+    """The engine a launch left running (`hosts.*.launch`): where to reach it and what it is."""
+
+    format_version: int = 1
+    mode: str | None = None
+    base_url: str
+    model: str
+    pid: int | None = None
+    tunnel_pid: int | None = None
+    tokenizer_dir: str | None = None
+    info: dict[str, Any] = Field(default_factory=dict)
+
+
+# -- run.json -------------------------------------------------------------------------------------
+
+class ServelabInfo(Open):
+    version: str | None = None
+    commit: str | None = None
+    dirty: bool | None = None
+    package_sha256: str | None = None
+
+
+class ClientHost(Open):
+    cpu_model: str | None = None
+    cpu_count: int | None = None
+    python: str | None = None
+    gpus: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ServerInfo(Open):
+    """The engine as the run found it (the handle's `info`): version, launch command, start-up time."""
+
+    mode: str | None = None
+    version: str | None = None
+    base_url: str | None = None
+    pid: int | None = None
+    command: list[str] | None = None
+    env: dict[str, Any] | None = None
+    startup_s: Number = None
+    peak_rss_bytes: int | None = None
+
+
+class EngineRecord(Open):
+    """The engine set-up that launched (`schema.EngineParams` as dumped; older keys kept)."""
+
+    kind: str | None = None
+    load_format: str | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, Any] = Field(default_factory=dict)
+
+
+class ModelRecord(Open):
+    path: str | None = None
+    revision: str | None = None
+    config: dict[str, Any] | None = None
+    facts: dict[str, Any] | None = None
+
+
+class Headline(Open):
+    sent: int | None = None
+    ok: int | None = None
+    success_rate: Number = None
+    max_aggregate_output_tps: Number = None
+
+
+class RunInfo(Open):
+    """run.json: what ran, on what, and how it ended (status running -> complete | partial | failed).
+    No key is required: a run.json is written at a run's start with few of them, and a stage that died
+    leaves what it had."""
+
+    format_version: int = 1
+    study: str | None = None
+    config: str | None = None
+    status: str | None = None
+    message: str = ""
+    started_at: str | None = None
+    finished_at: str | None = None
+    measured_from: str | None = None
+    records: int | None = None
+    servelab: ServelabInfo = Field(default_factory=ServelabInfo)
+    client_host: ClientHost = Field(default_factory=ClientHost)
+    packages: dict[str, str] = Field(default_factory=dict)
+    server: ServerInfo = Field(default_factory=ServerInfo)
+    model_name: str | None = None
+    workload: dict[str, Any] = Field(default_factory=dict)
+    calibration: dict[str, Any] = Field(default_factory=dict)
+    headline: Headline = Field(default_factory=Headline)
+    client_limited_levels: list[dict[str, Any]] = Field(default_factory=list)
+    configuration: dict[str, Any] | None = None
+    engine_params: EngineRecord | None = None
+    model: ModelRecord | None = None
+    gpus_used: list[dict[str, Any]] | None = None
+    hardware_measured: dict[str, Any] | None = None
+    prediction_file: str | None = None
+    prediction: dict[str, Any] | None = None
+    prediction_error: str | None = None
+    capacity: dict[str, Any] | None = None
+    imported: dict[str, Any] | None = None
+
+    @property
+    def engine_kind(self) -> str | None:
+        return self.engine_params.kind if self.engine_params else None
+
+    @property
+    def load_format(self) -> str | None:
+        return self.engine_params.load_format if self.engine_params else None
+
+    @property
+    def facts(self) -> dict[str, Any]:
+        return (self.model.facts if self.model else None) or {}
+
+
+#: the model of each typed file (by its name in the run folder), with the version it is written in
+CURRENT = {"run.json": (RunInfo, FORMAT_VERSION), "engine.json": (EngineHandle, LINE_FORMAT),
+           "levels.jsonl": (LevelSummary, LINE_FORMAT), "records.jsonl": (RequestRecord, LINE_FORMAT)}
+
+def check_line(name: str, data: dict[str, Any]) -> None:
+    """Validate one file's (or line's) content against its model; raises pydantic's ValidationError.
+    The instance is dropped: a writer writes `data` as given, a reader keeps the dict."""
+    CURRENT[name][0].model_validate(data)
+
+
+def versioned(name: str, data: dict[str, Any]) -> dict[str, Any]:
+    """`data` with the file's current `format_version` as its first key."""
+    return {"format_version": CURRENT[name][1], **data}
+
+
+__all__ = ["RequestRecord", "LevelSummary", "LevelSampling", "EngineHandle", "RunInfo", "ServelabInfo",
+           "ClientHost", "ServerInfo", "EngineRecord", "ModelRecord", "Headline", "LINE_FORMAT", "CURRENT",
+           "check_line", "versioned"]
