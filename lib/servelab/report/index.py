@@ -7,7 +7,7 @@ import html
 import json
 from pathlib import Path
 
-from ..runfolder import RUN_JSON, read_json
+from ..runfolder import RUN_JSON, RunFolder, read_json
 
 
 def write_index(reports_root: Path) -> Path:
@@ -18,8 +18,8 @@ def write_index(reports_root: Path) -> Path:
             st = read_json(d / "data" / "study.json")["study"]
         except (OSError, KeyError, json.JSONDecodeError):
             continue
-        runs = [read_json(c / RUN_JSON) for c in sorted((d / "data").iterdir()) if (c / RUN_JSON).exists()]
-        when = max((r.get("finished_at") or "" for r in runs), default="")
+        runs = [RunFolder(c).info for c in sorted((d / "data").iterdir()) if (c / RUN_JSON).exists()]
+        when = max((r.finished_at or "" for r in runs), default="")
         rows.append(f"<tr><td><a href='{html.escape(d.name)}/index.html'>{html.escape(d.name)}</a></td>"
                     f"<td>{html.escape(st.get('title', ''))}</td><td>{len(st.get('configurations', []))}</td>"
                     f"<td>{html.escape(when)}</td></tr>")

@@ -178,13 +178,12 @@ def timing_rows(sd: StudyData) -> pd.DataFrame:
     interleaved = bool(design(sd).get("interleaved"))
     rows, seen = [], set()
     for cid in sd.config_ids:
-        run, rec = sd.runs[cid], sd.folders[cid].records
-        srv = run.get("server") or {}
-        key = (srv.get("pid"), srv.get("startup_s"), srv.get("base_url"))
-        shared = srv.get("startup_s") is not None and key in seen
+        srv, rec = sd.info(cid).server, sd.folders[cid].records
+        key = (srv.pid, srv.startup_s, srv.base_url)
+        shared = srv.startup_s is not None and key in seen
         seen.add(key)
         comp, hit = compile_s(sd, cid)
-        rows.append({"config": cid, "startup_s": float(srv.get("startup_s") or math.nan), "shared_server": shared,
+        rows.append({"config": cid, "startup_s": float(srv.startup_s or math.nan), "shared_server": shared,
                      "compile_s": comp, "compile_cache_hit": hit,
                      "benchmark_s": _benchmark_s(rec, interleaved),
                      "quality_s": float((quality(sd, cid) or {}).get("elapsed_s") or math.nan)})

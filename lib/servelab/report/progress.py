@@ -145,11 +145,10 @@ def effects(sd: StudyData) -> pd.DataFrame:
 
 def real_weights(sd: StudyData, cid: str) -> bool:
     """False for dummy (random) weights: the run's model facts say so, or the engine loaded `dummy`."""
-    run = sd.runs.get(cid) or {}
-    facts = (run.get("model") or {}).get("facts") or {}
-    if facts.get("real_weights") is not None:
-        return bool(facts["real_weights"])
-    return (run.get("engine_params") or {}).get("load_format") != "dummy"
+    run = sd.info(cid)
+    if run.facts.get("real_weights") is not None:
+        return bool(run.facts["real_weights"])
+    return run.load_format != "dummy"
 
 
 def quality(sd: StudyData, cid: str) -> dict[str, Any] | None:

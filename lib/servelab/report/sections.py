@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from ..analysis import flatten
+from ..schema.runfiles import RunInfo
 from ..summary import DEFINED_METRICS
 from . import html as rh
 from .fmt import anchor, dash_note, link, num, pct, slo_parts, span  # noqa: F401  (the notebooks' sec.anchor etc.)
@@ -49,8 +50,8 @@ def config_table(sd: StudyData) -> Any:
             rows.append([c.id, c.label or c.id, rh.MISSING, c.baseline or rh.MISSING,
                          w("checks.checks_only", checks=", ".join(done)) if done else w("configs.not_measured")])
             continue
-        run = sd.runs[c.id]
-        eng = f"{(run.get('engine_params') or {}).get('kind', '?')} {run.get('server', {}).get('version') or ''}".strip()
+        run = sd.info(c.id)
+        eng = f"{run.engine_kind or '?'} {run.server.version or ''}".strip()
         base = bases.get(c.id)
         rows.append([c.id, c.label or c.id, eng, base or w("configs.baseline"),
                      change_text(sd, c.id, base) if base else w("configs.baseline")])
@@ -170,61 +171,57 @@ def progression_table(sd: StudyData) -> Any:
 
 # -- reproducibility ------------------------------------------------------------------------------
 
-def _revision(sd: StudyData, run: dict[str, Any]) -> str:
-    m = run.get("model") or {}
-    if m.get("revision"):
-        return m["revision"]
-    if (run.get("engine_params") or {}).get("load_format") == "dummy":
+def _revision(sd: StudyData, run: RunInfo) -> str:
+    if run.model and run.model.revision:
+        return run.model.revision
+    if run.load_format == "dummy":
         return sd.w("repro.dummy_weights")
     return sd.w("repro.not_recorded")
 
 
-def _servelab(sd: StudyData, run: dict[str, Any]) -> str:
-    s = run.get("servelab") or {}
-    commit = s.get("commit")
-    out = (sd.w("repro.servelab_commit", version=s.get("version"), commit=commit[:12]) if commit
-           else sd.w("repro.servelab_no_commit", version=s.get("version")))
-    if s.get("dirty"):
+def _servelab(sd: StudyData, run: RunInfo) -> str:
+    s = run.servelab
+    out = (sd.w("repro.servelab_commit", version=s.version, commit=s.commit[:12]) if s.commit
+           else sd.w("repro.servelab_no_commit", version=s.version))
+    if s.dirty:
         out += sd.w("repro.local_changes")
-    if s.get("package_sha256"):
-        out += sd.w("repro.package_sha256", sha=s["package_sha256"])
+    if s.package_sha256:
+        out += sd.w("repro.package_sha256", sha=s.package_sha256)
     return out
 
 
 def _hardware(sd: StudyData, cid: str) -> str:
-    run = sd.runs[cid]
-    host = run.get("client_host") or {}
-    used = run.get("gpus_used")
+    run = sd.info(cid)
+    host, used = run.client_host, run.gpus_used
     if used:
         names = sorted({g["name"] for g in used})
         return f"{len(used)} × {', '.join(names)}"
-    gpus = host.get("gpus") or []
-    if gpus:
-        return f"{engine_gpus(sd, cid)} × {gpus[0]['name']}"
-    return sd.w("repro.cpu", model=host.get("cpu_model"), count=host.get("cpu_count"))
+    if host.gpus:
+        return f"{engine_gpus(sd, cid)} × {host.gpus[0]['name']}"
+    return sd.w("repro.cpu", model=host.cpu_model, count=host.cpu_count)
 
 
 def _card_rows(sd: StudyData, cid: str) -> dict[str, str]:
     """The card's short fields, each named in the page's language."""
-    r = sd.runs[cid]
-    srv, eng, facts, hd = r.get("server", {}), r.get("engine_params", {}), sd.facts(cid), r.get("headline", {})
-    args = eng.get("args") or {}
+    r = sd.info(cid)
+    srv, facts = r.server, sd.facts(cid)
+    args = r.engine_params.args if r.engine_params else {}
     w = sd.w
-    status = w("repro.status", status=r.get("status"), records=num(r.get("records"), 0))
-    if hd.get("success_rate") is not None:
-        status += w("repro.success", pct=hd["success_rate"] * 100)
+    status = w("repro.status", status=r.status, records=num(r.records, 0))
+    if r.headline.success_rate is not None:
+        status += w("repro.success", pct=r.headline.success_rate * 100)
     return {
         w("repro.field.model"): w("repro.model", architecture=facts.get("architecture", "?"),
                                   params=num(facts.get("param_count", 0) / 1e6, 1), dtype=facts.get("dtype", "?"),
-                                  weights=eng.get("load_format") or w("repro.checkpoint")),
+                                  weights=r.load_format or w("repro.checkpoint")),
         w("repro.field.revision"): _revision(sd, r),
-        w("repro.field.engine"): f"{eng.get('kind')} {srv.get('version') or w('repro.version_not_recorded')}",
+        w("repro.field.engine"): f"{r.engine_kind} {srv.version or w('repro.version_not_recorded')}",
         w("repro.field.hardware"): _hardware(sd, cid),
         w("repro.field.precision"): f"{args.get('dtype', 'auto')} / {args.get('kv-cache-dtype', 'auto')}",
         w("repro.field.parallel"): f"TP={args.get('tensor-parallel-size', args.get('tp-size', 1))}",
-        w("repro.field.startup"): w("repro.startup", s=srv["startup_s"]) if srv.get("startup_s")
+        w("repro.field.startup"): w("repro.startup", s=srv.startup_s) if srv.startup_s
         else w("repro.not_recorded"),
-        w("repro.field.run"): f"{r.get('started_at')} → {r.get('finished_at')}",
+        w("repro.field.run"): f"{r.started_at} → {r.finished_at}",
         w("repro.field.status"): status,
         w("repro.field.servelab"): _servelab(sd, r),
     }
@@ -232,15 +229,14 @@ def _card_rows(sd: StudyData, cid: str) -> dict[str, str]:
 
 def _long_values(sd: StudyData, cid: str) -> dict[str, str]:
     """The card's long values (launch command, environment, packages, client host), for <details>."""
-    r, w = sd.runs[cid], sd.w
-    srv = r.get("server", {})
-    cmd, env, host = srv.get("command"), srv.get("env") or {}, r.get("client_host") or {}
-    return {w("repro.long.command"): shlex.join(cmd) if cmd else srv.get("base_url", w("repro.not_recorded")),
+    r, w = sd.info(cid), sd.w
+    srv, host = r.server, r.client_host
+    cmd, env = srv.command, srv.env or {}
+    return {w("repro.long.command"): shlex.join(cmd) if cmd else srv.base_url or w("repro.not_recorded"),
             w("repro.long.environment"): " ".join(f"{k}={v}" for k, v in env.items()) or w("repro.none_recorded"),
-            w("repro.long.packages"): ", ".join(f"{k} {v}" for k, v in (r.get("packages") or {}).items())
-            or w("repro.not_recorded"),
-            w("repro.long.client_host"): w("repro.client_host", cpu=host.get("cpu_model"), count=host.get("cpu_count"),
-                                           python=host.get("python"))}
+            w("repro.long.packages"): ", ".join(f"{k} {v}" for k, v in r.packages.items()) or w("repro.not_recorded"),
+            w("repro.long.client_host"): w("repro.client_host", cpu=host.cpu_model, count=host.cpu_count,
+                                           python=host.python)}
 
 
 def repro_cards(sd: StudyData) -> list[Any]:
