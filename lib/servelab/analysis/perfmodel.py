@@ -70,10 +70,12 @@ def layer_counts(facts: Mapping[str, Any]) -> dict[str, int]:
 
 
 def mode_of(engine: str, args: Mapping[str, Any], kind: str) -> str:
-    """graphs or eager: how the engine runs its decode steps with these flags."""
+    """graphs or eager: how the engine runs its decode steps with these flags (on the CPU engine
+    "graphs" is torch.compile's compiled mode; only its eager mode is calibrated there, so a compiled
+    configuration's prediction uses the eager costs and is labelled a bound)."""
     if engine == "sglang":
         return "eager" if get_flag(args, "disable-cuda-graph") else "graphs"
-    return "eager" if (get_flag(args, "enforce-eager") or kind == "cpu") else "graphs"
+    return "eager" if get_flag(args, "enforce-eager") else "graphs"
 
 
 def _precision(facts: Mapping[str, Any]) -> str:
