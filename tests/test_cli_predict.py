@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from paths import ROOT
 
 
@@ -32,3 +33,28 @@ def test_predict_a_gpu_study_names_the_gpu_and_an_unknown_configuration_is_one_l
     assert "qwen3moe: " in r.stdout and re.search(r"c=32 [\d.]+ ms", r.stdout)
     bad = _cli("predict", "params/h200-perfmodel.yaml", "--config", "nope", "--hardware", "NVIDIA H200")
     assert bad.returncode == 2 and "no configuration nope" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_the_h200_entry_refits_from_its_own_points(tmp_path):
+    """calibrate-hw --add-to pools a second pass into an entry and fits it again: pooling the committed
+    H200 entry with itself gives back its numbers, so the entry is what its points say."""
+    import shutil
+
+    import yaml
+
+    from servelab.analysis.calibration import CALIBRATIONS
+    from servelab.calibrate_hw import merge
+
+    src = CALIBRATIONS / "nvidia-h200-2026-12-02.yaml"
+    main, other = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    shutil.copy(src, main)
+    shutil.copy(src, other)
+    got, want = merge(main, other), yaml.safe_load(src.read_text())
+    assert not other.exists()
+    g, w = got["engines"]["vllm"]["graphs"], want["engines"]["vllm"]["graphs"]
+    assert set(g) == set(w) == {"dense", "moe", "mla"}
+    for kind in g:
+        assert g[kind]["gpu_layer_s"] == pytest.approx(w[kind]["gpu_layer_s"], rel=1e-9)
+        assert g[kind]["layer_s"] == pytest.approx(w[kind]["layer_s"], rel=1e-9)
+        assert g[kind]["floor_s"] == pytest.approx(w[kind]["floor_s"], rel=1e-9)
+        assert sorted(p["layers"] for p in g[kind]["points"]) == [2, 4, 8, 16, 32, 64]

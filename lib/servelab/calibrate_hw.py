@@ -211,7 +211,7 @@ def merge(main: Path, other: Path) -> dict[str, Any]:
 def calibrate_hw(*, engine: str = "vllm", kinds: list[str] | None = None, widths: list[int] | None = None,
                  layers: list[int] | None = None, modes: list[str] | None = None, out: str | None = None,
                  cal_id: str | None = None, micro_only: bool = False, concurrent: int | None = None,
-                 port_base: int = 8600, quick: bool = False) -> int:
+                 port_base: int = 8600, quick: bool = False, add_to: str | None = None) -> int:
     from .analysis.calibration import CALIBRATIONS
     from .measure import hwbench
     from .paths import runs_root
@@ -252,12 +252,17 @@ def calibrate_hw(*, engine: str = "vllm", kinds: list[str] | None = None, widths
         entry["engines"][engine] = {"version": version, **fit(points, micro, engine)}
         entry["source"] += f", {engine} {version}: {len(points)} calibration servers ({', '.join(kinds)}; " \
                            f"widths {widths}; layers {layers}; {', '.join(modes)})"
-    path = Path(out) if out else CALIBRATIONS / f"{cal_id}.yaml"
+    path = Path(out) if out else CALIBRATIONS / f"{cal_id}{'.more' if add_to else ''}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     import json
 
     plain = json.loads(json.dumps(entry, default=lambda x: float(x) if hasattr(x, "__float__") else str(x)))
     path.write_text(yaml.safe_dump(plain, sort_keys=False, width=120), encoding="utf-8")
+    if add_to:  # a second pass (e.g. deeper models on a GPU) pooled into an existing entry and fitted again
+        target = CALIBRATIONS / f"{add_to}.yaml"
+        if not target.is_file():
+            raise UserError(f"calibrate-hw --add-to: no calibration entry {target}")
+        entry, path = merge(target, path), target
     progress_line(f"calibrate-hw: {path} in {time.monotonic() - t0:.0f} s")
     for mode, per in (entry["engines"].get(engine) or {}).items():
         if isinstance(per, dict) and all(isinstance(v, dict) for v in per.values()):

@@ -24,7 +24,8 @@ def cmd_calibrate_hw(a: argparse.Namespace) -> int:
                         widths=[int(x) for x in _csv(a.widths)] if a.widths else None,
                         layers=[int(x) for x in _csv(a.layers)] if a.layers else None,
                         modes=_csv(a.modes) if a.modes else None, out=a.out, cal_id=a.id, micro_only=a.micro_only,
-                        concurrent=a.concurrent, port_base=a.port_base, quick=a.quick)
+                        concurrent=a.concurrent, port_base=a.port_base, quick=a.quick,
+                        add_to=a.add_to)
 
 
 def _machine_record(study: Any, hardware: str | None) -> tuple[dict[str, Any], str]:
@@ -105,7 +106,8 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--engine", choices=["vllm", "sglang"], default="vllm")
     c.add_argument("--kinds", help="layer kinds: dense,moe,mla (default: all on a GPU, dense on a CPU)")
     c.add_argument("--widths", help="calibration widths (default 256 on a GPU; 256,1024 on a CPU)")
-    c.add_argument("--layers", help="depths (default 2,4,8)")
+    c.add_argument("--layers", help="depths: 2,4,8 (the default), 16,32,64 (a GPU's deeper pass, with --add-to)")
+    c.add_argument("--add-to", metavar="ID", help="pool this pass into the existing entry ID and fit it again")
     c.add_argument("--modes", help="graphs,eager (default: both on a GPU, eager on a CPU)")
     c.add_argument("--micro-only", action="store_true", help="the micro-benchmarks only, no engine")
     c.add_argument("--concurrent", type=int, help="servers started at once (default: all on a GPU, 1 on a CPU)")

@@ -17,6 +17,9 @@ say() { echo "[sequence $(date -u +%H:%M:%S), $(left) s left] $*"; }
 say "calibrate-hw"
 python3 -m servelab.cli calibrate-hw --id nvidia-h200-2026-12-02 --kinds dense,moe,mla --layers 2,4,8 \
   --modes graphs,eager --concurrent 18 --port-base 8600 2>&1 | tail -n 40
+say "calibrate-hw, deeper models (until the GPU leaves vLLM's CPU-side step floor)"
+python3 -m servelab.cli calibrate-hw --id nvidia-h200-2026-12-02-deep --add-to nvidia-h200-2026-12-02 \
+  --kinds dense,moe,mla --layers 16,32,64 --modes graphs --concurrent 9 --port-base 8700 2>&1 | tail -n 40
 say "explain group 0"
 python3 scripts/device/drive.py params/h200-moe-explain.yaml --deadline-s "$(left)" --groups 0
 say "perfmodel"

@@ -15,6 +15,7 @@ import pytest
 
 from servelab.models import build as mm
 from servelab.models import facts as mm_facts
+from servelab.models import presets as mm_presets
 
 LIB_DIR = Path(mm.__file__).resolve().parents[2]
 
@@ -62,7 +63,11 @@ def meta_model_param_counts(cfg: dict) -> tuple[int, object]:
 
 
 def test_list_presets():
-    assert mm.list_presets() == ["cpu-tiny", "llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v2-lite", "smollm2-135m"]
+    names = mm.list_presets()
+    assert names[:5] == ["cpu-tiny", "llama-3.1-8b", "qwen3-30b-a3b", "deepseek-v2-lite", "smollm2-135m"]
+    p = mm_presets
+    calib = [p.calib_name(k, w, n) for k in p.CALIB_KINDS for w in p.CALIB_WIDTHS for n in p.CALIB_LAYERS]
+    assert names[5:] == calib and len(calib) == 36
     assert set(mm.PRESET_TOKENIZER_VOCAB_SIZE) == set(mm.PRESETS)
 
 
@@ -147,10 +152,15 @@ def test_autoconfig_loads_and_numbers_match(built, preset):
         assert c.kv_lora_rank == 512
         assert c.q_lora_rank is None
         assert (c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim) == (128, 64, 128)
-        assert (c.n_routed_experts, c.n_shared_experts, c.num_experts_per_tok) == (64, 2, 6)
-        assert c.first_k_dense_replace == 1
-        assert c.moe_intermediate_size == 1408
-        assert rope["rope_type"] == "yarn"
+        assert (c.n_routed_experts, c.n_shared_experts, c.num_experts_per_tok) == (
+            want["n_routed_experts"], want["n_shared_experts"], want["num_experts_per_tok"])
+        assert c.first_k_dense_replace == want["first_k_dense_replace"]
+        assert c.moe_intermediate_size == want["moe_intermediate_size"]
+        if preset == "deepseek-v2-lite":
+            assert (want["n_routed_experts"], want["n_shared_experts"], want["num_experts_per_tok"]) == (64, 2, 6)
+            assert (want["first_k_dense_replace"], want["moe_intermediate_size"]) == (1, 1408)
+        if preset == "deepseek-v2-lite":
+            assert rope["rope_type"] == "yarn"
     else:
         assert c.head_dim == want["head_dim"]
     if preset == "qwen3-30b-a3b":

@@ -223,7 +223,7 @@ PRESET_TOKENIZER_VOCAB_SIZE: dict[str, int] = {
 # attention + routed and shared experts, DeepSeek-V2). None is the shape of a studied model.
 CALIB_KINDS = ("dense", "moe", "mla")
 CALIB_WIDTHS = (256, 1024)
-CALIB_LAYERS = (2, 4, 8)
+CALIB_LAYERS = (2, 4, 8, 16, 32, 64)  # the CPU calibration uses 2-8; the GPU adds 16-64 to leave its step floor
 
 
 def calib_preset(kind: str, width: int, layers: int) -> dict[str, Any]:
@@ -262,7 +262,8 @@ for _k in CALIB_KINDS:
 
 def list_presets() -> list[str]:
     """Names accepted by `make_model`, CPU default first, then the real-weights presets
-    (`models.gguf`)."""
+    (`models.gguf`), then the calibration models."""
     from .gguf import GGUF_PRESETS
 
-    return list(PRESETS) + list(GGUF_PRESETS)
+    calib = [n for n in PRESETS if n.startswith("calib-")]
+    return [n for n in PRESETS if n not in calib] + list(GGUF_PRESETS) + calib
