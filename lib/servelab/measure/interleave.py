@@ -33,7 +33,8 @@ from .runner import STOP_SIGNALS, LevelRunner, RunAborted
 #: decide(level index, rounds so far: summary.round_throughput rows with `config` = start id) ->
 #: (the starts that need another round, a short note for the progress line)
 Decide = Callable[[int, pd.DataFrame], tuple[set[str], str]]
-MIN_ROUNDS = 2  # rounds a level gets even past its budget share: the fewest with a within-start variance
+MIN_ROUNDS = 3  # rounds a level gets even past its budget share: at 2 an A/A pair's interval rests on one
+#                residual degree of freedom (a fresh clone on a slow day got 2 at every level, 2026-12-03)
 
 
 class NeighbourMeter:
