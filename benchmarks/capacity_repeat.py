@@ -1,0 +1,92 @@
+"""Back-to-back capacity searches on one server: do they give the same bracket every time, the first
+search on a fresh engine included, and what did each cost (trials, requests, wall time)?
+
+Starts one engine (the default study's eager SmolLM2 on vLLM CPU, `--max-num-seqs` as given) unless
+a URL is given, then runs `servelab capacity` `--runs` times, each in its own folder, and prints one
+line per search. `--lib DIR` runs another checkout's servelab (its `lib/`) for a before/after
+comparison on the same server.
+
+    .venv/bin/python benchmarks/capacity_repeat.py --runs 5 --out runs/capacity-repeat/after
+    .venv/bin/python benchmarks/capacity_repeat.py --runs 5 --lib OLD_CHECKOUT/lib --out runs/capacity-repeat/before
+
+Not a test: what one machine measured, written to OUT/repeat.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SEARCH = ["--axis", "concurrency", "--input", "128", "--output", "32", "--slo-ttft-p95-s", "1.0",
+          "--slo-tpot-p95-s", "0.1", "--max", "32"]
+
+
+def start_engine(max_num_seqs: int, port: int, workdir: Path):
+    sys.path.insert(0, str(ROOT / "lib"))
+    from servelab.hosts.local import model_dir_for
+    from servelab.hosts.process import Engine
+    from servelab.plan import load_study_file, plan_study
+
+    plan = plan_study(load_study_file(ROOT / "params" / "local-cpu.yaml"))["eager"]
+    eng = plan.engine.model_copy(update={"port": port, "args": {**plan.engine.args, "max-num-seqs": max_num_seqs}})
+    e = Engine(eng, model_dir_for(plan.engine), workdir)
+    e.start()
+    return e
+
+
+def search(url: str, out: Path, lib: str | None) -> dict:
+    env = dict(os.environ)
+    if lib:
+        env["PYTHONPATH"] = lib
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "servelab.cli", "capacity", url, *SEARCH, "--out", str(out)],
+                       env=env, capture_output=True, text=True, cwd=ROOT)
+    wall = time.monotonic() - t0
+    line = next((x for x in r.stdout.splitlines() if x.startswith("capacity at SLO:")), r.stderr.strip()[-300:])
+    run = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
+    res = (run.get("capacity") or {}).get("result") or {}
+    recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()] if (out / "records.jsonl").exists() else []
+    return {"bracket": res.get("bracket"), "capacity": res.get("capacity"), "trials": res.get("trials"),
+            "requests": sum(1 for x in recs if not x.get("warmup")), "warmup_requests": sum(1 for x in recs if x.get("warmup")),
+            "settled": res.get("settled"), "reason": res.get("reason"), "wall_s": round(wall, 1), "line": line}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--url", help="a running server (default: start the eager SmolLM2 engine)")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--max-num-seqs", type=int, default=32)
+    ap.add_argument("--port", type=int, default=8240)
+    ap.add_argument("--lib", help="another checkout's lib/ (its servelab runs the searches)")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    eng = None if a.url else start_engine(a.max_num_seqs, a.port, out / "engine")
+    url = a.url or eng.base_url
+    try:
+        rows = []
+        for i in range(a.runs):
+            rows.append(search(url, out / f"search-{i + 1}", a.lib))
+            r = rows[-1]
+            print(f"search {i + 1}: bracket {r['bracket']} capacity {r['capacity']} trials {r['trials']} "
+                  f"requests {r['requests']} (+{r['warmup_requests']} warm-up) {r['wall_s']} s; {r['line']}", flush=True)
+    finally:
+        if eng is not None:
+            eng.stop()
+    same = len({json.dumps(r["bracket"]) for r in rows}) == 1
+    print(f"same bracket every time: {same}; trials {sum(r['trials'] or 0 for r in rows) / len(rows):.1f} and "
+          f"requests {sum(r['requests'] for r in rows) / len(rows):.0f} per search (mean)")
+    (out / "repeat.json").write_text(json.dumps({"search": SEARCH, "lib": a.lib, "runs": rows, "same_bracket": same},
+                                                indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
