@@ -159,7 +159,6 @@ def test_autoconfig_loads_and_numbers_match(built, preset):
         if preset == "deepseek-v2-lite":
             assert (want["n_routed_experts"], want["n_shared_experts"], want["num_experts_per_tok"]) == (64, 2, 6)
             assert (want["first_k_dense_replace"], want["moe_intermediate_size"]) == (1, 1408)
-        if preset == "deepseek-v2-lite":
             assert rope["rope_type"] == "yarn"
     else:
         assert c.head_dim == want["head_dim"]

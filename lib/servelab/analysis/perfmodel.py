@@ -69,7 +69,7 @@ def layer_counts(facts: Mapping[str, Any]) -> dict[str, int]:
     return {k: v for k, v in (("moe", moe), ("dense", n - moe)) if v}
 
 
-def mode_of(engine: str, args: Mapping[str, Any], kind: str) -> str:
+def mode_of(engine: str, args: Mapping[str, Any]) -> str:
     """graphs or eager: how the engine runs its decode steps with these flags (on the CPU engine
     "graphs" is torch.compile's compiled mode; only its eager mode is calibrated there, so a compiled
     configuration's prediction uses the eager costs and is labelled a bound)."""
@@ -175,7 +175,7 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
     TTFT at c=1, the KV-limited concurrency and the capacity at the SLO, each labelled estimate or
     bound, with the inputs it used."""
     slo = dict(slo or {})
-    mode = mode_of(engine, args, m.kind)
+    mode = mode_of(engine, args)
     counts = layer_counts(facts)
     kv_dtype = str(get_flag(args, "kv-cache-dtype") or "auto")
     kv_dtype = "auto" if kv_dtype in ("auto", "bfloat16", "bf16") else kv_dtype
