@@ -156,14 +156,17 @@ def read_json_or_empty(p: Path) -> dict[str, Any]:
 
 
 def study_baselines(study: Any, ids: list[str]) -> dict[str, str]:
-    """Each configuration's baseline among `ids`: the one its params name, else the previous one."""
+    """Each configuration's baseline among `ids`: the one its params name, else the previous one
+    that serves the same model."""
     out = {}
     for i, cid in enumerate(ids):
         named = study.config(cid).baseline
         if named in ids[:i]:
             out[cid] = named
-        elif i:
-            out[cid] = ids[i - 1]
+            continue
+        prev = [p for p in ids[:i] if study.same_model(cid, p)]
+        if prev:
+            out[cid] = prev[-1]
     return out
 
 

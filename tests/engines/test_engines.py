@@ -464,3 +464,15 @@ def test_a_plan_resolves_each_configuration_once_on_one_host():
 
     with pytest.raises(dataclasses.FrozenInstanceError):
         plans[s.configurations[0].id].engine = None
+
+
+def test_a_configuration_of_another_model_gets_no_default_baseline():
+    from servelab.stages import study_baselines
+
+    s = load("h200-perfmodel.yaml")
+    ids = [c.id for c in s.configurations]
+    assert ids == ["qwen3moe", "qwen3moe-greedy", "llama8b", "dsv2lite"]
+    assert study_baselines(s, ids) == {"qwen3moe-greedy": "qwen3moe"}  # the dense and MLA shapes compare with nothing
+    s = load("local-cpu.yaml")  # one model throughout: every later configuration has one
+    ids = [c.id for c in s.configurations]
+    assert set(study_baselines(s, ids)) == set(ids[1:])

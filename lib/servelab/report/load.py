@@ -109,8 +109,8 @@ def engine_gpus(sd: StudyData, config_id: str) -> int:
 
 def baselines(sd: StudyData, piv: pd.DataFrame | None = None) -> dict[str, str]:
     """Each configuration's baseline: the one its params name (`baseline:`), else the nearest earlier
-    configuration measured on at least one of the same levels (a configuration with its own workload
-    skips those it shares none with)."""
+    configuration that serves the same model and was measured on at least one of the same levels (a
+    configuration with its own workload skips those it shares none with)."""
     if piv is None:
         piv = sd.summary.pivot_table(index=["bucket", "concurrency"], columns="config", values="aggregate_output_tps",
                                      aggfunc="first", sort=False)
@@ -122,7 +122,7 @@ def baselines(sd: StudyData, piv: pd.DataFrame | None = None) -> dict[str, str]:
             out[c] = named[c]
             continue
         for prev in reversed(cols[:i]):
-            if (piv[c].notna() & piv[prev].notna()).any():
+            if sd.study.same_model(c, prev) and (piv[c].notna() & piv[prev].notna()).any():
                 out[c] = prev
                 break
     return out

@@ -179,6 +179,10 @@ class Study(Strict):
     def engine_for(self, config_id: str) -> EngineParams:
         return resolve_engine(self.engine, self.config(config_id))
 
+    def same_model(self, a: str, b: str) -> bool:
+        """Whether two configurations serve the same model (only those compare by default)."""
+        return self.engine_for(a).model == self.engine_for(b).model
+
 def validate_engines(study: "Study") -> list[str]:
     """Every engine problem of every configuration, prefixed with where it is ([] = fine):
     the engine profiles' flag tables and conflicts (`servelab.engines`)."""

@@ -477,7 +477,7 @@ class Configuration(Strict):
                     "the report compares configurations on the levels they share")
     note: str | None = Field(None, description="prose for the report")
     baseline: str | None = Field(None, description="an earlier configuration this one is compared with in the report "
-                                 "(default: the nearest earlier one measured on a shared level)")
+                                 "(default: the nearest earlier one serving the same model, measured on a shared level)")
     capacity: "CapacityParams | None" = Field(
         None, description="search this configuration's capacity at the study's SLO instead of its fixed grid "
                           "(overrides the study's capacity block)")
