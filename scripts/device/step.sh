@@ -68,7 +68,12 @@ install_v() {
 install_s() {
   unpack s $R/whl || return 1
   local wheels=($R/whl/s/*.whl)
-  for w in $(python3 -c "import json; print(' '.join(json.load(open('$R/parts/MANIFEST.json'))['s']['shared']))"); do
+  # the shared wheels from v, except a project s ships in another version (2026-12-03: anthropic
+  # 2.14.0 from v beside 2.16.0 from s made pip refuse the whole set)
+  for w in $(python3 -c "import json, os, re
+proj = lambda w: re.split(r'-[0-9]', w, maxsplit=1)[0].lower().replace('_', '-')
+own = {proj(w) for w in os.listdir('$R/whl/s') if w.endswith('.whl')}
+print(' '.join(w for w in json.load(open('$R/parts/MANIFEST.json'))['s']['shared'] if proj(w) not in own))"); do
     wheels+=("$R/whl/v/$w")
   done
   python3 -m pip install -q --no-index --no-deps --no-compile --target $R/site-sglang --upgrade "${wheels[@]}" 2>&1 | tail -n 5

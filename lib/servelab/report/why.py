@@ -103,6 +103,16 @@ def fix_configs(sd: StudyData, surprises: list[su.Surprise]) -> list[tuple[str, 
     return out
 
 
+def _started(sd: StudyData, cid: str) -> float:
+    """When a configuration's run started (seconds since the epoch; 0 when the run does not say)."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(str(sd.runs[cid].get("started_at"))).timestamp()
+    except ValueError:
+        return 0.0
+
+
 def parent_of(sd: StudyData) -> tuple[StudyData | None, list[su.Surprise]]:
     """A follow-up study's published parent (`explains`) and the parent's surprises of that
     configuration; (None, []) for a study that explains nothing or whose parent is not published."""
@@ -119,11 +129,24 @@ def parent_of(sd: StudyData) -> tuple[StudyData | None, list[su.Surprise]]:
     return psd, [x for x in study_surprises(psd) if x.config == ex.config]
 
 
-def reference(sd: StudyData, parent: StudyData | None, cid: str) -> tuple[float, str]:
-    """A reference configuration's c=1 TPOT and its label: measured in this study, else quoted from
-    the parent study it follows up (named, with the date it was measured)."""
+def _setting(ep: dict[str, Any]) -> tuple[Any, ...]:
+    """What an engine serves and how: kind, model and the flags set (an omitted flag = None/false)."""
+    args = {k: v for k, v in (ep.get("args") or {}).items() if v is not None and v is not False}
+    return ep.get("kind"), ep.get("model"), sorted(args.items(), key=lambda kv: kv[0])
+
+
+def reference(sd: StudyData, parent: StudyData | None, cid: str, near: str | None = None) -> tuple[float, str]:
+    """A reference configuration's c=1 TPOT and its label: measured in this study (the
+    configuration itself, else one with the parent's reference settings, the one started nearest
+    in time to `near`), else quoted from the parent study it follows up (named, with the date it was
+    measured)."""
     if cid in sd.config_ids or parent is None or cid not in parent.config_ids:
         return c1_tpot(sd, cid), sd.labels().get(cid, cid)
+    same = [c for c in sd.config_ids if _setting(sd.engine_params(c)) == _setting(parent.engine_params(cid))]
+    if same:
+        t = _started(sd, near) if near else None
+        here = min(same, key=lambda c: abs(_started(sd, c) - t) if t is not None else 0.0)
+        return c1_tpot(sd, here), sd.labels().get(here, here)
     when = str(parent.runs[cid].get("started_at", ""))[:10]
     return c1_tpot(parent, cid), sd.w("why.quoted", label=parent.labels().get(cid, cid), study=parent.study.study,
                                       date=when)
@@ -133,7 +156,7 @@ def _fix_text(sd: StudyData, surprises: list[su.Surprise], parent: StudyData | N
     lab, parts = sd.labels(), []
     r = rows(sd, aa=False)
     for cid, s, args in fix_configs(sd, surprises):
-        (t_ref, ref_label), t_fix, t_bad = reference(sd, parent, s.baseline), c1_tpot(sd, cid), c1_tpot(sd, s.config)
+        (t_ref, ref_label), t_fix, t_bad = reference(sd, parent, s.baseline, cid), c1_tpot(sd, cid), c1_tpot(sd, s.config)
         within = (t_fix - t_ref) / t_ref * 100 if t_ref == t_ref and t_ref else math.nan
         verdicts = r[r["configuration"] == cid]
         vs = sd.w("story.list_sep").join(sd.w("why.fix_verdict", level=x.level, verdict=sd.w(f"verdict.{verdict_key(x.verdict)}"),
@@ -200,7 +223,7 @@ def why_section(sd: StudyData) -> tuple[str, list[tuple[str, Any, dict[str, floa
                               points=", ".join(f"{x:,.0f}: {y * 1000:.2f} ms" for x, y in sorted(tl["points"]))))
             ref = next((x.baseline for x in found + found_here if x.config == sw.reference), None)
             if ref is not None:  # what the law leaves: its empty-pool decode time against the reference's
-                t_ref, ref_label = reference(sd, parent, ref)
+                t_ref, ref_label = reference(sd, parent, ref, sw.reference)
                 lines.append(sd.w("why.rest", at0=num(tl["intercept"] * 1000, 2), ref=ref_label,
                                   t_ref=num(t_ref * 1000, 2), rest=num((tl["intercept"] - t_ref) * 1000, 2)))
         elif tl is not None:
@@ -232,7 +255,7 @@ def headline(sd: StudyData) -> str:
             if kn:
                 out.append(sd.w("why.head_knees", knob=sw.flag, knees="; ".join(f"{lv}: {v:g}" for lv, v in kn.items())))
     for cid, s, args in fix_configs(sd, found):
-        (t_ref, ref_label), t_fix = reference(sd, parent, s.baseline), c1_tpot(sd, cid)
+        (t_ref, ref_label), t_fix = reference(sd, parent, s.baseline, cid), c1_tpot(sd, cid)
         within = (t_fix - t_ref) / t_ref * 100 if t_ref == t_ref and t_ref else math.nan
         out.append(sd.w("why.head_fix", fix=", ".join(f"`{k} {v}`" for k, v in args.items()), t_fix=num(t_fix * 1000, 2),
                         within=pct(within), ref=ref_label))
