@@ -76,7 +76,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--min", type=float, help="lowest load searched")
     c.add_argument("--max", type=float, default=256.0, help="highest load searched")
     c.add_argument("--precision", type=float, default=0.1, help="stop when the bracket is this share of its low end")
-    c.add_argument("--repeats", type=int, default=1, help="trials at least at each end of the bracket")
+    c.add_argument("--repeats", type=int, default=2,
+                   help="trials at least at each end of the bracket (the later ones after the bisection)")
     c.add_argument("--max-repeats", type=int, default=6,
                    help="at most this many trials pooled at one load (a p95 pass needs >= 59 requests)")
     c.add_argument("--max-trials", type=int, default=16)

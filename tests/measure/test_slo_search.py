@@ -39,9 +39,11 @@ def test_bracket_then_bisect_finds_a_known_capacity_within_precision():
     assert loads[:6] == [1.0, 1.0, 2.0, 4.0, 8.0, 6.0]  # the first repeated, doubles until 8 fails, bisects 4..8
     assert st.lo.load <= 7.3 < st.hi.load
     assert (st.hi.load - st.lo.load) / st.lo.load <= 0.1
-    # a p95 pass needs >= 59 requests under the target: two trials of 40; 40 of 40 over fails at once
+    # a p95 pass needs >= 59 requests under the target: two trials of 40; 40 of 40 over would fail at
+    # once, but each end gets a second, later trial (repeats=2) so that one slow minute cannot decide it
     assert len(st.lo.trials) == 2 and st.lo.how == "interval" and st.lo.requests == 80
-    assert len(st.hi.trials) == 1 and st.hi.how == "interval"
+    assert len(st.hi.trials) == 2 and st.hi.how == "interval"
+    assert len(trials) - 1 - loads.index(st.hi.load) > 1  # the repeat came later, not back to back
     assert st.reason == "bracket narrow and both ends decided at 95 % confidence"
     assert len(trials) <= spec.worst_case_trials()
 
@@ -75,9 +77,12 @@ def test_an_undecided_end_gets_more_requests_until_its_interval_decides():
     # bisection: 1, 1 (its repeat), 2, 4, 8 (fail), 6, 7 (fail), 6.5 (pass, first of the cycle)
     assert [t.load for t in trials][:8] == [1.0, 1.0, 2.0, 4.0, 8.0, 6.0, 7.0, 6.5]
     at = [t for t in trials if t.load == 6.5]
-    # 40 fast requests alone cannot bound a p95 from above; 40 more, all slow, decide: a fail
-    assert len(at) == 2 and st.hi.load == 6.5 and st.hi.settled and not st.hi.passes
-    assert st.done and st.reason == "bracket narrow and both ends decided at 95 % confidence"
+    # 40 fast requests alone cannot bound a p95 from above; 40 more, all slow, would decide a fail if
+    # the requests were independent, but two trials that disagree this much are two clusters: the load
+    # gets its max_repeats trials and, still straddling the target, is at the target: it bounds nothing
+    assert len(at) == 3 and [v.load for v in st.at] == [6.5]
+    assert (st.lo.load, st.hi.load) == (6.0, 7.0) and st.lo.settled and st.hi.settled
+    assert st.done and "6.5 is at the target within its interval (120 requests)" in st.reason
 
 
 def test_trial_budget_stops_with_best_so_far():
@@ -201,3 +206,33 @@ def test_a_load_at_the_target_bounds_nothing_and_the_decided_loads_around_it_are
     res = result(st, T, spec)
     assert res["settled"] and res["at_target"] == [{"load": 6.0, "requests": 60}]
     assert "6 is at the target within its interval (60 requests)" in res["reason"]
+
+
+def test_trials_that_differ_widen_the_bound_and_agreeing_ones_do_not():
+    from servelab.measure.slo_search import design_effect
+
+    calm, slow = [0.5] * 60, [0.5] * 42 + [1.5] * 18  # a trial in a slow minute: 30 % over the target
+    assert design_effect([(calm, 0), (calm, 0)], 1.0) == 1.0  # nobody over: the trials agree
+    assert design_effect([(slow, 0)], 1.0) == 1.0  # one trial: no between-trial information
+    same = [0.5] * 57 + [1.5] * 3
+    assert design_effect([(same, 0), (same, 0)], 1.0) == 1.0  # the same share over in both
+    d = design_effect([(slow, 0), (calm, 0)], 1.0)
+    assert d > 10  # 18 of 60 against 0 of 60: far beyond binomial noise
+    xs = calm + slow
+    lo1, hi1 = quantile_bounds(xs, 0, 0.95)
+    lo2, hi2 = quantile_bounds(xs, 0, 0.95, deff=d)
+    assert lo2 <= lo1 and hi2 >= hi1 and (lo2, hi2) != (lo1, hi1)
+    assert quantile_bounds(xs, 0, 0.95, deff=1.0) == (lo1, hi1)
+
+
+def test_one_slow_trial_at_the_failing_end_does_not_decide_the_bracket():
+    """The true capacity is 12; the first trial at 8 ran in a slow minute (every request over the
+    target). With one trial per end the search would stop at [6, 8]; the end's later repeat passes,
+    the two trials differ, the pooled bound widens, and the bracket ends around 12 after all."""
+    spec = SearchSpec(start=1.0, max_load=64, precision=0.1, max_trials=40)
+    trials, st = _search(12, spec, verdict=lambda load, k: load <= 12 and not (load == 8 and k == 0))
+    assert st.lo.load <= 12 < st.hi.load, [t.load for t in trials]
+    assert sum(1 for t in trials if t.load == 8) >= 2
+    old = SearchSpec(start=1.0, max_load=64, precision=0.1, max_trials=40, repeats=1)
+    _, st1 = _search(12, old, verdict=lambda load, k: load <= 12 and not (load == 8 and k == 0))
+    assert st1.hi.load == 8  # what one trial per end concluded

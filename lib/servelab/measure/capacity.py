@@ -140,6 +140,9 @@ def end_words(name: str, end: dict[str, Any] | None, unit: str) -> str:
             continue
         v, lo, up = x.get("value"), x.get("lower"), x.get("upper")
         label = term.split("_")[0].upper()
+        deff = x.get("deff") or 1.0
+        label += (f" (its trials differ: design effect {deff:.1f}, as if {x.get('n', 0) / deff:.0f} independent "
+                  "requests)" if deff > 1.05 else "")
         if x.get("decided") == "pass":
             parts.append(f"p95 {label} {v:.3g} s, under its target with 95 % confidence (upper bound {up:.3g} s)")
         elif x.get("decided") == "fail":
@@ -149,7 +152,9 @@ def end_words(name: str, end: dict[str, Any] | None, unit: str) -> str:
             bounds += f" to {up:.3g} s" if up is not None else " s to unbounded"
             parts.append(f"p95 {label} {v:.3g} s, undecided (95 % bounds {bounds})")
     verdict = ("passes" if end.get("passes") else "fails") if end.get("settled") else "undecided"
-    return f"{name} {end['load']:g} {unit} {verdict} at {end.get('requests', 0)} requests ({'; '.join(parts)})"
+    ntr = len(end.get("trials") or [])
+    trials = f" in {ntr} trials" if ntr > 1 else ""
+    return f"{name} {end['load']:g} {unit} {verdict} at {end.get('requests', 0)} requests{trials} ({'; '.join(parts)})"
 
 
 @dataclass

@@ -7,7 +7,9 @@ SLO term it has is met. A p95 from n requests has a distribution-free interval f
 statistics (the binomial count of requests under the true p95; MLPerf LoadGen's early-stopping
 estimate is the same bound): a load's verdict is *decided* only when every term's one-sided 95 %
 bound is on one side of its target (all upper bounds under: pass; a lower bound over: fail);
-passing a p95 target needs at least 59 requests under it. The search is monotone: the first trial
+passing a p95 target needs at least 59 requests under it. Trials pooled at one load are clusters:
+where they differ beyond what independent requests explain (a slow minute of the machine), the
+bound counts fewer requests (`design_effect`). The search is monotone: the first trial
 is repeated at once (a cold first trial is an outlier to drop, not a verdict), then it doubles the
 load until a trial fails (bracket) and bisects; at the bracket's ends it extends the trials (more
 requests, pooled) until the verdict there is decided. It stops when the bracket is narrower than
@@ -117,20 +119,47 @@ def binom_sf(k: int, n: int, p: float) -> float:
     return min(1.0, sum(_binom_pmf(i, n, p) for i in range(max(k + 1, 0), n + 1)))
 
 
-def quantile_bounds(values: list[float], failed: int, q: float, alpha: float = ALPHA) -> tuple[float, float]:
+def quantile_bounds(values: list[float], failed: int, q: float, alpha: float = ALPHA,
+                    deff: float = 1.0) -> tuple[float, float]:
     """One-sided (1 - alpha) lower and upper confidence bounds of the q-quantile of the requests'
     values (a failed request counts as slower than any): order statistics x_(j) <= Q_q <= x_(k)
-    with P(Binomial(n, q) <= k - 1) >= 1 - alpha (k smallest) and P(Binomial(n, q) >= j) >=
-    1 - alpha (j largest). -inf / inf when n is too small for a bound (an upper bound of a p95
-    needs n >= 59)."""
+    with P(Binomial(m, q) <= k - 1) >= 1 - alpha (k smallest) and P(Binomial(m, q) >= j) >=
+    1 - alpha (j largest), where m = n / deff is the effective number of independent requests
+    (Kish's design effect: `design_effect`; 1 for independent requests), rank k of m standing for
+    the k-th block of n / m requests: its last for an upper bound, its first for a lower one. -inf / inf when m is too small for a
+    bound (an upper bound of a p95 needs m >= 59)."""
     xs = sorted(x for x in values if x == x) + [math.inf] * failed
     n = len(xs)
     if n == 0:
         return -math.inf, math.inf
-    cdf = _cdf(n, q)  # cdf[i] = P(X <= i)
-    hi = next((xs[k - 1] for k in range(1, n + 1) if cdf[k - 1] >= 1 - alpha), math.inf)
-    lo = next((xs[j - 1] for j in range(n, 0, -1) if 1.0 - cdf[j - 1] >= 1 - alpha), -math.inf)  # P(X >= j)
+    m = max(1, int(n / max(deff, 1.0)))
+    cdf = _cdf(m, q)  # cdf[i] = P(X <= i)
+    k = next((k for k in range(1, m + 1) if cdf[k - 1] >= 1 - alpha), None)
+    j = next((j for j in range(m, 0, -1) if 1.0 - cdf[j - 1] >= 1 - alpha), None)  # P(X >= j)
+    hi = xs[min(n, math.ceil(k * n / m)) - 1] if k else math.inf
+    lo = xs[math.floor((j - 1) * n / m)] if j else -math.inf  # the first of the j-th block of n / m
     return lo, hi
+
+
+def design_effect(groups: list[tuple[list[float], int]], target: float) -> float:
+    """How much the trials pooled at one load differ beyond what independent requests explain:
+    Kish's design effect of the share of requests over `target`, with each trial a cluster (the
+    ratio estimator's variance over the binomial one, at least 1). Requests of one trial share its
+    minutes on the machine (a neighbour's burst, a slow period), so a load measured twice, once in
+    a slow period, must not be judged as if its requests were all independent. 1 with fewer than
+    two trials, or when no trial (or every trial) has a request over the target: they agree.
+    `groups`: each trial's values and failed count (a failure counts as over the target)."""
+    ys = [sum(1 for x in xs if x > target) + f for xs, f in groups]
+    ns = [sum(1 for x in xs if x == x) + f for xs, f in groups]
+    ys, ns = [y for y, n in zip(ys, ns) if n], [n for n in ns if n]
+    m, total = len(ns), sum(ns)
+    if m < 2:
+        return 1.0
+    p = sum(ys) / total
+    if p <= 0.0 or p >= 1.0:
+        return 1.0
+    v_cluster = m / (m - 1) * sum((y - p * n) ** 2 for y, n in zip(ys, ns)) / total ** 2
+    return max(1.0, v_cluster / (p * (1 - p) / total))
 
 
 @functools.lru_cache(maxsize=512)
@@ -144,9 +173,10 @@ def _cdf(n: int, q: float) -> tuple[float, ...]:
 
 
 def term_interval(trials: list[Trial], term: str, target: float) -> dict[str, Any]:
-    """One SLO term pooled over a load's trials: the point value, its one-sided 95 % bounds, the
-    requests behind it, and `decided`: "pass" (upper bound <= target), "fail" (lower bound >
-    target) or None (the interval straddles the target)."""
+    """One SLO term pooled over a load's trials: the point value, its one-sided 95 % bounds (the
+    requests' effective number shrunk by the trials' design effect, `deff`), the requests behind it,
+    and `decided`: "pass" (upper bound <= target), "fail" (lower bound > target) or None (the
+    interval straddles the target)."""
     failed = sum(tr.failed for tr in trials)
     if term == "error_rate":
         # a count, judged as measured: at or under the allowed share passes (0 failures in 60 could
@@ -160,10 +190,13 @@ def term_interval(trials: list[Trial], term: str, target: float) -> dict[str, An
         elif n and binom_sf(failed - 1, n, target) < ALPHA:
             dec = "fail"
         return {"value": value, "lower": math.nan, "upper": math.nan, "n": n, "decided": dec}
-    values = [x for tr in trials for x in (tr.ttft_s if term == "ttft_p95_s" else tr.tpot_s)]
-    lo, hi = quantile_bounds(values, failed, SLO_QUANTILE)
+    per = [(tr.ttft_s if term == "ttft_p95_s" else tr.tpot_s, tr.failed) for tr in trials]
+    values = [x for xs, _ in per for x in xs]
+    deff = design_effect(per, target)
+    lo, hi = quantile_bounds(values, failed, SLO_QUANTILE, deff=deff)
     dec = "pass" if hi <= target else "fail" if lo > target else None
-    return {"value": _p95(values), "lower": lo, "upper": hi, "n": len(values) + failed, "decided": dec}
+    return {"value": _p95(values), "lower": lo, "upper": hi, "n": len(values) + failed, "deff": deff,
+            "decided": dec}
 
 
 def interval_verdict(trials: list[Trial], t: Targets) -> str | None:
@@ -251,7 +284,7 @@ class SearchSpec:
     max_load: float = 256.0
     growth: float = 2.0
     precision: float = 0.1  # stop when (hi - lo) / lo <= this
-    repeats: int = 1  # trials at least at each end of the bracket (their pooled interval decides)
+    repeats: int = 2  # trials at least at each end of the bracket (their pooled interval decides)
     max_repeats: int = 6  # at most this many trials pooled at one load (a p95 pass needs >= 59 requests)
     max_trials: int = 16
 

@@ -22,8 +22,9 @@ class CapacityParams(Strict):
     max_load: float = Field(256.0, gt=0, description="highest load searched (capacity is at least this if it passes)")
     growth: float = Field(2.0, gt=1, description="factor between loads while bracketing")
     precision: float = Field(0.1, gt=0, le=1, description="stop when the bracket's width is this share of its low end")
-    repeats: int = Field(1, ge=1, description="trials at least at each end of the bracket (their pooled requests' "
-                         "95 % interval of each p95 decides the verdict)")
+    repeats: int = Field(2, ge=1, description="trials at least at each end of the bracket, the later ones after the "
+                         "bisection, so that one slow minute cannot decide an end alone (their pooled requests' 95 % "
+                         "interval of each p95 decides the verdict, widened where the trials differ)")
     max_repeats: int = Field(6, ge=1, description="at most this many trials pooled at one load: an end still "
                              "undecided then is reported undecided with its number of requests (passing a p95 "
                              "target needs at least 59 requests)")
