@@ -58,3 +58,30 @@ def test_the_h200_entry_refits_from_its_own_points(tmp_path):
         assert g[kind]["layer_s"] == pytest.approx(w[kind]["layer_s"], rel=1e-9)
         assert g[kind]["floor_s"] == pytest.approx(w[kind]["floor_s"], rel=1e-9)
         assert sorted(p["layers"] for p in g[kind]["points"]) == [2, 4, 8, 16, 32, 64]
+
+
+@pytest.mark.parametrize("entry", ["amd-epyc-2026-12-02", "nvidia-h200-2026-12-02"])
+def test_every_entry_refits_from_its_own_points(tmp_path, entry):
+    """The same for every committed entry, the CPU's too: its engine bandwidth (fitted from two
+    widths, of which the entry keeps the narrow points only) survives a merge, and its eager line is
+    fitted on every depth (a CPU has no CUDA-graph floor to leave)."""
+    import shutil
+
+    import yaml
+
+    from servelab.analysis.calibration import CALIBRATIONS
+    from servelab.calibrate_hw import merge
+
+    src = CALIBRATIONS / f"{entry}.yaml"
+    main, other = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    shutil.copy(src, main)
+    shutil.copy(src, other)
+    got, want = merge(main, other)["engines"]["vllm"], yaml.safe_load(src.read_text())["engines"]["vllm"]
+    assert got.get("bandwidth_Bps") == want.get("bandwidth_Bps")
+    for mode in want:
+        if not isinstance(want[mode], dict) or mode == "version":
+            continue
+        for kind, w in want[mode].items():
+            assert got[mode][kind]["layer_s"] == pytest.approx(w["layer_s"], rel=1e-9)
+            assert got[mode][kind]["step_s"] == pytest.approx(w["step_s"], rel=1e-9)
+            assert got[mode][kind]["n"] == w["n"]

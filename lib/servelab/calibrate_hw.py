@@ -140,14 +140,19 @@ def run_sweep(items: list[dict[str, Any]], engine: str, out_dir: Path, *, gpu: b
     return points
 
 
-def fit(points: list[dict[str, Any]], micro: dict[str, Any], engine: str) -> dict[str, Any]:
+def fit(points: list[dict[str, Any]], micro: dict[str, Any], engine: str,
+        known: dict[str, Any] | None = None) -> dict[str, Any]:
     """The engine's calibration: fixed costs per mode and kind (narrowest width), and on a CPU its own
-    bandwidth from the two widths."""
+    bandwidth from the two widths (else `known`'s, an earlier fit of the same engine: a second pass
+    of one width keeps it)."""
     from .analysis.calibration import fit_engine_bandwidth, fit_fixed_costs, fit_graph_costs
 
     out: dict[str, Any] = {}
     widths = sorted({p["width"] for p in points})
     bw = float(micro["decode_bandwidth_Bps"]["1"])
+    if known and known.get("bandwidth_Bps"):
+        bw = float(known["bandwidth_Bps"])
+        out.update(bandwidth_Bps=bw, bandwidth_source=known.get("bandwidth_source"))
     if len(widths) >= 2 and micro.get("device") == "cpu":
         import numpy as np
 
@@ -172,7 +177,9 @@ def fit(points: list[dict[str, Any]], micro: dict[str, Any], engine: str) -> dic
                    for p in points if p["mode"] == mode and p["kind"] == kind and p["width"] == narrow]
             if len({p["layers"] for p in pts}) < 2:
                 continue
-            shallow = [p for p in pts if p["layers"] <= 8]
+            # with CUDA graphs the deep models leave the CPU side's floor (fit_graph_costs): the line is
+            # fitted on the shallow ones; eager steps (and a CPU's) grow with every layer: all of them
+            shallow = [p for p in pts if p["layers"] <= 8] if mode == "graphs" else pts
             per[kind] = fit_fixed_costs(shallow if len({p["layers"] for p in shallow}) >= 2 else pts, bw)
             if mode == "graphs" and micro.get("device") == "cuda":  # the CPU side's floor, the GPU's costs
                 per[kind].update({k: v for k, v in fit_graph_costs(pts, bw).items() if k != "points"})
@@ -201,7 +208,8 @@ def merge(main: Path, other: Path) -> dict[str, Any]:
             if key not in seen:
                 seen.add(key)
                 uniq.append(p)
-        a["engines"][eng] = {"version": (a["engines"].get(eng) or {}).get("version"), **fit(uniq, micro, eng)}
+        known = a["engines"].get(eng) or {}
+        a["engines"][eng] = {"version": known.get("version"), **fit(uniq, micro, eng, known)}
     a["source"] += "; deeper calibration models: " + b["source"].split(": ", 1)[-1]
     main.write_text(yaml.safe_dump(a, sort_keys=False, width=120), encoding="utf-8")
     other.unlink()
