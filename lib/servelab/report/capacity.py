@@ -54,7 +54,12 @@ def capacity_lines(sd: StudyData) -> list[str]:
         r = _result(sd, cid)
         lo, hi = r["bracket"]
         label = labels.get(cid, cid)
-        if r["capacity"] is None:
+        at = [a for a in r.get("at_target") or [] if hi is None or a["load"] < hi]
+        if r["capacity"] is None and at:  # nothing decided passing, but loads under the failing one straddle the target
+            out.append(sd.w("capacity.headline_at", label=label, hi=_load(sd, r["axis"], hi),
+                            at=", ".join(sd.w("capacity.at_load", load=_load(sd, r["axis"], a["load"]), n=a["requests"])
+                                         for a in at)))
+        elif r["capacity"] is None:
             out.append(sd.w("capacity.headline_none", label=label, hi=_load(sd, r["axis"], hi)))
         elif hi is None:
             out.append(sd.w("capacity.headline_open", label=label, cap=_load(sd, r["axis"], lo)))
@@ -78,7 +83,8 @@ def capacity_section(sd: StudyData) -> tuple[str, Any]:
         r = _result(sd, cid)
         lo, hi = r["bracket"]
         rows.append([sd.labels().get(cid, cid), _load(sd, r["axis"], r["capacity"]),
-                     f"[{lo:g}, {hi:g}]" if lo is not None and hi is not None else sd.w("capacity.open_end"),
+                     f"[{lo:g}, {hi:g}]" if lo is not None and hi is not None else
+                     f"[–, {hi:g}]" if hi is not None else sd.w("capacity.open_end"),
                      r.get("output_tps") or math.nan, r.get("in_flight") or math.nan,
                      sd.w(f"capacity.term.{r['binding']}") if r.get("binding") else "–", r["trials"],
                      _ends_cell(sd, r)])
