@@ -78,9 +78,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--precision", type=float, default=0.1, help="stop when the bracket is this share of its low end")
     c.add_argument("--repeats", type=int, default=2,
                    help="trials at least at each end of the bracket (the later ones after the bisection)")
-    c.add_argument("--max-repeats", type=int, default=6,
+    c.add_argument("--max-repeats", type=int, default=4,
                    help="at most this many trials pooled at one load (a p95 pass needs >= 59 requests)")
-    c.add_argument("--max-trials", type=int, default=16)
+    c.add_argument("--max-trials", type=int, default=24)
     c.add_argument("--duration", type=float, default=10.0, help="open loop: seconds of arrivals per trial round")
     c.add_argument("--warmup", type=int, default=0, help="warmup rounds per trial")
     c.add_argument("--rounds", type=int, default=1, help="measured rounds per trial")

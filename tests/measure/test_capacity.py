@@ -117,9 +117,9 @@ def test_cli_dry_run_states_worst_case(capsys):
     assert main(["capacity", "http://127.0.0.1:9", "--slo-ttft-p95-s", "1", "--max", "64", "--duration", "10",
                  "--dry-run"]) == 0
     out = capsys.readouterr().out
-    # the first trial and its repeat + 6 doublings + 4 bisections + 2 x 5 extensions = 22, capped at the 16
-    # trials of --max-trials; each 10 s x 1.5 drain
-    assert out.strip() == "worst case: 1 server start(s) x (16 trials x 15 s) = 240 s (4.0 min)"
+    # the first trial and its repeat + 6 doublings + 4 bisections + 2 x 3 extensions (--max-repeats 4) = 18,
+    # under the 24 trials of --max-trials; each 10 s x 1.5 drain
+    assert out.strip() == "worst case: 1 server start(s) x (18 trials x 15 s) = 270 s (4.5 min)"
 
 
 def test_cli_against_the_reference_server(ref, tmp_path, capsys):

@@ -285,8 +285,8 @@ class SearchSpec:
     growth: float = 2.0
     precision: float = 0.1  # stop when (hi - lo) / lo <= this
     repeats: int = 2  # trials at least at each end of the bracket (their pooled interval decides)
-    max_repeats: int = 6  # at most this many trials pooled at one load (a p95 pass needs >= 59 requests)
-    max_trials: int = 16
+    max_repeats: int = 4  # at most this many trials pooled at one load (a p95 pass needs >= 59 requests)
+    max_trials: int = 24
 
     def snap(self, x: float) -> float:
         """Loads are round numbers: integers for concurrency, 3 significant digits for rates."""

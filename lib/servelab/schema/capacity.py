@@ -25,10 +25,10 @@ class CapacityParams(Strict):
     repeats: int = Field(2, ge=1, description="trials at least at each end of the bracket, the later ones after the "
                          "bisection, so that one slow minute cannot decide an end alone (their pooled requests' 95 % "
                          "interval of each p95 decides the verdict, widened where the trials differ)")
-    max_repeats: int = Field(6, ge=1, description="at most this many trials pooled at one load: an end still "
+    max_repeats: int = Field(4, ge=1, description="at most this many trials pooled at one load: an end still "
                              "undecided then is reported undecided with its number of requests (passing a p95 "
                              "target needs at least 59 requests)")
-    max_trials: int = Field(16, ge=1, description="trial budget of one search")
+    max_trials: int = Field(24, ge=1, description="trial budget of one search (two trials at each end and the loads at the target between them need more than the bracketing alone)")
     duration_s: float = Field(10.0, gt=0, description="open loop: seconds of arrivals per trial round")
     warmup_rounds: int = Field(0, ge=0, description="warmup rounds per trial (excluded)")
     rounds: int = Field(1, ge=1, description="measured rounds per trial")
