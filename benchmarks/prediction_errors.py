@@ -5,6 +5,10 @@ configuration's highest concurrency. Runs that carry prediction.json use what wa
 their first request; the rest are predicted now from their run.json (labelled so).
 
     .venv/bin/python benchmarks/prediction_errors.py [--out benchmarks/results/prediction_errors.json]
+    .venv/bin/python benchmarks/prediction_errors.py --now --out /tmp/errors-now.json
+
+`--now` predicts every configuration with today's model, stored predictions ignored: a comparison of
+model versions on data the newer one may have been shaped by (in sample), never a test of it.
 
 Not a test: a table for the closing note and the README (bias = mean error, spread = its sd).
 """
@@ -22,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
 
-def rows() -> list[dict]:
+def rows(now: bool = False) -> list[dict]:
     from servelab.analysis.perfmodel import predict_configuration
     from servelab.analysis.predict import predict_run
     from servelab.report import load_study_data
@@ -44,7 +48,7 @@ def rows() -> list[dict]:
             c_low, c_high = min(measured), max(measured)
             old = predict_run(run, n_in, n_out) or {}
             wl = sd.study.workload_for(cid)
-            stored = rf.prediction if rf.exists("prediction.json") else None
+            stored = rf.prediction if rf.exists("prediction.json") and not now else None
             label = b["bucket"].iloc[0]
             new = ((stored or {}).get("buckets") or {}).get(label)
             source = "stored before measurement"
@@ -71,8 +75,9 @@ def err(measured: float, predicted: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "prediction_errors.json"))
+    ap.add_argument("--now", action="store_true", help="predict everything with today's model (in sample)")
     a = ap.parse_args()
-    rs = rows()
+    rs = rows(a.now)
     for r in rs:
         r["roofline_err_pct"] = err(r["measured_low_ms"], r["roofline_low_ms"])
         r["model_err_pct"] = err(r["measured_low_ms"], r["model_low_ms"])

@@ -90,6 +90,48 @@ def test_identical_requests_route_as_one_token_and_read_one_tokens_experts():
     assert pm.layer_counts(_facts("deepseek-v2-lite")) == {"mla": 26, "mla_dense": 1}
 
 
+def test_requests_in_waves_wait_for_half_of_the_waves_prefills():
+    """A closed loop of one forced length starts its c requests together: their prompts are prefilled
+    at the wave's start, and a request's decode waits, on average, for half of them; staggered
+    requests instead carry another's prefill in a share (c - 1) / output of their steps."""
+    from servelab.schema import Bucket, Workload
+
+    m = cal.Machine(_entry())
+    f = _facts("llama-3.1-8b")
+    kv = float(f["kv_cache_bytes_per_token"])
+    plain = pm.step_time(m, "vllm", "graphs", f, batch=32, ctx=384, kv_bpt=kv, distinct=32)["total_s"]
+    wave = pm.prefill_time(m, "vllm", "graphs", f, 32 * 256, seqs=32)
+    waves = pm.tpot(m, "vllm", "graphs", f, 32, 256, 256, kv, False, waves=True)
+    assert waves == pytest.approx(plain + wave / 2 / 255)
+    staggered = pm.tpot(m, "vllm", "graphs", f, 32, 256, 256, kv, False)
+    assert staggered > waves  # 31 of 256 steps each carry a whole prefill
+    assert pm.tpot(m, "vllm", "graphs", f, 1, 256, 256, kv, False, waves=True) == pytest.approx(
+        pm.tpot(m, "vllm", "graphs", f, 1, 256, 256, kv, False))  # one request: no other prefills
+    # attention's square is per prompt: 32 prompts of 256 tokens, not one of 8192
+    assert pm.prefill_flops(f, 8192, seqs=32) < pm.prefill_flops(f, 8192)
+    fixed = Workload(buckets=[Bucket(input_tokens=256, output_tokens=256)], concurrency=[1, 8])
+    assert pm.in_waves(fixed)
+    assert not pm.in_waves(Workload(buckets=[Bucket(input_tokens=256, output_tokens=256, ignore_eos=False)],
+                                    concurrency=[1, 8]))
+    assert not pm.in_waves(Workload(buckets=[Bucket(input_tokens=256, output_tokens=256)], arrival="poisson", concurrency=[1],
+                                    rates_rps=[1.0]))
+
+
+def test_dummy_deepseek_weights_on_vllm_026_route_every_token_to_the_same_experts():
+    """vLLM 0.26 ranks DeepSeek-V2's experts on a bf16 softmax: with dummy weights every
+    probability is the same bf16 number, so a batch reads one token's experts (the H200 measured
+    DeepSeek-V2-Lite at 3.22, 3.69, 4.34 ms for c = 1, 8, 32); Qwen3 (fp32 top-k kernel) spreads."""
+    cfg = dict(PRESETS["deepseek-v2-lite"])
+    run = {"engine_params": {"kind": "vllm", "load_format": "dummy"}, "model": {"config": cfg},
+           "server": {"version": "0.26.0"}}
+    assert "bf16 softmax" in pm.router_ties(run)
+    assert pm.router_ties({**run, "server": {"version": "0.32.0"}}) is None
+    assert pm.router_ties({**run, "engine_params": {"kind": "vllm", "load_format": "auto"}}) is None
+    assert pm.router_ties({**run, "model": {"config": dict(PRESETS["qwen3-30b-a3b"])}}) is None
+    assert pm.router_ties({**run, "model": {"config": {**cfg, "topk_method": "noaux_tc"}}}) is None
+    assert pm.router_ties({**run, "engine_params": {"kind": "sglang", "load_format": "dummy"}}) is None
+
+
 def test_graph_costs_come_from_the_floor_and_the_deepest_model():
     bw = 4e12
     pts = [{"layers": n, "weight_bytes": 1e6 * n, "tpot_s": t} for n, t in

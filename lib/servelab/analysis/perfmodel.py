@@ -20,8 +20,16 @@ One decode step of a batch of B sequences, each with `ctx` tokens of context:
   mla: latent attention), whose weights are too small to matter.
 
 TPOT at concurrency c (a closed loop of requests with `input` prompt and `output` new tokens): the
-decode step at B = c with the mean context `input + output / 2`, plus the prefills of the other c - 1
-requests that ride along (each request's prefill once per `output` steps). Prefill of n tokens:
+decode step at B = c with the mean context `input + output / 2`, plus the prefills of the other
+requests. How they ride depends on the arrivals:
+- staggered (requests that end at end-of-sequence, or open-loop arrivals): each of the other c - 1
+  requests' prefills rides in one of a request's `output` steps (a step of B + input rows, whose
+  prompt tokens route to experts too);
+- in waves (a closed loop whose requests all have one forced length): the c requests start together,
+  their c prompts are prefilled at the wave's start, and a request whose first token comes early
+  waits in its decode for the prefills still to run, on average half of the wave's, so TPOT gains
+  half the prefill of c x input tokens over its output - 1 gaps.
+Prefill of n tokens:
 max(weights / BW, FLOPs / F(n)) plus the fixed costs; FLOPs = 2 * matmul parameters * n + attention's
 2 * layers * heads * head_dim * n^2. TTFT at c = 1 is one prefill. The KV-limited concurrency and the
 capacity at the SLO follow (`predict`).
@@ -43,7 +51,7 @@ from ..models.facts import kv_bytes_per_token
 from .calibration import Machine, machine_for
 from .roofline import decode_weight_bytes, prefill_matmul_params
 
-MODEL_VERSION = "perfmodel-1"
+MODEL_VERSION = "perfmodel-2"  # 2: prefills in waves (closed loops of one forced length)
 FORMAT_VERSION = 1
 KINDS = ("dense", "moe", "mla")
 ESTIMATE, BOUND = "estimate", "bound"
@@ -109,35 +117,45 @@ def step_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], *, b
     return {"memory_s": t_mem, "compute_s": t_cmp, "cpu_s": cpu or 0.0, "gpu_fixed_s": gpu, "total_s": total}
 
 
-def prefill_flops(facts: Mapping[str, Any], n: float) -> float:
-    """FLOPs of a prefill of n tokens: the matmuls' 2 * params * n and causal attention's
-    2 * layers * heads * head_dim * n^2 (QK^T and PV, half of the square each)."""
+def prefill_flops(facts: Mapping[str, Any], n: float, seqs: float = 1.0) -> float:
+    """FLOPs of a prefill of n tokens in `seqs` prompts of n / seqs tokens each: the matmuls'
+    2 * params * n and causal attention's 2 * layers * heads * head_dim * (n / seqs)^2 per prompt
+    (QK^T and PV, half of the square each)."""
     head = float(facts.get("head_dim") or 128)
-    return 2.0 * prefill_matmul_params(facts) * n + 2.0 * float(facts["num_layers"]) * float(facts["num_heads"]) * head * n * n
+    per = n / max(seqs, 1.0)
+    return (2.0 * prefill_matmul_params(facts) * n
+            + 2.0 * float(facts["num_layers"]) * float(facts["num_heads"]) * head * per * per * max(seqs, 1.0))
 
 
-def prefill_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n: float, n_gpus: int = 1) -> float:
+def prefill_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n: float, n_gpus: int = 1,
+                 seqs: float = 1.0) -> float:
+    """One prefill step of n tokens (in `seqs` prompts)."""
     bw, _ = m.bandwidth(engine, n)
     f, _ = m.flops(_precision(facts), n)
     cpu, gpu, _, _ = m.fixed(engine, mode, layer_counts(facts))
     t_mem = weight_bytes(facts, n) / n_gpus / bw
-    t_cmp = prefill_flops(facts, n) / n_gpus / f if f == f else 0.0
+    t_cmp = prefill_flops(facts, n, seqs) / n_gpus / f if f == f else 0.0
     if m.kind == "cpu":
         return max(t_mem, t_cmp) + (cpu or 0.0) + gpu
     return max(cpu or 0.0, max(t_mem, t_cmp) + gpu)
 
 
 def tpot(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], c: int, n_in: float, n_out: float,
-         kv_bpt: float, identical: bool, n_gpus: int = 1) -> float:
-    """Mean time per output token of a request at concurrency c: decode steps at batch c, a share
-    (c - 1) / output of which also carry another request's prefill."""
+         kv_bpt: float, identical: bool, n_gpus: int = 1, waves: bool = False) -> float:
+    """Mean time per output token of a request at concurrency c: decode steps at batch c plus the
+    other requests' prefills; `waves`: the c requests start together (a closed loop of one forced
+    length) and a request's decode waits, on average, for half of the wave's c prefills; else a share
+    (c - 1) / output of its steps also carries another request's prefill."""
     ctx = n_in + n_out / 2.0
     distinct = 1 if identical else c
     plain = step_time(m, engine, mode, facts, batch=c, ctx=ctx, kv_bpt=kv_bpt, distinct=distinct, n_gpus=n_gpus)
     if c <= 1 or n_out <= 1:
         return plain["total_s"]
-    mixed = step_time(m, engine, mode, facts, batch=c, ctx=ctx, kv_bpt=kv_bpt, distinct=distinct, n_gpus=n_gpus,
-                      prefill_tokens=n_in)
+    if waves:
+        wave = prefill_time(m, engine, mode, facts, c * n_in, n_gpus, seqs=c)
+        return plain["total_s"] + wave / 2.0 / (n_out - 1)
+    mixed = step_time(m, engine, mode, facts, batch=c, ctx=ctx, kv_bpt=kv_bpt, distinct=distinct + n_in,
+                      n_gpus=n_gpus, prefill_tokens=n_in)  # the prompt's tokens route to experts too
     share = min(1.0, (c - 1) / n_out)
     return (1 - share) * plain["total_s"] + share * mixed["total_s"]
 
@@ -170,7 +188,8 @@ def kv_tokens(engine: str, facts: Mapping[str, Any], args: Mapping[str, Any], m:
 
 def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: Machine, *, input_tokens: int,
             output_tokens: int, concurrency: Sequence[int], slo: Mapping[str, Any] | None = None,
-            identical: bool = False, n_gpus: int = 1, speculative: bool = False) -> dict[str, Any]:
+            identical: bool = False, n_gpus: int = 1, speculative: bool = False, waves: bool = False,
+            ties: str | None = None) -> dict[str, Any]:
     """Every prediction for one request shape: c=1 TPOT, TPOT at each concurrency, prefill tok/s,
     TTFT at c=1, the KV-limited concurrency and the capacity at the SLO, each labelled estimate or
     bound, with the inputs it used."""
@@ -190,7 +209,7 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
         ("tensor parallel: the all-reduce cost is not calibrated", n_gpus > 1),
         ("speculative decoding is not modelled (one token per step)", speculative)) if cond]
     cs = sorted({int(c) for c in concurrency} | {1})
-    tp = {str(c): tpot(m, engine, mode, facts, c, n_in, n_out, kv_bpt, identical, n_gpus) for c in cs}
+    tp = {str(c): tpot(m, engine, mode, facts, c, n_in, n_out, kv_bpt, identical, n_gpus, waves) for c in cs}
     t_pre = prefill_time(m, engine, mode, facts, n_in, n_gpus)
     kv_tok, kv_from = kv_tokens(engine, facts, args, m, n_gpus, kv_dtype)
     per_request = n_in + n_out
@@ -212,9 +231,12 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
          "source": "model facts: non-expert weights + the experts one token touches"},
         {"name": "KV bytes per token", "value": kv_bpt, "source": f"model facts, kv-cache-dtype {kv_dtype}"},
         {"name": "identical requests (route as one token)", "value": identical,
-         "source": "workload: the same prompt for every request, decoded deterministically (temperature 0 or a "
-                   "fixed seed)"},
+         "source": ties or "workload: the same prompt for every request, decoded deterministically (temperature 0 "
+                           "or a fixed seed)"},
         {"name": "GPUs", "value": n_gpus, "source": "tensor x pipeline parallel flags"},
+        {"name": "requests in waves (their prefills at a wave's start)", "value": waves,
+         "source": "workload: a closed loop whose requests all have one forced length (ignore_eos) start and end "
+                   "together; otherwise each prefill rides in the running requests' decode steps"},
     ]
     return {
         "input_tokens": int(input_tokens), "output_tokens": int(output_tokens), "mode": mode,
@@ -260,6 +282,37 @@ def identical_requests(workload: Any) -> bool:
     return bool(filler and (float(workload.temperature or 0) == 0 or workload.seed is not None))
 
 
+def router_ties(run: Mapping[str, Any]) -> str | None:
+    """Why every token of a batch routes to the same experts whatever the requests, or None.
+    vLLM 0.26 takes DeepSeek-V2's top-k (grouped_topk, softmax scoring, no correction bias) on a
+    bf16 softmax of bf16 router logits; with dummy weights (every tensor, norms included, drawn from
+    U(-1e-3, 1e-3)) the logits are ~1e-5, every probability rounds to the same 1/E in bf16 and the
+    top-k ties to the same experts for every token (read in vLLM 0.26.0's grouped_topk_router.py; vLLM
+    0.32 sends one-group routing to the fp32 top-k kernel instead). Qwen3 and Mixtral route through
+    that fp32 kernel in 0.26 too, so their tokens spread."""
+    ep = run.get("engine_params") or {}
+    cfg = (run.get("model") or {}).get("config") or {}
+    if ep.get("kind", "vllm") != "vllm" or ep.get("load_format") != "dummy" or cfg.get("model_type") != "deepseek_v2":
+        return None
+    if str(cfg.get("scoring_func", "softmax")) != "softmax" or cfg.get("topk_method") == "noaux_tc":
+        return None
+    version = (run.get("server") or {}).get("version") or (run.get("packages") or {}).get("vllm") or ""
+    parts = [int(x) for x in str(version).split(".")[:2] if x.isdigit()]
+    if len(parts) < 2 or tuple(parts) > (0, 26):
+        return None
+    return (f"vLLM {version} ranks DeepSeek-V2's experts on a bf16 softmax; with dummy weights every probability "
+            "rounds to the same value and every token takes the same experts")
+
+
+def in_waves(workload: Any) -> bool:
+    """Whether the workload's requests run in waves: a closed loop (concurrency arrivals) whose
+    every request has one forced length (ignore_eos), so the c requests of a round start, and end,
+    together."""
+    buckets = list(getattr(workload, "buckets", None) or [])
+    return bool(buckets and getattr(workload, "arrival", "concurrency") == "concurrency"
+                and all(b.source == "filler" and b.ignores_eos(workload.ignore_eos) for b in buckets))
+
+
 def predict_configuration(run: Mapping[str, Any], workload: Any, slo: Mapping[str, Any] | None,
                           lengths: Mapping[str, tuple[int | None, int | None]], at: str, *,
                           folder: Path | str | None = None) -> dict[str, Any]:
@@ -287,11 +340,14 @@ def predict_configuration(run: Mapping[str, Any], workload: Any, slo: Mapping[st
         engine = ep.get("kind", "vllm")
         args = engine_args(ep.get("args"))
         prof = profile(engine)
-        n_gpus, ident, spec = max(1, prof.gpu_count(args)), identical_requests(workload), prof.speculative(args)
+        n_gpus, spec = max(1, prof.gpu_count(args)), prof.speculative(args)
+        ties = router_ties(run)
+        ident = identical_requests(workload) or bool(ties)
         out = {**base, "machine": {"calibration": m.entry.get("id"), "name": m.entry["machine"]["name"],
                                    "measured_at": m.entry.get("measured_at"), "own": m.own},
                "buckets": {label: predict(facts, engine, args, m, input_tokens=n_in, output_tokens=n_out,
-                                          concurrency=conc, slo=slo, identical=ident, n_gpus=n_gpus, speculative=spec)
+                                          concurrency=conc, slo=slo, identical=ident, n_gpus=n_gpus, speculative=spec,
+                                          waves=in_waves(workload), ties=ties)
                            for label, (n_in, n_out) in known.items()}}
     if missing:
         out["not_predictable_buckets"] = missing
@@ -328,5 +384,6 @@ def _roofline_bounds(run: Mapping[str, Any], slo: Mapping[str, Any] | None, leng
     return per
 
 
-__all__ = ["BOUND", "ESTIMATE", "KINDS", "MODEL_VERSION", "distinct_experts", "identical_requests", "layer_counts",
+__all__ = ["BOUND", "ESTIMATE", "KINDS", "MODEL_VERSION", "distinct_experts", "identical_requests", "in_waves", "layer_counts",
+           "router_ties",
            "mode_of", "predict", "predict_configuration", "prefill_time", "step_time", "tpot"]
