@@ -144,6 +144,7 @@ def prediction_frame(sd: StudyData) -> pd.DataFrame:
             rows.append({"config": cid, "bucket": b["label"], "quantity": q, "predicted": pred.get(q),
                          "measured": m.get(q), "error_pct": err.get(q), "source": src,
                          "kind": (pred.get("kinds") or {}).get(q), "cmax": m.get("cmax"),
+                         "version": (rf.prediction or {}).get("model_version") if src == "stored" else None,
                          "capacity_source": m.get("capacity_source")})
     return pd.DataFrame(rows)
 
@@ -167,8 +168,16 @@ def prediction_headline(sd: StudyData) -> str:
                              err=f"{r.error_pct:+.0f}"))
         if bits:
             kind = sd.w(f"capacity.kind.{g['kind'].iloc[0]}") if g["kind"].iloc[0] in ("estimate", "bound") else ""
-            parts.append(sd.w("capacity.head_config", label=lab.get(cid, cid), bits="; ".join(bits), kind=kind))
+            version = g["version"].iloc[0] if "version" in g and isinstance(g["version"].iloc[0], str) else ""
+            parts.append(sd.w("capacity.head_config", label=lab.get(cid, cid), bits="; ".join(bits),
+                              kind=", ".join(x for x in (version, kind) if x)))
     return sd.w("capacity.head", configs=" ".join(parts)) if parts else ""
+
+
+def _paren(*bits: Any) -> str:
+    """" (a, b)" of the bits that are words, "" when none is."""
+    words = [b for b in bits if isinstance(b, str) and b]
+    return f" ({', '.join(words)})" if words else ""
 
 
 def prediction_section(sd: StudyData) -> tuple[str, Any, str]:
@@ -190,7 +199,7 @@ def prediction_section(sd: StudyData) -> tuple[str, Any, str]:
         bound = src == "grid_lower_bound"  # every grid level met the SLO: no error against a lower bound
         rows.append([labels.get(r["config"], r["config"]), sd.w(key, c=r.get("cmax") or ""), _sig(p),
                      ("≥ " if bound else "") + _sig(mv), math.nan if bound else r["error_pct"],
-                     sd.w(f"capacity.src.{r['source']}") + (f" ({kind})" if kind else "")])
+                     sd.w(f"capacity.src.{r['source']}") + _paren(r.get("version"), kind)])
     buckets = sorted(set(f["bucket"]))
     t = rh.table(pd.DataFrame(rows, columns=cols), sd.w("capacity.t_predict", bucket=", ".join(buckets)),
                  formats={cols[4]: "{:+,.0f}"},
