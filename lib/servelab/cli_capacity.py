@@ -27,7 +27,7 @@ def spec_from_args(a: argparse.Namespace):  # -> (SearchSpec, Targets, TrialShap
                       max_trials=a.max_trials)
     targets = Targets(a.slo_ttft_p95_s, a.slo_tpot_p95_s, a.slo_error_rate)
     shape = TrialShape(duration_s=a.duration, warmup_rounds=a.warmup, rounds=a.rounds,
-                       requests_per_round=a.requests_per_round)
+                       requests_per_round=a.requests_per_round, ramp=not a.no_ramp)
     return spec, targets, shape
 
 
@@ -85,6 +85,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--warmup", type=int, default=0, help="warmup rounds per trial")
     c.add_argument("--rounds", type=int, default=1, help="measured rounds per trial")
     c.add_argument("--requests-per-round", type=int, default=4, help="closed loop: multiple of the concurrency")
+    c.add_argument("--no-ramp", action="store_true",
+                   help="closed loop: start every worker at once (the requests then run in step, as one wave)")
     c.add_argument("--max-in-flight", type=int, default=1024, help="open loop: cap on concurrent requests")
     c.add_argument("--timeout", type=float, default=300.0, help="per-request deadline (s)")
     c.add_argument("--metrics-interval", type=float, default=0.5, help="/metrics sampling period (0 = off)")

@@ -7,6 +7,7 @@ best result so far, and resume continues from the finished trials."""
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -135,3 +136,42 @@ def test_cli_against_the_reference_server(ref, tmp_path, capsys):
     assert [len(v["trials"]) for v in res["loads"]] == [2, 1]
     assert line.startswith("capacity at SLO: 4 req/s (") and "bracket [4, -] req/s" in line
     assert "trial budget spent (3 trials)" in line and "low end 4 req/s undecided at" in line
+
+
+def test_closed_loop_trials_start_their_workers_over_one_request(ref, tmp_path):
+    """A closed loop of one forced length started at once runs in step (a wave whose prompts are
+    prefilled together, sharing one TTFT). A trial after the first starts its workers over one
+    request's duration measured at the nearest load tried; each worker's first request is warm-up."""
+    from servelab.measure.capacity import ramp_for, trial_workload
+
+    srv = attach(AttachParams(url=ref.url))
+    wl = Workload(buckets=[Bucket(input_tokens=16, output_tokens=TOKENS)], concurrency=[1], metrics_interval_s=0)
+    spec = SearchSpec(axis="concurrency", start=2, min_load=1, max_load=4, repeats=1, max_repeats=1, max_trials=3)
+    out = run_capacity(srv, wl, tmp_path / "cap", spec, Targets(ttft_p95_s=5.0, tpot_p95_s=None, error_rate=0.01),
+                       shape=TrialShape(requests_per_round=2), study="t", config_id="cap",
+                       record=base_record("t", "cap"))
+    recs = read_jsonl(out.run_dir / "records.jsonl")
+    later = [r for r in recs if r["level"] > 0 and r["concurrency"] > 1]
+    assert later, out.result
+    for lvl in sorted({r["level"] for r in later}):
+        rs = [r for r in later if r["level"] == lvl]
+        c = rs[0]["concurrency"]
+        ramp = [r for r in rs if r.get("ramp")]
+        assert len(ramp) == c and all(r["warmup"] for r in ramp)  # one per worker, left out
+        assert sum(not r["warmup"] for r in rs) == 2 * c  # the measured requests are still k x c
+        starts = sorted(r["start_s"] for r in ramp)
+        assert starts[-1] - starts[0] >= 0.5 * SERVICE_S * (c - 1) / c  # spread, not all at once
+    # the first trial has nothing to measure a request by: its workers start together
+    assert not any(r.get("ramp") for r in recs if r["level"] == 0)
+    trials = trials_in(out.run_dir, "concurrency")
+    near = next(t for t in trials if t.load == max(x.load for x in trials))  # the nearest to 4, the first of a tie
+    assert ramp_for(trials, 4, TOKENS) == pytest.approx(
+        statistics.median(near.ttft_s) + (TOKENS - 1) * statistics.median(near.tpot_s))
+    assert ramp_for([], 4, TOKENS) == 0.0
+    assert trial_workload(wl, spec, TrialShape(), 4, ramp_s=0.5).concurrency_ramp_s == 0.5
+    assert trial_workload(wl, spec, TrialShape(ramp=False), 4, ramp_s=0.5).concurrency_ramp_s is None
+    assert trial_workload(wl, spec, TrialShape(), 1, ramp_s=0.5).concurrency_ramp_s is None  # one worker: nothing to spread
+    with pytest.raises(ValueError, match="closed loop"):
+        Workload(buckets=wl.buckets, concurrency=[1], arrival="constant", rates_rps=[1.0], concurrency_ramp_s=1.0)
+    with pytest.raises(ValueError, match="workers must be 1"):
+        Workload(buckets=wl.buckets, concurrency=[1], workers=2, concurrency_ramp_s=1.0)

@@ -38,12 +38,29 @@ class TrialShape:
     warmup_rounds: int = 0
     rounds: int = 1
     requests_per_round: int = 4  # closed loop: requests per round as a multiple of the concurrency
+    ramp: bool = True  # closed loop: workers start over one request's duration (`ramp_for`)
     bucket: int = 0  # index into the workload's buckets
 
 
-def trial_workload(wl: Workload, spec: SearchSpec, shape: TrialShape, load: float, *, first: bool = False) -> Workload:
+def ramp_for(trials: list[Trial], load: float, output_tokens: int | None) -> float:
+    """Seconds over which a closed-loop trial at `load` starts its workers: one request's duration
+    (median TTFT + (output - 1) x median TPOT) at the nearest load tried, the higher of two as
+    near; 0 before any trial or without an output length."""
+    import math
+    import statistics
+
+    done = [t for t in trials if t.ttft_s and t.tpot_s and t.load > 0]
+    if not done or not output_tokens or load <= 0:
+        return 0.0
+    near = min(done, key=lambda t: (abs(math.log(t.load / load)), -t.load))
+    return statistics.median(near.ttft_s) + max(int(output_tokens) - 1, 0) * statistics.median(near.tpot_s)
+
+
+def trial_workload(wl: Workload, spec: SearchSpec, shape: TrialShape, load: float, *, first: bool = False,
+                   ramp_s: float = 0.0) -> Workload:
     """The workload of one trial: one bucket, one level at `load`. The search's first trial warms
-    the server up first (a round at its load, recorded as warm-up and left out)."""
+    the server up first (a round at its load, recorded as warm-up and left out). `ramp_s`: a closed
+    loop's workers start over that many seconds (their first requests are warm-up)."""
     d = wl.model_dump()
     warm = max(shape.warmup_rounds, FIRST_WARMUP_ROUNDS) if first else shape.warmup_rounds
     d.update(buckets=[d["buckets"][shape.bucket]], warmup_rounds=warm, rounds=shape.rounds)
@@ -51,7 +68,8 @@ def trial_workload(wl: Workload, spec: SearchSpec, shape: TrialShape, load: floa
         arrival = d["arrival"] if d["arrival"] != "concurrency" else "constant"
         d.update(arrival=arrival, rates_rps=[load], duration_s=shape.duration_s)
     else:
-        d.update(arrival="concurrency", concurrency=[int(load)], requests_per_round=shape.requests_per_round)
+        d.update(arrival="concurrency", concurrency=[int(load)], requests_per_round=shape.requests_per_round,
+                 concurrency_ramp_s=ramp_s if shape.ramp and ramp_s > 0 and int(load) > 1 else None)
     return Workload.model_validate(d)
 
 
@@ -111,7 +129,8 @@ def capacity_line(res: dict[str, Any]) -> str:
     unit = "req/s" if res["axis"] == "rate" else "concurrent"
     lo, hi = res["bracket"]
     if res["capacity"] is None:
-        return f"capacity at SLO: below {hi:g} {unit} (no load searched meets the SLO; {res['reason']})"
+        below = f"below {hi:g} {unit}" if hi is not None else "undecided"
+        return f"capacity at SLO: {below} (no load searched meets the SLO with 95 % confidence; {res['reason']})"
     rps, tps, cc = res.get("request_rps"), res.get("output_tps"), res.get("in_flight")
     head = (f"capacity at SLO: {res['capacity']:g} req/s" if res["axis"] == "rate"
             else f"capacity at SLO: {rps:.3g} req/s" if rps else "capacity at SLO: ?")
@@ -212,13 +231,15 @@ def run_capacity(server: Server, wl: Workload, run_dir: Path, spec: SearchSpec, 
                                               "best result so far (continue with --resume)")
                 break
             li = max([tr.level for tr in trials], default=-1) + 1
-            wlt = trial_workload(wl, spec, shape, st.next_load, first=li == 0)
+            ramp = ramp_for(trials, st.next_load, wl.buckets[shape.bucket].output_tokens) if spec.axis != "rate" else 0.0
+            wlt = trial_workload(wl, spec, shape, st.next_load, first=li == 0, ramp_s=ramp)
             lv = Level(wlt.buckets[0], wlt.max_in_flight if spec.axis == "rate" else int(st.next_load),
                        st.next_load if spec.axis == "rate" else 0.0)
             lr = LevelRunner(server, wlt, rf, study=study, config_id=config_id, sources=sources, progress=progress,
                              metrics_interval_s=mi, log=log, gpu_devices=gpu_devices, counter=counter,
                              only=(li, lv), first_seq=seq)
-            log(f"{config_id}: trial {li + 1} at {st.next_load:g} ({st.reason})")
+            ramped = f", workers started over {wlt.concurrency_ramp_s:.1f} s" if wlt.concurrency_ramp_s else ""
+            log(f"{config_id}: trial {li + 1} at {st.next_load:g} ({st.reason}{ramped})")
             t_trial = time.monotonic()
             _, tstatus, tmsg = run_sync(lr.run())
             walls.append(time.monotonic() - t_trial)
@@ -249,7 +270,7 @@ def from_params(p: Any, buckets: list[Any] | None = None) -> tuple[SearchSpec, T
     spec = SearchSpec(axis=p.axis, start=p.start, min_load=p.min_load, max_load=p.max_load, growth=p.growth,
                       precision=p.precision, repeats=p.repeats, max_repeats=p.max_repeats, max_trials=p.max_trials)
     shape = TrialShape(duration_s=p.duration_s, warmup_rounds=p.warmup_rounds, rounds=p.rounds,
-                       requests_per_round=p.requests_per_round,
+                       requests_per_round=p.requests_per_round, ramp=p.ramp,
                        bucket=labels.index(p.bucket) if p.bucket is not None else 0)
     return spec, shape
 

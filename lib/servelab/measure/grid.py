@@ -52,7 +52,8 @@ def requests_per_round(wl: Workload, lv: Level) -> int:
         return len(load_trace(lv.bucket.trace))
     if lv.rate_rps:
         return max(1, round(lv.rate_rps * wl.duration_s))
-    return lv.concurrency * wl.requests_per_round
+    ramp = lv.concurrency if wl.concurrency_ramp_s else 0  # each worker's first request fills the loop (warm-up)
+    return lv.concurrency * wl.requests_per_round + ramp
 
 
 def arrival_offsets(wl: Workload, lv: Level, n: int, seed: int) -> list[float]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -62,12 +62,15 @@ class LoopMonitor:
 
 async def run_round(http: sc.StreamClient, jobs: Any, concurrency: int, timeout_s: float,
                     on_result: Callable[[Job, sc.Result, float | None], None], stop: asyncio.Event,
-                    budget: Callable[[], bool] | None = None, duration_s: float | None = None) -> dict[str, Any]:
+                    budget: Callable[[], bool] | None = None, duration_s: float | None = None,
+                    ramp_s: float = 0.0) -> dict[str, Any]:
     """Send `jobs`: closed loop with `concurrency` workers, or at their scheduled times (at_s).
 
     `on_result(job, result, send_lag_s)` is called as each request ends. Sending stops when
     `stop` is set or `budget()` says the failure budget is spent; with `duration_s` (closed
     loop; `jobs` may then be an endless iterator) no request starts after that many seconds.
+    `ramp_s` (closed loop): worker k starts k / concurrency of it late, and its first request,
+    sent before the loop is full, carries `warmup` and `ramp` in its record fields.
     Returns the client stats.
     """
     with LoopMonitor() as mon:
@@ -77,15 +80,20 @@ async def run_round(http: sc.StreamClient, jobs: Any, concurrency: int, timeout_
             it = iter(jobs)
             end = time.perf_counter() + duration_s if duration_s else None
 
-            async def worker() -> None:
+            async def worker(k: int) -> None:
+                first = ramp_s > 0
+                if first and k:
+                    await asyncio.sleep(k * ramp_s / concurrency)
                 while not stop.is_set() and not (budget and budget()) and (end is None or time.perf_counter() < end):
                     job = next(it, None)
                     if job is None:
                         return
+                    if first:  # sent while the loop fills: not the level's load
+                        job, first = replace(job, meta={**job.meta, "warmup": True, "ramp": True}), False
                     res = await sc.send(http, job.spec, timeout_s=timeout_s)
                     on_result(job, res, None)
 
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
+            await asyncio.gather(*(worker(k) for k in range(concurrency)))
     return mon.stats()
 
 

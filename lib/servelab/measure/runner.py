@@ -198,7 +198,8 @@ class LevelRunner:
         timed = wl.round_duration_s and not lv.rate_rps and lv.bucket.trace is None
         jobs = self._endless_jobs(li, lv, rnd) if timed else self._jobs(li, lv, rnd, n_req)
         return await run_round(http, jobs, lv.concurrency, wl.timeout_s, on_result, self.stop, budget,
-                               duration_s=wl.round_duration_s if timed else None)
+                               duration_s=wl.round_duration_s if timed else None,
+                               ramp_s=0.0 if lv.rate_rps else float(wl.concurrency_ramp_s or 0.0))
 
     async def level_begin(self, li: int, lv: Level) -> "LevelState":
         """A level starts: its samples are labelled with it (`level_end` closes it)."""
@@ -227,7 +228,7 @@ class LevelRunner:
             rec = self._record(li, lv, rnd, warm, job, res, lag)
             w.write(rec)
             results.append(rec)
-            if not warm:
+            if not rec["warmup"]:  # a round's warm-up, or a ramp request while the loop fills
                 st.sent += 1
                 st.failed += 0 if rec["ok"] else 1
             self.bar.update(1)

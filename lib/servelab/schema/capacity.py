@@ -33,6 +33,10 @@ class CapacityParams(Strict):
     warmup_rounds: int = Field(0, ge=0, description="warmup rounds per trial (excluded)")
     rounds: int = Field(1, ge=1, description="measured rounds per trial")
     requests_per_round: int = Field(4, ge=1, description="closed loop: requests per round as a multiple of the load")
+    ramp: bool = Field(True, description="closed loop: start a trial's workers evenly over one request's duration "
+                       "(measured at the nearest load tried; AIPerf's concurrency ramp), so that the requests do not "
+                       "run in step as one wave whose prompts are prefilled in one batch and share one TTFT; each "
+                       "worker's first request is warm-up")
     bucket: str | None = Field(None, description="label of the workload bucket searched (default: the first)")
     budget_s: float | None = Field(None, gt=0, description="stop before a trial would pass this many seconds; the "
                                    "best result so far stands and --resume continues")
