@@ -111,6 +111,7 @@ def test_requests_in_waves_wait_for_half_of_the_waves_prefills():
     assert pm.prefill_flops(f, 8192, seqs=32) < pm.prefill_flops(f, 8192)
     fixed = Workload(buckets=[Bucket(input_tokens=256, output_tokens=256)], concurrency=[1, 8])
     assert pm.in_waves(fixed)
+    assert not pm.in_waves(fixed.model_copy(update={"concurrency_ramp_s": 2.0}))
     assert not pm.in_waves(Workload(buckets=[Bucket(input_tokens=256, output_tokens=256, ignore_eos=False)],
                                     concurrency=[1, 8]))
     assert not pm.in_waves(Workload(buckets=[Bucket(input_tokens=256, output_tokens=256)], arrival="poisson", concurrency=[1],

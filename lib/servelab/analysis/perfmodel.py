@@ -306,10 +306,11 @@ def router_ties(run: Mapping[str, Any]) -> str | None:
 
 def in_waves(workload: Any) -> bool:
     """Whether the workload's requests run in waves: a closed loop (concurrency arrivals) whose
-    every request has one forced length (ignore_eos), so the c requests of a round start, and end,
-    together."""
+    every request has one forced length (ignore_eos) and whose workers start at once (no
+    `concurrency_ramp_s`), so the c requests of a round start, and end, together."""
     buckets = list(getattr(workload, "buckets", None) or [])
     return bool(buckets and getattr(workload, "arrival", "concurrency") == "concurrency"
+                and not getattr(workload, "concurrency_ramp_s", None)  # workers started over a cycle: spread
                 and all(b.source == "filler" and b.ignores_eos(workload.ignore_eos) for b in buckets))
 
 
