@@ -471,8 +471,8 @@ def test_a_configuration_of_another_model_gets_no_default_baseline():
 
     s = load("h200-perfmodel.yaml")
     ids = [c.id for c in s.configurations]
-    assert ids == ["qwen3moe", "qwen3moe-greedy", "llama8b", "dsv2lite"]
-    assert study_baselines(s, ids) == {"qwen3moe-greedy": "qwen3moe"}  # the dense and MLA shapes compare with nothing
+    assert ids == ["qwen3moe", "qwen3moe-greedy", "llama8b", "dsv2lite", "mixtral8x7b", "llama2-7b"]
+    assert study_baselines(s, ids) == {"qwen3moe-greedy": "qwen3moe"}  # the other shapes compare with nothing
     s = load("local-cpu.yaml")  # one model throughout: every later configuration has one
     ids = [c.id for c in s.configurations]
     assert set(study_baselines(s, ids)) == set(ids[1:])

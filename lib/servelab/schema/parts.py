@@ -364,12 +364,8 @@ class Workload(Strict):
                               "same mean rate (vLLM bench --burstiness): 1 = Poisson, < 1 burstier, > 1 more even")
     ramp_up: RampUp | None = Field(None, description="open loop: the rate moves from start_rps to end_rps over "
                                    "each round instead of staying at the level's rate")
-    concurrency_ramp_s: float | None = Field(
-        None, ge=0, description="closed loop: start the c workers evenly over this many seconds (AIPerf's "
-        "--concurrency-ramp-duration) instead of all at once; each worker's first request, sent before the "
-        "loop is full, is recorded as warm-up. Requests of one forced length started together stay in step "
-        "(a wave: c prompts prefilled in one batch, so c requests share one TTFT); one request's duration "
-        "spreads them over its cycle")
+    concurrency_ramp_s: float | None = Field(None, ge=0, description="closed loop: start the workers evenly over this "
+        "many seconds, each one's first request warm-up (AIPerf's --concurrency-ramp-duration), not in one wave")
     round_duration_s: float | None = Field(
         None, gt=0, description="closed loop: each round sends for this many seconds (then lets in-flight requests "
         "end) instead of a fixed request count")
@@ -393,11 +389,8 @@ class Workload(Strict):
     def _rates(self) -> "Workload":
         if self.arrival != "concurrency" and not self.rates_rps and not all(b.trace for b in self.buckets):
             raise ValueError(f"arrival '{self.arrival}' needs rates_rps (requests per second)")
-        if self.concurrency_ramp_s and self.arrival != "concurrency":
-            raise ValueError("concurrency_ramp_s ramps a closed loop: arrival must be 'concurrency' (an open loop "
-                             "has ramp_up)")
-        if self.concurrency_ramp_s and self.workers != 1:
-            raise ValueError("concurrency_ramp_s runs in the driver process: workers must be 1")
+        if self.concurrency_ramp_s and (self.arrival != "concurrency" or self.workers != 1):
+            raise ValueError("concurrency_ramp_s needs a closed loop (arrival 'concurrency'); workers must be 1")
         return self
 
 class Slo(Strict):
