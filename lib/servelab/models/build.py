@@ -207,9 +207,23 @@ def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
+_TRAINED: dict[tuple[int, str], str] = {}
+
+
+def _tokenizer_for(vocab_size: int, corpus: Corpus) -> Any:
+    """`train_tokenizer`, trained once per vocabulary size and corpus in a process: training is
+    deterministic, so presets of one vocabulary (the five real shapes: 32000) share it."""
+    from tokenizers import Tokenizer
+
+    k = (vocab_size, corpus.sha256)
+    if k not in _TRAINED:
+        _TRAINED[k] = train_tokenizer(vocab_size, corpus).to_str()
+    return Tokenizer.from_str(_TRAINED[k])
+
+
 def _build_into(out_dir: Path, preset: str, corpus: Corpus, key: dict[str, Any]) -> None:
     t0_s = time.perf_counter()
-    tok = train_tokenizer(PRESET_TOKENIZER_VOCAB_SIZE[preset], corpus)
+    tok = _tokenizer_for(PRESET_TOKENIZER_VOCAB_SIZE[preset], corpus)
     train_s = time.perf_counter() - t0_s
     tokenizer_size = tok.get_vocab_size(with_added_tokens=True)
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
