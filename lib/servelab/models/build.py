@@ -207,24 +207,26 @@ def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-_TRAINED: dict[tuple[int, str], str] = {}
+_TRAINED: dict[tuple[int, str], tuple[str, float]] = {}
 
 
-def _tokenizer_for(vocab_size: int, corpus: Corpus) -> Any:
-    """`train_tokenizer`, trained once per vocabulary size and corpus in a process: training is
-    deterministic, so presets of one vocabulary (the five real shapes: 32000) share it."""
+def _tokenizer_for(vocab_size: int, corpus: Corpus) -> tuple[Any, float]:
+    """`train_tokenizer` and the seconds its training took, trained once per vocabulary size and
+    corpus in a process: training is deterministic, so presets of one vocabulary (the five real
+    shapes: 32000) share it, and each manifest records the one training's time."""
     from tokenizers import Tokenizer
 
     k = (vocab_size, corpus.sha256)
     if k not in _TRAINED:
-        _TRAINED[k] = train_tokenizer(vocab_size, corpus).to_str()
-    return Tokenizer.from_str(_TRAINED[k])
+        t0_s = time.perf_counter()
+        text = train_tokenizer(vocab_size, corpus).to_str()
+        _TRAINED[k] = (text, time.perf_counter() - t0_s)
+    text, train_s = _TRAINED[k]
+    return Tokenizer.from_str(text), train_s
 
 
 def _build_into(out_dir: Path, preset: str, corpus: Corpus, key: dict[str, Any]) -> None:
-    t0_s = time.perf_counter()
-    tok = _tokenizer_for(PRESET_TOKENIZER_VOCAB_SIZE[preset], corpus)
-    train_s = time.perf_counter() - t0_s
+    tok, train_s = _tokenizer_for(PRESET_TOKENIZER_VOCAB_SIZE[preset], corpus)
     tokenizer_size = tok.get_vocab_size(with_added_tokens=True)
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
 
