@@ -308,10 +308,8 @@ def in_waves(workload: Any) -> bool:
     """Whether the workload's requests run in waves: a closed loop (concurrency arrivals) whose
     every request has one forced length (ignore_eos) and whose workers start at once (no
     `concurrency_ramp_s`), so the c requests of a round start, and end, together."""
-    buckets = list(getattr(workload, "buckets", None) or [])
-    return bool(buckets and getattr(workload, "arrival", "concurrency") == "concurrency"
-                and not getattr(workload, "concurrency_ramp_s", None)  # workers started over a cycle: spread
-                and all(b.source == "filler" and b.ignores_eos(workload.ignore_eos) for b in buckets))
+    return (workload.arrival == "concurrency" and not workload.concurrency_ramp_s  # a ramp spreads the workers
+            and all(b.source == "filler" and b.ignores_eos(workload.ignore_eos) for b in workload.buckets))
 
 
 def predict_configuration(run: Mapping[str, Any], workload: Any, slo: Mapping[str, Any] | None,
@@ -385,6 +383,6 @@ def _roofline_bounds(run: Mapping[str, Any], slo: Mapping[str, Any] | None, leng
     return per
 
 
-__all__ = ["BOUND", "ESTIMATE", "KINDS", "MODEL_VERSION", "distinct_experts", "identical_requests", "in_waves", "layer_counts",
-           "router_ties",
-           "mode_of", "predict", "predict_configuration", "prefill_time", "step_time", "tpot"]
+__all__ = ["BOUND", "ESTIMATE", "KINDS", "MODEL_VERSION", "distinct_experts", "identical_requests", "in_waves",
+           "layer_counts", "mode_of", "predict", "predict_configuration", "prefill_time", "router_ties", "step_time",
+           "tpot"]

@@ -231,7 +231,7 @@ def run_capacity(server: Server, wl: Workload, run_dir: Path, spec: SearchSpec, 
                                               "best result so far (continue with --resume)")
                 break
             li = max([tr.level for tr in trials], default=-1) + 1
-            ramp = ramp_for(trials, st.next_load, wl.buckets[shape.bucket].output_tokens) if spec.axis != "rate" else 0.0
+            ramp = ramp_for(trials, st.next_load, wl.buckets[shape.bucket].output_tokens)  # closed loop only
             wlt = trial_workload(wl, spec, shape, st.next_load, first=li == 0, ramp_s=ramp)
             lv = Level(wlt.buckets[0], wlt.max_in_flight if spec.axis == "rate" else int(st.next_load),
                        st.next_load if spec.axis == "rate" else 0.0)
