@@ -215,3 +215,34 @@ def test_three_starts_of_the_baseline_at_three_rounds_rarely_flag_an_a_a():
         flagged += any(v.effect_of(fit(y, [k, 0]), [names[k]], ["eager"], between,
                                    alpha=v.ALPHA / LEVELS)["verdict"] != v.NO_CHANGE for y in ys for k in (1, 2))
     assert flagged / 500 <= 0.05
+
+
+def _plan_rows(se: float, starts: int = 1, baseline_starts: int = 3, rounds: int = 3) -> "pd.DataFrame":
+    import pandas as pd
+
+    return pd.DataFrame([{"configuration": c, "level": f"l{i}", "se": se * (1 + i / 10), "mde": 0.3,
+                          "starts": starts, "baseline_starts": baseline_starts, "rounds": rounds * starts}
+                         for i, c in enumerate(["a", "b"])])
+
+
+def test_plan_for_target_meets_the_target_at_its_cheapest():
+    z = 2.8015852093  # ndtri(0.975) + ndtri(0.8)
+    costs = {"launch_s": {"x": 60.0, "y": 100.0}, "slot_s": {"l0": 2.0, "l1": 3.0}}
+    # no variance between starts: only rounds are missing; the plan's MDE is at the target and one
+    # round fewer (or one start fewer) is not
+    rows = _plan_rows(0.05)
+    p = v.plan_for_target(rows, v.Between(0.0, 8, "repeats"), target=0.10, **costs)
+    assert p["reached"] and p["met"] == 0 and p["rows"] == 2 and p["between_floor_mde"] == 0.0
+    s2 = (0.055**2) * 3 / (1 + 1 / 3)  # the worse row's per-round variance
+    mde = lambda n, r: math.expm1(z * math.sqrt(2 / n * s2 / r))  # noqa: E731
+    assert mde(p["starts"], p["rounds"]) <= 0.10 < mde(p["starts"], p["rounds"] - 1)
+    assert p["seconds"] == pytest.approx(p["starts"] * 160 / 2 + p["rounds"] * p["starts"] * 2 * 5)
+    # a variance between starts above what one start can carry: more starts, the floor said
+    b = 0.06**2
+    q = v.plan_for_target(rows, v.Between(b, 8, "repeats"), target=0.10, **costs)
+    assert q["between_floor_mde"] == pytest.approx(math.expm1(z * math.sqrt(4 / 3 * b))) and q["between_floor_mde"] > 0.10
+    assert q["starts"] > p["starts"] and 2 / q["starts"] * b * z * z <= math.log1p(0.10) ** 2
+    # out of reach within 12 starts: said so, with no plan
+    far = v.plan_for_target(rows, v.Between(0.2**2, 8, "repeats"), target=0.10, **costs)
+    assert far["reached"] is False and "starts" not in far
+    assert v.plan_for_target(rows.iloc[:0], v.Between(0.0, 8, "repeats"), target=0.1, **costs) is None

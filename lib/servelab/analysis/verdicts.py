@@ -323,6 +323,50 @@ def rounds_for(row: Mapping[str, Any], between: Between, target: float, cmp_: Co
     return n * (se * se - floor) / (need - floor)
 
 
+def plan_for_target(rows: pd.DataFrame, between: Between, *, target: float, launch_s: Mapping[str, float],
+                    slot_s: Mapping[str, float], lanes: int = 2, max_starts: int = 12, max_rounds: int = 60
+                    ) -> dict[str, Any] | None:
+    """The cheapest measurement that would bring every change's MDE (`rows`: one metric, no A/A) to
+    `target`: n (>= 2, so the between-start variance is measured) starts of every setting and R
+    rounds per start and level. Each row's variance now
+    is k0 (s2 / R0 + B) with k0 = 1/starts + 1/baseline_starts, R0 its rounds per start and B the
+    between-start variance; with n starts a side it becomes (2 / n)(s2 / R + B), and the MDE is
+    (z_0.975 + z_0.8) se (the normal quantiles: more starts bring more degrees of freedom). The
+    cost is n starts of each setting (`launch_s`: seconds of one start, two at a time: `lanes`) and
+    R rounds at each level of n starts of every setting (`slot_s`: seconds of one start's round at
+    that level, measured). None when nothing is estimated; `reached` False when no plan within
+    `max_starts` x `max_rounds` does it."""
+    r = rows.dropna(subset=["se"])
+    r = r[r["se"] > 0]
+    if r.empty or not launch_s or not slot_s:
+        return None
+    b = between.var or 0.0
+    need = (math.log1p(target) / (float(ndtri(1 - ALPHA / 2)) + float(ndtri(POWER)))) ** 2
+    k0 = 1.0 / r["starts"].clip(lower=1) + 1.0 / r["baseline_starts"].clip(lower=1)
+    r0 = (r["rounds"] / r["starts"].clip(lower=1)).clip(lower=1)
+    s2 = ((r["se"] ** 2 - k0 * b).clip(lower=0.0) * r0 / k0).to_numpy()
+    per_start = sum(launch_s.values()) / max(lanes, 1)  # one start of every setting
+    per_round = len(launch_s) * sum(slot_s.values())  # one round of every setting at every level
+    best = None
+    for n in range(2, max_starts + 1):
+        fixed = 2.0 / n
+        if fixed * b > need:
+            continue
+        # the fewest rounds with fixed * (s2 / R + b) <= need for every row
+        rounds = max(1, math.ceil(float((fixed * s2 / (need - fixed * b)).max())))
+        if rounds > max_rounds:
+            continue
+        cost = n * per_start + rounds * n * per_round
+        if best is None or cost < best["seconds"]:
+            best = {"starts": n, "rounds": rounds, "seconds": cost}
+    worst = r.loc[r["mde"].idxmax()]
+    out = {"target": target, "met": int((r["mde"] <= target).sum()), "rows": int(len(r)),
+           "worst": {"configuration": worst["configuration"], "level": worst["level"], "mde": float(worst["mde"])},
+           "between_floor_mde": _rel((float(ndtri(1 - ALPHA / 2)) + float(ndtri(POWER))) * math.sqrt(float(k0.max()) * b)),
+           "reached": best is not None, "between_starts": between.source}
+    return out | (best or {})
+
+
 def settled(row: Mapping[str, Any], target: float = MDE_TARGET) -> bool:
     """The sequential rule: a comparison needs no more rounds once its MDE is at most `target` or its
     interim (99.9 %) interval excludes zero."""
@@ -388,9 +432,10 @@ COLUMNS = ["configuration", "baseline", "level", "bucket", "concurrency", "metri
 
 
 def to_json(rows: pd.DataFrame, betweens: Mapping[str, Between], *, target: float = MDE_TARGET,
-            design: Mapping[str, Any] | None = None) -> dict[str, Any]:
+            design: Mapping[str, Any] | None = None, to_target: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """verdicts.json: the model's constants, the between-start estimate per metric, the design the
-    study ran with (interleaving, budget) and one row per comparison, level and metric."""
+    study ran with (interleaving, budget), what would reach the MDE target (`plan_for_target`) and
+    one row per comparison, level and metric."""
     def clean(v: Any) -> Any:
         if isinstance(v, float):
             return v if math.isfinite(v) else None
@@ -407,6 +452,7 @@ def to_json(rows: pd.DataFrame, betweens: Mapping[str, Between], *, target: floa
                                    "source": b.source, "starts": [list(g) for g in b.starts]}
                                for m, b in betweens.items()},
             "design": dict(design or {}),
+            "to_target": {k: clean(v) for k, v in to_target.items()} if to_target else None,
             "rows": [{k: clean(v) for k, v in r.items() if k not in ("se", "df", "interim_ci", "settled")}
                      | {"se": clean(r["se"]), "df": clean(r["df"])}
                      for r in rows.to_dict("records")]}
@@ -425,4 +471,4 @@ def from_json(d: Mapping[str, Any]) -> pd.DataFrame:
 
 __all__ = ["Between", "Comparison", "FASTER", "SLOWER", "NO_CHANGE", "UNDETERMINED", "METRICS", "PRIMARY",
            "MDE_TARGET", "between_starts", "between_from_fits", "comparisons", "effect_of", "estimate", "fit_arrays", "open_starts", "fit_level", "from_json", "level_label",
-           "log_rounds", "setting_groups", "settled", "to_json", "verdict_rows"]
+           "log_rounds", "plan_for_target", "setting_groups", "settled", "to_json", "verdict_rows"]

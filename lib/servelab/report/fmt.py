@@ -22,6 +22,12 @@ def num(x: Any, nd: int | None = None) -> str:
     return f"{x:,.{nd}f}"
 
 
+def minutes(sd: StudyData, seconds: float) -> str:
+    """A duration in the study's language: "3 min 41 s" or "41 s"."""
+    m, s = int(seconds // 60), round(seconds % 60)
+    return sd.w("timing.minutes", m=m, s=s) if m else sd.w("timing.seconds", s=s)
+
+
 def pct(x: float) -> str:
     return rh.MISSING if not math.isfinite(x) else f"{x:+.1f} %"
 

@@ -23,6 +23,7 @@ from ..engines import get as engine_profile
 from . import html as rh
 from .load import StudyData, baselines
 from .progress import compile_s, quality
+from .fmt import minutes
 from .sections import pct
 
 SPEC_COLUMNS = ["spec_acceptance_rate", "spec_mean_accepted_len", "spec_draft_tokens_per_s",
@@ -202,11 +203,6 @@ def _benchmark_s(rec: pd.DataFrame, interleaved: bool) -> float:
     return float((g["end_s"].max() - g["start_s"].min()).sum())
 
 
-def _minutes(sd: StudyData, seconds: float) -> str:
-    m, s = int(seconds // 60), round(seconds % 60)
-    return sd.w("timing.minutes", m=m, s=s) if m else sd.w("timing.seconds", s=s)
-
-
 def budget_text(sd: StudyData, quality_s: float) -> str:
     """Where an interleaved study's time went (design.json): engine starts two at a time, the
     quality checks one engine at a time, the rounds per level and why each level stopped, against
@@ -218,13 +214,13 @@ def budget_text(sd: StudyData, quality_s: float) -> str:
         return ""
     launch, bench = float(d["launch"]["wall_s"]), float(d.get("benchmark_s") or 0.0)
     levels = sd.w("story.list_sep").join(
-        sd.w("timing.level", level=x["label"], rounds=max(x["rounds"].values()), s=_minutes(sd, x["seconds"]),
+        sd.w("timing.level", level=x["label"], rounds=max(x["rounds"].values()), s=minutes(sd, x["seconds"]),
              why=sd.w(f"verdicts.stopped.{x['stopped']}")) for x in d.get("levels", []))
     total = launch + quality_s + bench
     key = "timing.budget" if d.get("budget_s") else "timing.no_budget"
-    return sd.w(key, total=_minutes(sd, total), budget=_minutes(sd, float(d.get("budget_s") or 0)),
-                launch=_minutes(sd, launch), lanes=d.get("lanes", 1), quality=_minutes(sd, quality_s),
-                bench=_minutes(sd, bench), levels=levels)
+    return sd.w(key, total=minutes(sd, total), budget=minutes(sd, float(d.get("budget_s") or 0)),
+                launch=minutes(sd, launch), lanes=d.get("lanes", 1), quality=minutes(sd, quality_s),
+                bench=minutes(sd, bench), levels=levels)
 
 
 def timing_table(sd: StudyData) -> tuple[str, Any]:
@@ -234,8 +230,8 @@ def timing_table(sd: StudyData) -> tuple[str, Any]:
         return "", None
     starts = float(np.nansum(t.loc[~t["shared_server"], "startup_s"]))
     bench, qual = float(np.nansum(t["benchmark_s"])), float(np.nansum(t["quality_s"]))
-    text = sd.w("timing.text" if qual > 0 else "timing.text_no_quality", total=_minutes(sd, starts + bench + qual), starts=_minutes(sd, starts),
-                bench=_minutes(sd, bench), quality=_minutes(sd, qual))
+    text = sd.w("timing.text" if qual > 0 else "timing.text_no_quality", total=minutes(sd, starts + bench + qual), starts=minutes(sd, starts),
+                bench=minutes(sd, bench), quality=minutes(sd, qual))
     budget = budget_text(sd, qual)
     if budget:
         text = sd.w("timing.text_interleaved") + " " + budget

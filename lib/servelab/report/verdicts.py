@@ -15,7 +15,7 @@ import pandas as pd
 from ..analysis import verdicts as v
 from ..runfolder import DESIGN_JSON, VERDICTS_JSON, read_json, write_json
 from . import html as rh
-from .fmt import link, num, pct
+from .fmt import link, minutes, num, pct
 from .load import StudyData, baselines
 
 
@@ -54,8 +54,28 @@ def study_verdicts(sd: StudyData) -> dict[str, Any]:
     out = v.to_json(rows, betweens, target=target,
                     design={"interleaved": bool(d.get("interleaved")), "reason": d.get("reason"),
                             "budget_s": d.get("budget_s"), "first_rounds": d.get("first_rounds"),
-                            "max_rounds": d.get("max_rounds")})
+                            "max_rounds": d.get("max_rounds")},
+                    to_target=_plan(d, groups, rows, betweens[v.PRIMARY], target) if v.PRIMARY in betweens else None)
     return out
+
+
+def _plan(d: dict[str, Any], groups: dict[str, tuple[str, ...]], rows: pd.DataFrame, between: v.Between,
+          target: float) -> dict[str, Any] | None:
+    """`analysis.verdicts.plan_for_target` with the costs this study measured (design.json): one
+    start of each setting (the mean over its starts) and one start's round at each level; None for
+    a study measured without design.json's timings (one at a time, or before it existed)."""
+    took = (d.get("launch") or {}).get("per_config_s") or {}
+    levels = [x for x in d.get("levels", []) if x.get("rounds") and x.get("seconds")]
+    if not took or not levels:
+        return None
+    settings = {g for c, g in groups.items() if c in took}
+    launch = {g[0]: sum(took[c] for c in g if c in took) / sum(c in took for c in g) for g in settings}
+    slot = {x["label"]: x["seconds"] / sum(x["rounds"].values()) for x in levels}
+    r = rows[(rows["metric"] == v.PRIMARY) & ~rows["aa"].astype(bool)]
+    plan = v.plan_for_target(r, between, target=target, launch_s=launch, slot_s=slot, lanes=int(d.get("lanes") or 1))
+    if plan is not None:
+        plan["now_seconds"] = (d.get("launch") or {}).get("wall_s", 0.0) + sum(x["seconds"] for x in levels)
+    return plan
 
 
 def write_study_verdicts(sd: StudyData) -> dict[str, Any]:
@@ -170,9 +190,34 @@ def verdicts_text(sd: StudyData) -> str:
     else:
         sampling = sd.w("verdicts.fixed", first=first)
     out = sd.w("verdicts.text", sampling=sampling) + " " + model_sentence(sd, with_link=False)
+    plan = load(sd).get("to_target")
+    if plan:
+        out += " " + to_target_text(sd, plan)
     cpu = neighbour_cpu_pct(sd)
     if cpu is not None:
         out += " " + sd.w("verdicts.neighbours", med=num(cpu[0], 1), most=num(cpu[1], 1))
+    return out
+
+
+def to_target_text(sd: StudyData, plan: dict[str, Any]) -> str:
+    """Where the MDE target was not met: how many change levels met it, the largest MDE, why (the
+    variance between starts or too few rounds) and what measurement would reach it (verdicts.json
+    `to_target`)."""
+    lab = sd.labels()
+    w = plan["worst"]
+    out = sd.w("verdicts.target_met", met=plan["met"], rows=plan["rows"], target=f"{num(plan['target'] * 100, 0)} %",
+               mde=f"{num(w['mde'] * 100, 0)} %", config=lab.get(w["configuration"], w["configuration"]), level=w["level"])
+    if plan["met"] == plan["rows"]:
+        return out
+    floor = plan.get("between_floor_mde") or 0.0
+    out += " " + (sd.w("verdicts.target_starts", floor=f"{num(floor * 100, 0)} %") if floor > plan["target"]
+                  else sd.w("verdicts.target_rounds") if plan.get("between_starts") != "not measured"
+                  else sd.w("verdicts.target_rounds_unmeasured"))
+    if plan.get("reached"):
+        out += " " + sd.w("verdicts.target_plan", starts=plan["starts"], rounds=plan["rounds"],
+                          took=minutes(sd, plan["seconds"]), now=minutes(sd, plan.get("now_seconds") or 0.0))
+    else:
+        out += " " + sd.w("verdicts.target_unreached")
     return out
 
 
