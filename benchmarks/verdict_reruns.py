@@ -1,0 +1,107 @@
+"""Several fresh-clone runs of one study side by side: do their verdicts agree, and are the model's
+intervals as wide as the runs actually differ? Each folder's verdicts are derived again from its
+records with this checkout's model (report.verdicts.study_verdicts), so runs made with older code
+are judged alike.
+
+- agreement: for every pair of runs, the change levels (primary metric, no A/A) with the same
+  verdict, those faster in one and slower in the other, and whether every A/A row says "no
+  detectable change";
+- calibration: for every pair and change level, z = (log effect A - log effect B) / sqrt(se_A^2 +
+  se_B^2). If the intervals carry all the variance between runs, z is standard normal: mean z^2
+  near 1 and |z| > 1.96 in about 5 % of pairs. A mean z^2 well above 1 means the runs differ by
+  more than each run's interval says (a component between runs, e.g. the day's machine, that no
+  single run can measure);
+- what each run says would reach an MDE of 10 % and of 15 % at every level (plan_for_target).
+
+    .venv/bin/python benchmarks/verdict_reruns.py RUN1/reports/local-cpu RUN2/reports/local-cpu ... \
+        --out benchmarks/results/verdict-reruns.json
+
+Not a test: what runs on one machine gave.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "lib"))
+
+from servelab.analysis import verdicts as v  # noqa: E402
+from servelab.report import load_study_data  # noqa: E402
+from servelab.report.verdicts import _plan, design, study_verdicts  # noqa: E402
+
+
+def run_rows(folder: str) -> tuple[dict, dict]:
+    sd = load_study_data(folder)
+    out = study_verdicts(sd)
+    rows = v.from_json(out)
+    rows = rows[rows["metric"] == v.PRIMARY]
+    plans = {}
+    groups = v.setting_groups({c: sd.engine_params(c) for c in sd.config_ids})
+    b = v.between_starts(v.log_rounds(sd.rounds, v.PRIMARY), groups.values())
+    for target in (0.10, 0.15):
+        p = _plan(design(sd), groups, rows, b, target)
+        plans[f"{target:.2f}"] = p and {k: p.get(k) for k in ("met", "rows", "starts", "rounds", "seconds", "reached",
+                                                             "between_floor_mde")}
+    keyed = {(r.configuration, r.level): r for r in rows.itertuples()}
+    return keyed, {"between_sd_pct": out["between_starts"][v.PRIMARY]["sd_pct"], "to_target": plans,
+                   "mde_pct": {f"{r.configuration} {r.level}": round(r.mde * 100, 1) for r in rows.itertuples() if not r.aa}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("folders", nargs="+")
+    ap.add_argument("--names", help="comma-separated names of the runs (default: the folders)")
+    ap.add_argument("--out")
+    a = ap.parse_args()
+    names = a.names.split(",") if a.names else a.folders
+    runs = {n: run_rows(f) for n, f in zip(names, a.folders)}
+    pairs, zs = [], []
+    for x, y in itertools.combinations(names, 2):
+        ra, rb = runs[x][0], runs[y][0]
+        keys = [k for k in ra if k in rb and not ra[k].aa]
+        same = sum(ra[k].verdict == rb[k].verdict for k in keys)
+        flips = [k for k in keys if {ra[k].verdict, rb[k].verdict} == {v.FASTER, v.SLOWER}]
+        aa_ok = all(ra[k].verdict == rb[k].verdict == v.NO_CHANGE for k in ra if k in rb and ra[k].aa)
+        pairs.append({"runs": [x, y], "agree": same, "of": len(keys), "opposite": len(flips), "aa_all_no_change": aa_ok,
+                      "differ": [f"{k[0]} {k[1]}: {ra[k].verdict} / {rb[k].verdict}" for k in keys
+                                 if ra[k].verdict != rb[k].verdict]})
+        for k in keys:
+            se = math.hypot(ra[k].se, rb[k].se)
+            if se > 0:
+                zs.append((math.log1p(ra[k].effect) - math.log1p(rb[k].effect)) / se)
+    z = np.array(zs)
+    calib = {"pairs": len(z), "mean_z2": float(np.mean(z**2)), "share_abs_z_over_1_96": float(np.mean(np.abs(z) > 1.96)),
+             "median_abs_z": float(np.median(np.abs(z))), "median_abs_z_expected": 0.674}
+    effects = {}
+    for k in sorted(runs[names[0]][0]):
+        if runs[names[0]][0][k].aa:
+            continue
+        effects[f"{k[0]} {k[1]}"] = {n: {"effect_pct": round(runs[n][0][k].effect * 100, 1), "mde_pct": round(runs[n][0][k].mde * 100, 1),
+                                         "verdict": runs[n][0][k].verdict} for n in names if k in runs[n][0]}
+    for p in pairs:
+        print(f"{p['runs'][0]} vs {p['runs'][1]}: {p['agree']} of {p['of']} agree, {p['opposite']} opposite, "
+              f"A/A all no change: {p['aa_all_no_change']}" + (f"  ({'; '.join(p['differ'])})" if p["differ"] else ""))
+    print(f"calibration over {calib['pairs']} (pair, change level): mean z^2 {calib['mean_z2']:.2f} (1 expected), "
+          f"|z| > 1.96 in {calib['share_abs_z_over_1_96'] * 100:.0f} % (5 % expected)")
+    for n in names:
+        info = runs[n][1]
+        t = {k: (f"{p['met']}/{p['rows']} met; {p['starts']} starts x {p['rounds']} rounds, {p['seconds'] / 60:.0f} min"
+                 if p and p.get("reached") else p and f"{p['met']}/{p['rows']} met; not within 12 starts")
+             for k, p in info["to_target"].items()}
+        print(f"{n}: between-start sd {info['between_sd_pct']:.1f} %; MDE 10 %: {t['0.10']}; MDE 15 %: {t['0.15']}")
+    if a.out:
+        Path(a.out).write_text(json.dumps({"runs": names, "pairs": pairs, "calibration": calib, "effects": effects,
+                                           "per_run": {n: runs[n][1] for n in names}}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
