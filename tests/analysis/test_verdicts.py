@@ -246,3 +246,15 @@ def test_plan_for_target_meets_the_target_at_its_cheapest():
     far = v.plan_for_target(rows, v.Between(0.2**2, 8, "repeats"), target=0.10, **costs)
     assert far["reached"] is False and "starts" not in far
     assert v.plan_for_target(rows.iloc[:0], v.Between(0.0, 8, "repeats"), target=0.1, **costs) is None
+
+
+def test_more_starts_survives_the_json_round_trip():
+    # "only more starts would reach the target" is inf rounds, which JSON cannot hold: it was written
+    # as null and read back as "not needed" (the published table said "–" for 8 open comparisons)
+    import pandas as pd
+
+    rows = pd.DataFrame([{c: None for c in v.COLUMNS} | {"rounds_for_target": r, "more_starts": m, "aa": False}
+                         for r, m in ((math.inf, True), (4.2, False), (None, False))])
+    back = v.from_json(v.to_json(rows, {}))
+    assert back["rounds_for_target"].iloc[0] == math.inf
+    assert back["rounds_for_target"].iloc[1] == pytest.approx(4.2) and math.isnan(back["rounds_for_target"].iloc[2])

@@ -418,6 +418,7 @@ def verdict_rows(rounds: pd.DataFrame, cmps: Sequence[Comparison], groups: Itera
                 n_req = sum(req.get((s, key[0], int(key[1])), 0) for s in cmp_.starts)
                 n_base = sum(req.get((s, key[0], int(key[1])), 0) for s in cmp_.baseline_starts)
                 e["rounds_for_target"] = rounds_for(e, between, target, cmp_)
+                e["more_starts"] = e["rounds_for_target"] == math.inf  # JSON has no inf: said apart
                 rows.append({"configuration": cmp_.config, "baseline": cmp_.baseline,
                              "level": level_label(*key), "bucket": key[0], "concurrency": int(key[1]),
                              "metric": metric, **e, "requests": n_req, "baseline_requests": n_base,
@@ -428,7 +429,7 @@ def verdict_rows(rounds: pd.DataFrame, cmps: Sequence[Comparison], groups: Itera
 
 COLUMNS = ["configuration", "baseline", "level", "bucket", "concurrency", "metric", "effect", "ci", "interim_ci",
            "mde", "se", "df", "rounds_for_target", "verdict", "rounds", "baseline_rounds", "starts", "baseline_starts", "requests",
-           "baseline_requests", "aa", "between_starts", "settled"]
+           "baseline_requests", "aa", "between_starts", "settled", "more_starts"]
 
 
 def to_json(rows: pd.DataFrame, betweens: Mapping[str, Between], *, target: float = MDE_TARGET,
@@ -466,6 +467,8 @@ def from_json(d: Mapping[str, Any]) -> pd.DataFrame:
             rows[c] = None
     for c in ("effect", "mde", "se", "df", "rounds_for_target"):
         rows[c] = pd.to_numeric(rows[c], errors="coerce")
+    if "more_starts" in rows:  # rounds cannot reach the target, only more starts (inf, written apart)
+        rows.loc[rows["more_starts"].eq(True), "rounds_for_target"] = math.inf
     return rows
 
 

@@ -68,7 +68,7 @@ def _plan(d: dict[str, Any], groups: dict[str, tuple[str, ...]], rows: pd.DataFr
     levels = [x for x in d.get("levels", []) if x.get("rounds") and x.get("seconds")]
     if not took or not levels:
         return None
-    settings = {g for c, g in groups.items() if c in took}
+    settings = list(dict.fromkeys(g for c, g in groups.items() if c in took))  # study order: the same sums
     launch = {g[0]: sum(took[c] for c in g if c in took) / sum(c in took for c in g) for g in settings}
     slot = {x["label"]: x["seconds"] / sum(x["rounds"].values()) for x in levels}
     r = rows[(rows["metric"] == v.PRIMARY) & ~rows["aa"].astype(bool)]
@@ -181,7 +181,8 @@ def neighbour_cpu_pct(sd: StudyData) -> tuple[float, float] | None:
 
 
 def verdicts_text(sd: StudyData) -> str:
-    """The verdict section's paragraph: the model, and the sampling rule the study ran with."""
+    """The verdict section's paragraphs (Markdown): the model and the sampling rule the study ran
+    with; then how far the MDEs are from the target and what would reach it."""
     d = load(sd).get("design") or {}
     first = d.get("first_rounds") or sd.study.workload.rounds
     if d.get("budget_s"):
@@ -190,12 +191,12 @@ def verdicts_text(sd: StudyData) -> str:
     else:
         sampling = sd.w("verdicts.fixed", first=first)
     out = sd.w("verdicts.text", sampling=sampling) + " " + model_sentence(sd, with_link=False)
-    plan = load(sd).get("to_target")
-    if plan:
-        out += " " + to_target_text(sd, plan)
     cpu = neighbour_cpu_pct(sd)
     if cpu is not None:
         out += " " + sd.w("verdicts.neighbours", med=num(cpu[0], 1), most=num(cpu[1], 1))
+    plan = load(sd).get("to_target")
+    if plan:  # its own paragraph (Markdown)
+        out += "\n\n" + to_target_text(sd, plan)
     return out
 
 
