@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from servelab.analysis import verdicts as v
@@ -217,9 +218,7 @@ def test_three_starts_of_the_baseline_at_three_rounds_rarely_flag_an_a_a():
     assert flagged / 500 <= 0.05
 
 
-def _plan_rows(se: float, starts: int = 1, baseline_starts: int = 3, rounds: int = 3) -> "pd.DataFrame":
-    import pandas as pd
-
+def _plan_rows(se: float, starts: int = 1, baseline_starts: int = 3, rounds: int = 3) -> pd.DataFrame:
     return pd.DataFrame([{"configuration": c, "level": f"l{i}", "se": se * (1 + i / 10), "mde": 0.3,
                           "starts": starts, "baseline_starts": baseline_starts, "rounds": rounds * starts}
                          for i, c in enumerate(["a", "b"])])
@@ -251,8 +250,6 @@ def test_plan_for_target_meets_the_target_at_its_cheapest():
 def test_more_starts_survives_the_json_round_trip():
     # "only more starts would reach the target" is inf rounds, which JSON cannot hold: it was written
     # as null and read back as "not needed" (the published table said "–" for 8 open comparisons)
-    import pandas as pd
-
     rows = pd.DataFrame([{c: None for c in v.COLUMNS} | {"rounds_for_target": r, "more_starts": m, "aa": False}
                          for r, m in ((math.inf, True), (4.2, False), (None, False))])
     back = v.from_json(v.to_json(rows, {}))
