@@ -162,6 +162,8 @@ def end_words(name: str, end: dict[str, Any] | None, unit: str) -> str:
         deff = x.get("deff") or 1.0
         label += (f" (its trials differ: design effect {deff:.1f}, as if {x.get('n', 0) / deff:.0f} independent "
                   "requests)" if deff > 1.05 else "")
+        if x.get("trial_sd") is not None:  # the bound is at least the trials' own (slo_search.term_interval)
+            label += f" (its trials' p95 vary by {x['trial_sd'] * 100:.0f} % from trial to trial in this search)"
         if x.get("decided") == "pass":
             parts.append(f"p95 {label} {v:.3g} s, under its target with 95 % confidence (upper bound {up:.3g} s)")
         elif x.get("decided") == "fail":

@@ -9,7 +9,9 @@ estimate is the same bound): a load's verdict is *decided* only when every term'
 bound is on one side of its target (all upper bounds under: pass; a lower bound over: fail);
 passing a p95 target needs at least 59 requests under it. Trials pooled at one load are clusters:
 where they differ beyond what independent requests explain (a slow minute of the machine), the
-bound counts fewer requests (`design_effect`). The search is monotone: the first trial
+bound counts fewer requests (`design_effect`), and once the search has repeated trials anywhere,
+the trials' own p95s with their spread over the search (`trial_spread`) widen every load's bound
+(trials as the unit: a trial that happens to agree with its repeat is no proof). The search is monotone: the first trial
 is repeated at once (a cold first trial is an outlier to drop, not a verdict), then it doubles the
 load until a trial fails (bracket) and bisects; at the bracket's ends it extends the trials (more
 requests, pooled) until the verdict there is decided. It stops when the bracket is narrower than
@@ -34,6 +36,7 @@ ALPHA = 0.05  # one-sided level of the binomial interval
 
 TERMS = ("ttft_p95_s", "tpot_p95_s", "error_rate")
 OUTLIER_MIN_DIFF = 0.10  # the first trial's median must differ from its repeat's by more than this share
+SPREAD_MIN_REQUESTS = 20  # a trial's own p95 counts towards the trial-to-trial spread from this many requests
 
 
 @dataclass(frozen=True)
@@ -95,9 +98,7 @@ def point_verdict(m: dict[str, float], t: Targets) -> bool:
 def binding(m: dict[str, float], t: Targets) -> str | None:
     """The term furthest over its target (ratio), or None when all are met."""
     over = {k: m[k] / v if v else math.inf for k, v in t.terms().items() if not term_passes(k, m[k], v)}
-    if not over:
-        return None
-    return max(over, key=lambda k: (over[k] if over[k] == over[k] else math.inf))
+    return max(over, key=lambda k: (over[k] if over[k] == over[k] else math.inf)) if over else None
 
 
 def _binom_pmf(i: int, n: int, p: float) -> float:
@@ -143,12 +144,9 @@ def quantile_bounds(values: list[float], failed: int, q: float, alpha: float = A
 
 def design_effect(groups: list[tuple[list[float], int]], target: float) -> float:
     """How much the trials pooled at one load differ beyond what independent requests explain:
-    Kish's design effect of the share of requests over `target`, with each trial a cluster (the
-    ratio estimator's variance over the binomial one, at least 1). Requests of one trial share its
-    minutes on the machine (a neighbour's burst, a slow period), so a load measured twice, once in
-    a slow period, must not be judged as if its requests were all independent. 1 with fewer than
-    two trials, or when no trial (or every trial) has a request over the target: they agree.
-    `groups`: each trial's values and failed count (a failure counts as over the target)."""
+    Kish's design effect of the share of requests over `target`, each trial a cluster (the ratio
+    estimator's variance over the binomial one, at least 1; 1 with fewer than two trials, or when
+    none or all are over). `groups`: each trial's values and failed count (a failure is over)."""
     ys = [sum(1 for x in xs if x > target) + f for xs, f in groups]
     ns = [sum(1 for x in xs if x == x) + f for xs, f in groups]
     ys, ns = [y for y, n in zip(ys, ns) if n], [n for n in ns if n]
@@ -172,7 +170,41 @@ def _cdf(n: int, q: float) -> tuple[float, ...]:
     return tuple(out)
 
 
-def term_interval(trials: list[Trial], term: str, target: float) -> dict[str, Any]:
+def _trial_q(tr: Trial, term: str) -> float | None:
+    """log of a trial's own p95 of `term`, when it has enough requests and none failed."""
+    xs = [x for x in (tr.ttft_s if term == "ttft_p95_s" else tr.tpot_s) if x == x]
+    return math.log(_p95(xs)) if len(xs) >= SPREAD_MIN_REQUESTS and not tr.failed and _p95(xs) > 0 else None
+
+
+def trial_spread(by_load: dict[float, list[Trial]], term: str) -> tuple[float, int] | None:
+    """(sd, df) of the log of each trial's own p95, pooled within loads over every load with two or
+    more trials of `SPREAD_MIN_REQUESTS` requests; None before there are two. On the 2-vCPU machine
+    a trial's p95 TPOT moved by 13 % (42 df) between trials at one load of one search, while each
+    trial's order-statistic interval was 1-2 % wide (docs/capacity.md)."""
+    ss, df = 0.0, 0
+    for trials in by_load.values():
+        qs = [q for q in (_trial_q(tr, term) for tr in trials) if q is not None]
+        if len(qs) >= 2:
+            m = sum(qs) / len(qs)
+            ss += sum((q - m) ** 2 for q in qs)
+            df += len(qs) - 1
+    return (math.sqrt(ss / df), df) if df else None
+
+
+_T95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812)
+
+
+def t95(df: int) -> float:
+    """One-sided 95 % Student t quantile (a table to 10 df, then the Cornish-Fisher expansion,
+    within 0.001; no scipy on the GPU device's image)."""
+    if df <= len(_T95):
+        return _T95[max(df, 1) - 1]
+    z = 1.6448536269514722
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df * df)
+
+
+def term_interval(trials: list[Trial], term: str, target: float,
+                  spread: tuple[float, int] | None = None) -> dict[str, Any]:
     """One SLO term pooled over a load's trials: the point value, its one-sided 95 % bounds (the
     requests' effective number shrunk by the trials' design effect, `deff`), the requests behind it,
     and `decided`: "pass" (upper bound <= target), "fail" (lower bound > target) or None (the
@@ -194,20 +226,26 @@ def term_interval(trials: list[Trial], term: str, target: float) -> dict[str, An
     values = [x for xs, _ in per for x in xs]
     deff = design_effect(per, target)
     lo, hi = quantile_bounds(values, failed, SLO_QUANTILE, deff=deff)
-    dec = "pass" if hi <= target else "fail" if lo > target else None
-    return {"value": _p95(values), "lower": lo, "upper": hi, "n": len(values) + failed, "deff": deff,
-            "decided": dec}
+    out = {"value": _p95(values), "lower": lo, "upper": hi, "n": len(values) + failed, "deff": deff}
+    qs = [q for q in (_trial_q(tr, term) for tr in trials) if q is not None]
+    if spread is not None and qs:
+        # the trials as the unit: the mean of their log p95 +- t * spread / sqrt(trials); the bound
+        # is the wider of this and the requests' own, so neither kind of noise is left out
+        m, half = sum(qs) / len(qs), t95(spread[1]) * spread[0] / math.sqrt(len(qs))
+        out.update(lower=min(lo, math.exp(m - half)), upper=max(hi, math.exp(m + half)),
+                   trial_sd=spread[0], trial_df=spread[1])
+    out["decided"] = "pass" if out["upper"] <= target else "fail" if out["lower"] > target else None
+    return out
 
 
-def interval_verdict(trials: list[Trial], t: Targets) -> str | None:
+def interval_verdict(trials: list[Trial], t: Targets, spreads: dict[str, Any] | None = None) -> str | None:
     """Pooled over a load's trials: 'fail' when some term's lower bound is over its target, 'pass'
     when every term's upper bound is under it, else None (undecided)."""
-    out = [term_interval(trials, k, v)["decided"] for k, v in t.terms().items()]
-    if "fail" in out:
-        return "fail"
-    if out and all(x == "pass" for x in out):
-        return "pass"
-    return None
+    return _decide([term_interval(trials, k, v, (spreads or {}).get(k))["decided"] for k, v in t.terms().items()])
+
+
+def _decide(out: list[str | None]) -> str | None:
+    return "fail" if "fail" in out else "pass" if out and all(x == "pass" for x in out) else None
 
 
 @dataclass
@@ -235,14 +273,15 @@ def _finite(d: dict[str, Any]) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
-def load_verdict(trials: list[Trial], t: Targets, repeats: int = 1) -> LoadVerdict:
+def load_verdict(trials: list[Trial], t: Targets, repeats: int = 1, spreads: dict[str, Any] | None = None) -> LoadVerdict:
     """A load's pooled verdict: decided when the interval says so and `repeats` trials at least
-    ran there (a point verdict the interval cannot back is never called settled)."""
+    ran there (a point verdict the interval cannot back is never called settled). `spreads`: the
+    search's trial-to-trial spread per term (`trial_spread`), which widens the interval."""
     m = measured([x for tr in trials for x in tr.ttft_s], [x for tr in trials for x in tr.tpot_s],
                  sum(tr.sent for tr in trials), sum(tr.failed for tr in trials))
     passes = point_verdict(m, t)
-    terms = {k: term_interval(trials, k, v) for k, v in t.terms().items()}
-    iv = interval_verdict(trials, t)
+    terms = {k: term_interval(trials, k, v, (spreads or {}).get(k)) for k, v in t.terms().items()}
+    iv = _decide([x["decided"] for x in terms.values()])
     if iv is not None and (iv == "pass") == passes and len(trials) >= repeats:
         settled, how = True, "interval"
     else:
@@ -345,7 +384,9 @@ def state(trials: list[Trial], t: Targets, spec: SearchSpec) -> SearchState:
     of every verdict (it stays in the run folder)."""
     outlier = first_outlier(trials)
     usable = trials[1:] if outlier else trials
-    vs = [load_verdict(trs, t, spec.repeats) for trs in group(usable).values()]
+    by_load = group(usable)
+    spreads = {k: trial_spread(by_load, k) for k in ("ttft_p95_s", "tpot_p95_s")}
+    vs = [load_verdict(trs, t, spec.repeats, spreads) for trs in by_load.values()]
     # a load still undecided after max_repeats trials sits at the target within what its requests
     # can tell: it bounds nothing, and the bracket's ends are the decided (or still open) loads
     # around it, so the same server gives the same bracket however its noise falls at the target
