@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "lib"))
 
 from servelab.analysis import verdicts as v  # noqa: E402
 from servelab.report import load_study_data  # noqa: E402
-from servelab.report.verdicts import _plan, design, study_verdicts  # noqa: E402
+from servelab.report.verdicts import _groups, _plan, design, study_verdicts  # noqa: E402
 
 
 def run_rows(folder: str) -> tuple[dict, dict]:
@@ -44,10 +44,10 @@ def run_rows(folder: str) -> tuple[dict, dict]:
     rows = v.from_json(out)
     rows = rows[rows["metric"] == v.PRIMARY]
     plans = {}
-    groups = v.setting_groups({c: sd.engine_params(c) for c in sd.config_ids})
-    b = v.between_starts(v.log_rounds(sd.rounds, v.PRIMARY), groups.values())
+    bj = out["between_starts"][v.PRIMARY]  # the estimate the study's own verdicts used
+    b = v.Between(bj["var"], bj["df"] or math.inf, bj["source"])
     for target in (0.10, 0.15):
-        p = _plan(design(sd), groups, rows, b, target)
+        p = _plan(design(sd), _groups(sd), rows, b, target)
         plans[f"{target:.2f}"] = p and {k: p.get(k) for k in ("met", "rows", "starts", "rounds", "seconds", "reached",
                                                              "between_floor_mde")}
     keyed = {(r.configuration, r.level): r for r in rows.itertuples()}

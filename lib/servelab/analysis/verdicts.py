@@ -341,7 +341,8 @@ def plan_for_target(rows: pd.DataFrame, between: Between, *, target: float, laun
     if r.empty or not launch_s or not slot_s:
         return None
     b = between.var or 0.0
-    need = (math.log1p(target) / (float(ndtri(1 - ALPHA / 2)) + float(ndtri(POWER)))) ** 2
+    z = float(ndtri(1 - ALPHA / 2)) + float(ndtri(POWER))
+    need = (math.log1p(target) / z) ** 2
     k0 = 1.0 / r["starts"].clip(lower=1) + 1.0 / r["baseline_starts"].clip(lower=1)
     r0 = (r["rounds"] / r["starts"].clip(lower=1)).clip(lower=1)
     s2 = ((r["se"] ** 2 - k0 * b).clip(lower=0.0) * r0 / k0).to_numpy()
@@ -362,7 +363,7 @@ def plan_for_target(rows: pd.DataFrame, between: Between, *, target: float, laun
     worst = r.loc[r["mde"].idxmax()]
     out = {"target": target, "met": int((r["mde"] <= target).sum()), "rows": int(len(r)),
            "worst": {"configuration": worst["configuration"], "level": worst["level"], "mde": float(worst["mde"])},
-           "between_floor_mde": _rel((float(ndtri(1 - ALPHA / 2)) + float(ndtri(POWER))) * math.sqrt(float(k0.max()) * b)),
+           "between_floor_mde": _rel(z * math.sqrt(float(k0.max()) * b)),
            "reached": best is not None, "between_starts": between.source}
     return out | (best or {})
 

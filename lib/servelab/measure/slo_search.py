@@ -173,7 +173,8 @@ def _cdf(n: int, q: float) -> tuple[float, ...]:
 def _trial_q(tr: Trial, term: str) -> float | None:
     """log of a trial's own p95 of `term`, when it has enough requests and none failed."""
     xs = [x for x in (tr.ttft_s if term == "ttft_p95_s" else tr.tpot_s) if x == x]
-    return math.log(_p95(xs)) if len(xs) >= SPREAD_MIN_REQUESTS and not tr.failed and _p95(xs) > 0 else None
+    p = _p95(xs) if len(xs) >= SPREAD_MIN_REQUESTS and not tr.failed else 0.0
+    return math.log(p) if p > 0 else None
 
 
 def trial_spread(by_load: dict[float, list[Trial]], term: str) -> tuple[float, int] | None:
@@ -195,8 +196,7 @@ _T95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812)
 
 
 def t95(df: int) -> float:
-    """One-sided 95 % Student t quantile (a table to 10 df, then the Cornish-Fisher expansion,
-    within 0.001; no scipy on the GPU device's image)."""
+    """One-sided 95 % Student t quantile: a table to 10 df, then Cornish-Fisher (no scipy on the GPU image)."""
     if df <= len(_T95):
         return _T95[max(df, 1) - 1]
     z = 1.6448536269514722
@@ -385,7 +385,7 @@ def state(trials: list[Trial], t: Targets, spec: SearchSpec) -> SearchState:
     outlier = first_outlier(trials)
     usable = trials[1:] if outlier else trials
     by_load = group(usable)
-    spreads = {k: trial_spread(by_load, k) for k in ("ttft_p95_s", "tpot_p95_s")}
+    spreads = {k: trial_spread(by_load, k) for k in t.terms() if k != "error_rate"}
     vs = [load_verdict(trs, t, spec.repeats, spreads) for trs in by_load.values()]
     # a load still undecided after max_repeats trials sits at the target within what its requests
     # can tell: it bounds nothing, and the bracket's ends are the decided (or still open) loads
