@@ -9,7 +9,15 @@ comparison on the same server.
     .venv/bin/python benchmarks/capacity_repeat.py --runs 5 --out runs/capacity-repeat/after
     .venv/bin/python benchmarks/capacity_repeat.py --runs 5 --lib OLD_CHECKOUT/lib --out runs/capacity-repeat/before
 
-Not a test: what one machine measured, written to OUT/repeat.json.
+Each search's capacity is also read off all its trials near the bracket at once (`slo_search.fitted`:
+a line of each trial's log p95 against log load) with one-sided 95 % bounds; the summary says whether
+one load lies within every search's bounds, and how far the searches' fits differ against their own
+intervals (mean z^2 over pairs: about 1 when the intervals account for what differs between searches).
+`--replay` recomputes that from finished searches' folders (the fit is a function of their trials).
+
+    .venv/bin/python benchmarks/capacity_repeat.py --replay --out runs/capacity-repeat/trialunit
+
+Not a test: what one machine measured, written to OUT/repeat.json (OUT/fit.json with --replay).
 """
 
 from __future__ import annotations
@@ -49,12 +57,42 @@ def search(url: str, out: Path, lib: str | None) -> dict:
                        env=env, capture_output=True, text=True, cwd=ROOT)
     wall = time.monotonic() - t0
     line = next((x for x in r.stdout.splitlines() if x.startswith("capacity at SLO:")), r.stderr.strip()[-300:])
+    return {**row_of(out), "wall_s": round(wall, 1), "line": line}
+
+
+def row_of(out: Path) -> dict:
+    """One finished search folder: its bracket, trials and requests, and its fit judged by today's rule."""
+    sys.path.insert(0, str(ROOT / "lib"))
+    import pandas as pd
+
+    from servelab.analysis.capacity import capacity_result
+
     run = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
-    res = (run.get("capacity") or {}).get("result") or {}
-    recs = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()] if (out / "records.jsonl").exists() else []
+    recs = pd.read_json(out / "records.jsonl", lines=True) if (out / "records.jsonl").exists() else pd.DataFrame()
+    res = capacity_result(run, recs) or {}
+    warm = recs["warmup"].astype(bool) if len(recs) else pd.Series(dtype=bool)
+    fit = res.get("fit") or {}
     return {"bracket": res.get("bracket"), "capacity": res.get("capacity"), "trials": res.get("trials"),
-            "requests": sum(1 for x in recs if not x.get("warmup")), "warmup_requests": sum(1 for x in recs if x.get("warmup")),
-            "settled": res.get("settled"), "reason": res.get("reason"), "wall_s": round(wall, 1), "line": line}
+            "requests": int((~warm).sum()), "warmup_requests": int(warm.sum()), "settled": res.get("settled"),
+            "reason": res.get("reason"), "fit": {k: fit.get(k) for k in ("load", "lower", "upper", "trials", "sd")} if fit else None}
+
+
+def agreement(rows: list[dict]) -> dict:
+    """Do the searches' fits agree? The loads inside every search's bounds (empty: none), and the
+    mean over pairs of z^2 = (log a - log b)^2 / (se_a^2 + se_b^2), se from each fit's own bounds."""
+    import itertools
+    import math
+
+    fits = [r["fit"] for r in rows if r.get("fit") and r["fit"].get("lower") is not None]
+    if len(fits) < 2:
+        return {"fits": len(fits)}
+    common = [max(f["lower"] for f in fits), min(f["upper"] for f in fits)]
+    se = [(math.log(f["upper"]) - math.log(f["lower"])) / (2 * 1.645) for f in fits]
+    z2 = [(math.log(a["load"]) - math.log(b["load"])) ** 2 / (sa**2 + sb**2)
+          for (a, sa), (b, sb) in itertools.combinations(zip(fits, se), 2)]
+    return {"fits": len(fits), "loads": [round(f["load"], 2) for f in fits],
+            "common": [round(x, 2) for x in common] if common[0] <= common[1] else None,
+            "mean_z2": round(sum(z2) / len(z2), 2), "pairs": len(z2)}
 
 
 def main() -> int:
@@ -64,9 +102,16 @@ def main() -> int:
     ap.add_argument("--max-num-seqs", type=int, default=32)
     ap.add_argument("--port", type=int, default=8240)
     ap.add_argument("--lib", help="another checkout's lib/ (its servelab runs the searches)")
+    ap.add_argument("--replay", action="store_true", help="read OUT/search-* again instead of running searches")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     out = Path(a.out)
+    if a.replay:
+        rows = [row_of(d) for d in sorted(out.glob("search-*"), key=lambda d: int(d.name.split("-")[1]))]
+        summary = {"runs": rows, "agreement": agreement(rows)}
+        print(json.dumps(summary["agreement"]))
+        (out / "fit.json").write_text(json.dumps(summary, indent=1))
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     eng = None if a.url else start_engine(a.max_num_seqs, a.port, out / "engine")
     url = a.url or eng.base_url
@@ -81,10 +126,11 @@ def main() -> int:
         if eng is not None:
             eng.stop()
     same = len({json.dumps(r["bracket"]) for r in rows}) == 1
+    agree = agreement(rows)
     print(f"same bracket every time: {same}; trials {sum(r['trials'] or 0 for r in rows) / len(rows):.1f} and "
-          f"requests {sum(r['requests'] for r in rows) / len(rows):.0f} per search (mean)")
-    (out / "repeat.json").write_text(json.dumps({"search": SEARCH, "lib": a.lib, "runs": rows, "same_bracket": same},
-                                                indent=1))
+          f"requests {sum(r['requests'] for r in rows) / len(rows):.0f} per search (mean); fits: {json.dumps(agree)}")
+    (out / "repeat.json").write_text(json.dumps({"search": SEARCH, "lib": a.lib, "runs": rows, "same_bracket": same,
+                                                 "agreement": agree}, indent=1))
     return 0
 
 

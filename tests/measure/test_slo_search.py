@@ -280,3 +280,62 @@ def test_trials_are_the_unit_when_they_differ_more_than_their_requests(monkeypat
     assert share_passing_4() <= 0.05
     monkeypatch.setattr(slo_search, "SPREAD_MIN_REQUESTS", 10**9)  # no trial counts: requests alone
     assert share_passing_4() > 0.05
+
+
+def test_crossing_reads_a_known_line_exactly_and_its_bounds_cover_a_noisy_one():
+    """slo_stats.crossing: the x where a fitted line reaches y0, with Fieller's one-sided 95 % bounds
+    each side (two-sided 90 %): exact on a noise-free line, covering the true x in about 90 % of
+    noisy draws, open when the slope is hidden by the noise, None when the line does not rise."""
+    import random
+
+    from servelab.measure.slo_stats import crossing
+
+    xs = [1.0, 2.0, 3.0, 4.0, 5.0]
+    c = crossing(xs, [0.5 * x - 1.0 for x in xs], 0.25)
+    assert c["estimate"] == pytest.approx(2.5) and c["lower"] == pytest.approx(2.5) and c["upper"] == pytest.approx(2.5)
+    assert crossing(xs, [1.0 - x for x in xs], 0.0) is None and crossing([1.0, 1.0, 1.0, 1.0], xs[:4], 2.0) is None
+    rng = random.Random(5)
+    hits = opened = 0
+    for _ in range(2000):
+        c = crossing(xs * 2, [0.5 * x - 1.0 + rng.gauss(0, 0.3) for x in xs * 2], 0.25)
+        if c is None or c["lower"] is None:
+            opened += 1
+            continue
+        hits += c["lower"] <= 2.5 <= c["upper"]
+    assert opened == 0 and 0.87 <= hits / 2000 <= 0.93
+    assert crossing(xs, [0.0, 0.3, -0.2, 0.35, 0.1], 0.0)["lower"] is None  # a slope of 0.025 within its noise
+
+
+def test_the_fitted_capacity_reads_all_trials_near_the_bracket_and_brackets_the_truth():
+    """slo_search.fitted on searches against a server whose p95 grows smoothly with load (crossing the
+    target at 4.5), every trial at its own speed (13 %): the line through all trials near the bracket
+    puts the capacity between its bounds in about 90 % of searches or more, and its interval is
+    narrower than the bracket's ends' own (each end judged on its own trials)."""
+    import random
+
+    factor = {k: (k / 4.5) ** 0.8 for k in range(1, 17)}
+    spec = SearchSpec(axis="concurrency", start=2, min_load=1, max_load=16, precision=0.1, max_repeats=4)
+    rng = random.Random(3)
+    fits = []
+    for _ in range(100):
+        trials, st = _clustered_search(rng, spec, factor, 0.13)
+        res = result(st, T, spec)
+        fits.append(res["fit"])
+        assert res["fit"]["term"] == "ttft_p95_s" and res["fit"]["trials"] <= len(trials)
+    bounded = [f for f in fits if f["lower"] is not None]
+    assert len(bounded) >= 95
+    assert sum(f["lower"] <= 4.5 <= f["upper"] for f in bounded) / len(bounded) >= 0.85
+    assert st.lo is not None and result(state(trials[:3], T, spec), T, spec)["fit"] is None  # no bracket yet
+    rate = SearchSpec(axis="rate", start=2, min_load=1, max_load=16, precision=0.1, max_repeats=4)
+    assert result(st, T, rate)["fit"] is None  # an open loop past its capacity has no steady p95 to fit
+
+
+def test_an_end_decided_on_too_few_trials_says_so_instead_of_undecided():
+    """80 requests all 3x over the target decide a fail by their bound, but one trial is fewer than
+    the two an end needs: the capacity line says both, not "undecided"."""
+    from servelab.measure.capacity import end_words
+
+    v = load_verdict([_trial(0, 8, False, n=80)], T, repeats=2)
+    assert v.how == "too few trials" and not v.settled and v.terms["ttft_p95_s"]["decided"] == "fail"
+    words = end_words("high end", v.to_dict(), "req/s")
+    assert words.startswith("high end 8 req/s fails beyond its 95 % bound, in too few trials to settle, at 80 requests")

@@ -145,7 +145,20 @@ def capacity_line(res: dict[str, Any]) -> str:
     outlier = res.get("first_outlier")
     first = (f"; first trial an outlier (median {outlier['term'].split('_')[0].upper()} {outlier['first_median']:.3g} s "
              f"vs {outlier['repeat_median']:.3g} s on its repeat): left out" if outlier else "")
-    return f"{head} ({detail}), {br}; {binds}; {ends}{first} [{res['reason']}]"
+    fit = fit_words(res.get("fit"), unit)
+    return f"{head} ({detail}), {br}; {binds}; {ends}{first}{'; ' + fit if fit else ''} [{res['reason']}]"
+
+
+def fit_words(fit: dict[str, Any] | None, unit: str) -> str:
+    """The capacity read off all trials near the bracket (`slo_search.fitted`), in words."""
+    if not fit:
+        return ""
+    lo, up = fit.get("lower"), fit.get("upper")
+    bounds = (f"95 % bounds {lo:.3g} to {up:.3g}" if lo is not None and up is not None
+              else "its bounds open: the trials' spread hides the slope")
+    a, b = fit["loads"]
+    return (f"fitted over {fit['trials']} trials at {a:g}-{b:g} {unit}: p95 {fit['term'].split('_')[0].upper()} "
+            f"reaches its target at {fit['load']:.3g} {unit} ({bounds})")
 
 
 def end_words(name: str, end: dict[str, Any] | None, unit: str) -> str:
@@ -172,7 +185,9 @@ def end_words(name: str, end: dict[str, Any] | None, unit: str) -> str:
             bounds = f"{lo:.3g}" if lo is not None else "-"
             bounds += f" to {up:.3g} s" if up is not None else " s to unbounded"
             parts.append(f"p95 {label} {v:.3g} s, undecided (95 % bounds {bounds})")
-    verdict = ("passes" if end.get("passes") else "fails") if end.get("settled") else "undecided"
+    verdict = ("passes" if end.get("passes") else "fails") if end.get("settled") else (
+        f"{'passes' if end.get('passes') else 'fails'} beyond its 95 % bound, in too few trials to settle,"
+        if end.get("how") == "too few trials" else "undecided")
     ntr = len(end.get("trials") or [])
     trials = f" in {ntr} trials" if ntr > 1 else ""
     return f"{name} {end['load']:g} {unit} {verdict} at {end.get('requests', 0)} requests{trials} ({'; '.join(parts)})"

@@ -18,21 +18,23 @@ requests, pooled) until the verdict there is decided. It stops when the bracket 
 `precision` of its lower end and both ends are decided (or undecided after `max_repeats` trials:
 said so, with the number of requests), or when its trial count is spent. A load still undecided
 after `max_repeats` trials is *at the target* within its interval: it bounds nothing, the bracket's
-ends are the decided loads around it, and the result lists it. Everything is a function of the trials so far, so a resumed search
+ends are the decided loads around it, and the result lists it. Beside the bracket, the result reads
+the capacity off every trial near it at once (`fitted`: a line of log p95 against log load, where it
+crosses the target, with its bounds). Everything is a function of the trials so far, so a resumed search
 replays the same decisions. No I/O: the driver (`measure.capacity`) runs the trials; the
 report (`analysis.capacity`) reads them back.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from .slo_stats import ALPHA, binom_cdf, binom_sf, crossing, design_effect, quantile_bounds, t95  # noqa: F401 (re-exported)
+
 # the SLO's percentile: p95 over the target <=> more than 5 % of requests over it
 SLO_QUANTILE = 0.95
-ALPHA = 0.05  # one-sided level of the binomial interval
 
 TERMS = ("ttft_p95_s", "tpot_p95_s", "error_rate")
 OUTLIER_MIN_DIFF = 0.10  # the first trial's median must differ from its repeat's by more than this share
@@ -101,75 +103,6 @@ def binding(m: dict[str, float], t: Targets) -> str | None:
     return max(over, key=lambda k: (over[k] if over[k] == over[k] else math.inf)) if over else None
 
 
-def _binom_pmf(i: int, n: int, p: float) -> float:
-    if p <= 0:
-        return 1.0 if i == 0 else 0.0
-    if p >= 1:
-        return 1.0 if i == n else 0.0
-    return math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
-                    + i * math.log(p) + (n - i) * math.log1p(-p))
-
-
-def binom_cdf(k: int, n: int, p: float) -> float:
-    """P(X <= k) for X ~ Binomial(n, p) (exact sum; no scipy on the GPU device's image)."""
-    return min(1.0, sum(_binom_pmf(i, n, p) for i in range(0, min(k, n) + 1))) if k >= 0 else 0.0
-
-
-def binom_sf(k: int, n: int, p: float) -> float:
-    """P(X > k)."""
-    return min(1.0, sum(_binom_pmf(i, n, p) for i in range(max(k + 1, 0), n + 1)))
-
-
-def quantile_bounds(values: list[float], failed: int, q: float, alpha: float = ALPHA,
-                    deff: float = 1.0) -> tuple[float, float]:
-    """One-sided (1 - alpha) lower and upper confidence bounds of the q-quantile of the requests'
-    values (a failed request counts as slower than any): order statistics x_(j) <= Q_q <= x_(k)
-    with P(Binomial(m, q) <= k - 1) >= 1 - alpha (k smallest) and P(Binomial(m, q) >= j) >=
-    1 - alpha (j largest), where m = n / deff is the effective number of independent requests
-    (Kish's design effect: `design_effect`; 1 for independent requests), rank k of m standing for
-    the k-th block of n / m requests: its last for an upper bound, its first for a lower one. -inf / inf when m is too small for a
-    bound (an upper bound of a p95 needs m >= 59)."""
-    xs = sorted(x for x in values if x == x) + [math.inf] * failed
-    n = len(xs)
-    if n == 0:
-        return -math.inf, math.inf
-    m = max(1, int(n / max(deff, 1.0)))
-    cdf = _cdf(m, q)  # cdf[i] = P(X <= i)
-    k = next((k for k in range(1, m + 1) if cdf[k - 1] >= 1 - alpha), None)
-    j = next((j for j in range(m, 0, -1) if 1.0 - cdf[j - 1] >= 1 - alpha), None)  # P(X >= j)
-    hi = xs[min(n, math.ceil(k * n / m)) - 1] if k else math.inf
-    lo = xs[math.floor((j - 1) * n / m)] if j else -math.inf  # the first of the j-th block of n / m
-    return lo, hi
-
-
-def design_effect(groups: list[tuple[list[float], int]], target: float) -> float:
-    """How much the trials pooled at one load differ beyond what independent requests explain:
-    Kish's design effect of the share of requests over `target`, each trial a cluster (the ratio
-    estimator's variance over the binomial one, at least 1; 1 with fewer than two trials, or when
-    none or all are over). `groups`: each trial's values and failed count (a failure is over)."""
-    ys = [sum(1 for x in xs if x > target) + f for xs, f in groups]
-    ns = [sum(1 for x in xs if x == x) + f for xs, f in groups]
-    ys, ns = [y for y, n in zip(ys, ns) if n], [n for n in ns if n]
-    m, total = len(ns), sum(ns)
-    if m < 2:
-        return 1.0
-    p = sum(ys) / total
-    if p <= 0.0 or p >= 1.0:
-        return 1.0
-    v_cluster = m / (m - 1) * sum((y - p * n) ** 2 for y, n in zip(ys, ns)) / total ** 2
-    return max(1.0, v_cluster / (p * (1 - p) / total))
-
-
-@functools.lru_cache(maxsize=512)
-def _cdf(n: int, q: float) -> tuple[float, ...]:
-    """P(Binomial(n, q) <= i) for i = 0..n, summed once."""
-    out, total = [], 0.0
-    for i in range(n + 1):
-        total += _binom_pmf(i, n, q)
-        out.append(min(1.0, total))
-    return tuple(out)
-
-
 def _trial_q(tr: Trial, term: str) -> float | None:
     """log of a trial's own p95 of `term`, when it has enough requests and none failed."""
     xs = [x for x in (tr.ttft_s if term == "ttft_p95_s" else tr.tpot_s) if x == x]
@@ -190,17 +123,6 @@ def trial_spread(by_load: dict[float, list[Trial]], term: str) -> tuple[float, i
             ss += sum((q - m) ** 2 for q in qs)
             df += len(qs) - 1
     return (math.sqrt(ss / df), df) if df else None
-
-
-_T95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812)
-
-
-def t95(df: int) -> float:
-    """One-sided 95 % Student t quantile: a table to 10 df, then Cornish-Fisher (no scipy on the GPU image)."""
-    if df <= len(_T95):
-        return _T95[max(df, 1) - 1]
-    z = 1.6448536269514722
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df * df)
 
 
 def term_interval(trials: list[Trial], term: str, target: float,
@@ -483,7 +405,38 @@ def result(st: SearchState, t: Targets, spec: SearchSpec) -> dict[str, Any]:
         out["in_flight"] = _mean([tr.in_flight for tr in pooled])
     if hi is not None:
         out["binding_measured"] = hi.measured.get(hi.binding) if hi.binding else None
+    out["fit"] = fitted(st, t, spec)
     return out
+
+
+def fitted(st: SearchState, t: Targets, spec: SearchSpec) -> dict[str, Any] | None:
+    """The capacity read off every trial near the bracket at once: each trial's own log p95
+    (>= `SPREAD_MIN_REQUESTS` requests) against log load, one line per latency term that some
+    trial there missed, and the load where the first line reaches its target (`crossing`), with
+    one-sided 95 % bounds. Loads from the low end / `growth` to the high end x `growth`. None
+    without both ends, and on the rate axis: past an open loop's capacity its queue grows for as
+    long as the trial runs, so a p95 there is no function of the load that a line could follow.
+    The bounds hold for the minutes the search ran: a machine whose speed moves between searches
+    moves this load too (docs/capacity.md)."""
+    if st.lo is None or st.hi is None or spec.axis == "rate":
+        return None
+    g = spec.growth
+    trials = [tr for v in st.verdicts if st.lo.load / g <= v.load <= st.hi.load * g for tr in v.trials]
+    best = None
+    for term, target in t.terms().items():
+        pts = [(tr.load, q) for tr in trials if (q := _trial_q(tr, term)) is not None and tr.load > 0]
+        if term == "error_rate" or not any(q > math.log(target) for _, q in pts):
+            continue
+        c = crossing([math.log(x) for x, _ in pts], [q for _, q in pts], math.log(target))
+        if c is None:
+            continue
+        f = {"term": term, "trials": c["n"], "load": math.exp(c["estimate"]), "sd": c["sd"], "slope": c["slope"],
+             "lower": math.exp(c["lower"]) if c["lower"] is not None else None,
+             "upper": math.exp(c["upper"]) if c["upper"] is not None else None,
+             "loads": [min(x for x, _ in pts), max(x for x, _ in pts)]}
+        if best is None or f["load"] < best["load"]:
+            best = f
+    return best
 
 
 def _mean(xs: list[float]) -> float | None:
