@@ -66,8 +66,21 @@ def capacity_lines(sd: StudyData) -> list[str]:
         else:
             out.append(sd.w("capacity.headline", label=label, cap=_load(sd, r["axis"], lo),
                             tps=_sig(r.get("output_tps")), cc=r.get("in_flight") or math.nan,
-                            lo=f"{lo:g}", hi=f"{hi:g}", term=sd.w(f"capacity.term.{r['binding']}")))
+                            lo=f"{lo:g}", hi=f"{hi:g}", term=sd.w(f"capacity.term.{r['binding']}")) + fit_sentence(sd, r))
     return out
+
+
+def fit_sentence(sd: StudyData, r: dict[str, Any]) -> str:
+    """The capacity read off every trial near the bracket (`slo_search.fitted`): ' Read off ...'."""
+    f = r.get("fit")
+    if not f:
+        return ""
+    a, b = f["loads"]
+    bounds = (sd.w("capacity.fit_bounds", lo=f"{f['lower']:.3g}", hi=f"{f['upper']:.3g}")
+              if f.get("lower") is not None and f.get("upper") is not None else sd.w("capacity.fit_open"))
+    loads = sd.w("capacity.unit_rate" if r["axis"] == "rate" else "capacity.unit_conc", x=f"{a:g}–{b:g}")
+    return " " + sd.w("capacity.fitted", n=f["trials"], loads=loads, term=sd.w(f"capacity.term.{f['term']}"),
+                      x=_load(sd, r["axis"], float(f"{f['load']:.3g}")), bounds=bounds)
 
 
 def capacity_section(sd: StudyData) -> tuple[str, Any]:
@@ -87,13 +100,13 @@ def capacity_section(sd: StudyData) -> tuple[str, Any]:
                      f"[–, {hi:g}]" if hi is not None else sd.w("capacity.open_end"),
                      r.get("output_tps") or math.nan, r.get("in_flight") or math.nan,
                      sd.w(f"capacity.term.{r['binding']}") if r.get("binding") else "–", r["trials"],
-                     _ends_cell(sd, r)])
+                     ends_cell(sd, r)])
     t = rh.table(pd.DataFrame(rows, columns=cols), sd.w("capacity.t_capacity"),
                  formats={cols[3]: _sig, cols[4]: "{:,.1f}"})
     return sd.w("capacity.text", slo=slo) + "\n\n" + "\n\n".join(capacity_lines(sd)), t
 
 
-def _ends_cell(sd: StudyData, r: dict[str, Any]) -> str:
+def ends_cell(sd: StudyData, r: dict[str, Any]) -> str:
     """Each bracket end's verdict with its confidence: "passes (95 %, 60 requests)", "undecided at
     36 requests (p95 TTFT 0.95-∞ s)"."""
     out = []
@@ -103,6 +116,9 @@ def _ends_cell(sd: StudyData, r: dict[str, Any]) -> str:
             continue
         if end.get("settled"):
             word = sd.w("capacity.end.passes" if end.get("passes") else "capacity.end.fails", n=end.get("requests", 0))
+        elif end.get("how") == "too few trials":  # its interval decided, but not on enough trials to settle
+            word = sd.w("capacity.end.unrepeated", n=end.get("requests", 0), trials=len(end.get("trials") or []),
+                        verdict=sd.w("capacity.end.verdict_pass" if end.get("passes") else "capacity.end.verdict_fail"))
         else:
             word = sd.w("capacity.end.undecided", n=end.get("requests", 0))
         out.append(f"{end['load']:g}: {word}")

@@ -16,7 +16,8 @@ from typing import Any
 
 import pandas as pd
 
-from ..runfolder import read_json
+from ..analysis.capacity import capacity_result
+from ..runfolder import load_records, read_json
 from . import html as rh
 from .load import StudyData
 
@@ -146,18 +147,26 @@ def speculative_section(sd: StudyData) -> tuple[str, Any | None]:
 
 
 def capacity_runs(sd: StudyData) -> list[tuple[str, dict[str, Any]]]:
+    """(configuration, run.json) of each `{id}-capacity` folder, its search judged by today's rule
+    from its records (`analysis.capacity.capacity_result`) under run.json's `capacity.result`."""
     out = []
     for c in sd.study.configurations:
-        p = data_dir(sd) / f"{c.id}-capacity" / "run.json"
-        if p.exists():
-            out.append((c.id, read_json(p)))
+        d = data_dir(sd) / f"{c.id}-capacity"
+        if (d / "run.json").exists():
+            run = read_json(d / "run.json")
+            if (run.get("capacity") or {}).get("result") and (d / "records.jsonl").exists():
+                run["capacity"]["result"] = capacity_result(run, load_records(d))
+            out.append((c.id, run))
     return out
 
 
 def capacity_section(sd: StudyData) -> tuple[str, Any | None]:
-    """The capacity-at-SLO search of each configuration that had one: the highest load meeting the SLO."""
+    """The capacity-at-SLO search of each configuration that had one: the highest load meeting the
+    SLO, each bracket end's verdict with its confidence, and the capacity read off all its trials."""
+    from .capacity import ends_cell, fit_sentence
+
     w, labels = sd.w, sd.labels()
-    rows = []
+    rows, fits = [], []
     for cid, run in capacity_runs(sd):
         cap = run.get("capacity") or {}
         res = cap.get("result") or {}
@@ -165,8 +174,11 @@ def capacity_section(sd: StudyData) -> tuple[str, Any | None]:
             continue
         lo, hi = (res.get("bracket") or [None, None])[:2]
         rows.append([labels.get(cid, cid), sd.engine_params(cid).get("kind") if cid in sd.folders else None,
-                     res.get("capacity"), hi, res.get("output_tps"), res.get("in_flight"), res.get("binding") or "–",
-                     int(res.get("trials") or 0), run.get("status")])
+                     res.get("capacity"), hi, res.get("output_tps"), res.get("in_flight"),
+                     w(f"capacity.term.{res['binding']}") if res.get("binding") else "–",
+                     int(res.get("trials") or 0), run.get("status"), ends_cell(sd, res)])
+        if res.get("fit"):
+            fits.append(f"**{labels.get(cid, cid)}**:" + fit_sentence(sd, res))
     if not rows:
         return "", None
     cols = w("checks.capacity_columns")
@@ -174,7 +186,7 @@ def capacity_section(sd: StudyData) -> tuple[str, Any | None]:
     shape = spec.get("shape") or {}
     text = w("checks.capacity_text", axis=spec["spec"]["axis"], terms=", ".join(
         f"{k} ≤ {v:g}" for k, v in (spec.get("targets") or {}).items() if isinstance(v, (int, float))),
-        duration=shape.get("duration_s"))
+        duration=shape.get("duration_s")) + "".join("\n\n" + f for f in fits)
     t = pd.DataFrame(rows, columns=cols)
     return text, rh.table(t, w("checks.t_capacity"), formats={cols[2]: "{:g}", cols[3]: "{:g}", cols[4]: "{:,.0f}",
                                                              cols[5]: "{:.1f}"},
