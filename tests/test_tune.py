@@ -177,3 +177,9 @@ def test_start_failure_names_the_root_cause_from_the_engine_log(tmp_path):
     assert start_failure(tmp_path) == ("ValueError: To serve at least one request with the model's max seq len "
                                        "(4096), more KV cache is needed")
     assert start_failure(tmp_path / "none", RuntimeError("boom\nmore")) == "boom"
+    # a reason longer than the kept 300 characters is cut at a word and says so (the report clips a
+    # published one the same way)
+    long = "ValueError: " + "word " * 100
+    (tmp_path / "engine.log").write_text(long + "\n")
+    got = start_failure(tmp_path)
+    assert len(got) <= 302 and got.endswith("word …") and long.startswith(got[:-2])

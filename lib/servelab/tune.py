@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from .log import progress_line
-from .analysis.tuning import decide, objective, quality_verdict
+from .analysis.tuning import REASON_CHARS, clip, decide, objective, quality_verdict
 from .hosts import EngineError, Host, for_study
 from .execute import StageFailed, stop_signals
 from .pipeline import RunIncomplete, publish, run_config
@@ -84,11 +84,11 @@ def start_failure(rdir: Path, err: Exception | None = None) -> str:
         lines = [x.strip() for x in log.read_text(errors="replace").splitlines() if x.strip()]
         roots = [x for x in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception): ", x)]
         if roots:
-            return roots[0][:300]
+            return clip(roots[0])
         errs = [x for x in lines if re.search(r"Error|error:|Exception", x)]
         if errs:
-            return errs[-1][-300:]
-    return str(err).splitlines()[0][:300] if err else "the engine did not start"
+            return errs[-1][-REASON_CHARS:]
+    return clip(str(err).splitlines()[0]) if err else "the engine did not start"
 
 
 class Tuner:

@@ -19,6 +19,14 @@ from .capacity import capacity_result
 N_BOOT = 2000
 
 
+REASON_CHARS = 300  # an engine's start-up error is kept to this many characters
+
+
+def clip(text: str, n: int = REASON_CHARS) -> str:
+    """`text` up to `n` characters, cut at a word and ended with " …" when longer (a reader sees it was cut)."""
+    return text if len(text) < n else text[:n].rsplit(" ", 1)[0] + " …"
+
+
 def objective(run: Mapping[str, Any], records: pd.DataFrame, kind: str, seed: int = 0) -> dict[str, Any]:
     """{value, interval: [low, high]} of one run for the objective `kind` (high None = unbounded:
     the search found no failing load)."""

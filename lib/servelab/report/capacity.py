@@ -12,6 +12,7 @@ import pandas as pd
 
 from ..analysis.capacity import capacity_result, measurements, prediction_for
 from ..analysis.predict import errors, symptom_evidence
+from ..analysis.tuning import clip
 from ..runfolder import read_json
 from . import html as rh
 from .diagnosis import prefill_fits
@@ -262,8 +263,8 @@ def tune_section(sd: StudyData) -> tuple[str, Any]:
     for i, s in enumerate(steps):
         iv = s.get("interval")
         why = sd.w(f"tune.why.{s['why']}", **(s.get("why_values") or {})) if s.get("why") else ""
-        if s.get("why") == "start_failed":  # the engine's own message, quoted as it wrote it
-            why = rh.quote_cell(why, sd.language)
+        if s.get("why") == "start_failed":  # the engine's own message, quoted as it wrote it (cut: said so)
+            why = rh.quote_cell(clip(why), sd.language)
         rows.append([i, s.get("flag") or "–", "–" if s.get("value") is None else str(s["value"]),
                      labels.get(s["config"], s["config"]), s.get("objective"),
                      f"[{_sig(iv[0])}, {_sig(iv[1])}]" if iv else "–",

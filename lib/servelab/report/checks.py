@@ -162,7 +162,8 @@ def capacity_runs(sd: StudyData) -> list[tuple[str, dict[str, Any]]]:
 
 def capacity_section(sd: StudyData) -> tuple[str, Any | None]:
     """The capacity-at-SLO search of each configuration that had one: the highest load meeting the
-    SLO, each bracket end's verdict with its confidence, and the capacity read off all its trials."""
+    SLO; under the table each bracket end's verdict with its confidence, and on a closed loop the
+    capacity read off all its trials."""
     from .capacity import ends_cell, fit_sentence
 
     w, labels = sd.w, sd.labels()
@@ -173,23 +174,24 @@ def capacity_section(sd: StudyData) -> tuple[str, Any | None]:
         if not res:
             continue
         lo, hi = (res.get("bracket") or [None, None])[:2]
-        rows.append([labels.get(cid, cid), sd.engine_params(cid).get("kind") if cid in sd.folders else None,
-                     res.get("capacity"), hi, res.get("output_tps"), res.get("in_flight"),
+        trials = str(int(res.get("trials") or 0))
+        rows.append([labels.get(cid, cid), res.get("capacity"), hi, res.get("output_tps"), res.get("in_flight"),
                      w(f"capacity.term.{res['binding']}") if res.get("binding") else "–",
-                     int(res.get("trials") or 0), run.get("status"), ends_cell(sd, res)])
-        if res.get("fit"):
-            fits.append(f"**{labels.get(cid, cid)}**:" + fit_sentence(sd, res))
+                     trials if run.get("status") == "complete" else w("checks.capacity_status", n=trials,
+                                                                      status=run.get("status"))])
+        fits.append(w("checks.capacity_ends", label=labels.get(cid, cid), ends=ends_cell(sd, res)) + fit_sentence(sd, res))
     if not rows:
         return "", None
     cols = w("checks.capacity_columns")
     spec = capacity_runs(sd)[0][1]["capacity"]
     shape = spec.get("shape") or {}
     text = w("checks.capacity_text", axis=spec["spec"]["axis"], terms=", ".join(
-        f"{k} ≤ {v:g}" for k, v in (spec.get("targets") or {}).items() if isinstance(v, (int, float))),
+        f"{w('capacity.term.' + k)} ≤ {v:g}" + (" s" if k != "error_rate" else "")
+        for k, v in (spec.get("targets") or {}).items() if isinstance(v, (int, float))),
         duration=shape.get("duration_s")) + "".join("\n\n" + f for f in fits)
     t = pd.DataFrame(rows, columns=cols)
-    return text, rh.table(t, w("checks.t_capacity"), formats={cols[2]: "{:g}", cols[3]: "{:g}", cols[4]: "{:,.0f}",
-                                                             cols[5]: "{:.1f}"},
+    return text, rh.table(t, w("checks.t_capacity"), formats={cols[1]: "{:g}", cols[2]: "{:g}", cols[3]: "{:,.0f}",
+                                                             cols[4]: "{:.1f}"},
                           notes={rh.MISSING: w("checks.capacity_missing")} if t.isna().to_numpy().any() else None)
 
 
