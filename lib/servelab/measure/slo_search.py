@@ -424,8 +424,10 @@ def fitted(st: SearchState, t: Targets, spec: SearchSpec) -> dict[str, Any] | No
     trials = [tr for v in st.verdicts if st.lo.load / g <= v.load <= st.hi.load * g for tr in v.trials]
     best = None
     for term, target in t.terms().items():
+        if term == "error_rate":
+            continue
         pts = [(tr.load, q) for tr in trials if (q := _trial_q(tr, term)) is not None and tr.load > 0]
-        if term == "error_rate" or not any(q > math.log(target) for _, q in pts):
+        if not any(q > math.log(target) for _, q in pts):
             continue
         c = crossing([math.log(x) for x, _ in pts], [q for _, q in pts], math.log(target))
         if c is None:

@@ -92,8 +92,6 @@ def t95(df: int) -> float:
     return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df * df)
 
 
-
-
 def crossing(xs: list[float], ys: list[float], y0: float) -> dict[str, float] | None:
     """Where the least-squares line of ys on xs reaches y0, with Fieller's one-sided 95 % bounds
     on each side (the x's whose line value is within t(n - 2) standard errors of y0). None with

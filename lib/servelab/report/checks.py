@@ -168,7 +168,8 @@ def capacity_section(sd: StudyData) -> tuple[str, Any | None]:
 
     w, labels = sd.w, sd.labels()
     rows, fits = [], []
-    for cid, run in capacity_runs(sd):
+    runs = capacity_runs(sd)
+    for cid, run in runs:
         cap = run.get("capacity") or {}
         res = cap.get("result") or {}
         if not res:
@@ -183,7 +184,7 @@ def capacity_section(sd: StudyData) -> tuple[str, Any | None]:
     if not rows:
         return "", None
     cols = w("checks.capacity_columns")
-    spec = capacity_runs(sd)[0][1]["capacity"]
+    spec = runs[0][1]["capacity"]
     shape = spec.get("shape") or {}
     text = w("checks.capacity_text", axis=spec["spec"]["axis"], terms=", ".join(
         f"{w('capacity.term.' + k)} ≤ {v:g}" + (" s" if k != "error_rate" else "")
