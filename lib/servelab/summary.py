@@ -2,8 +2,9 @@
 
 One row per (configuration, bucket, concurrency): TTFT p50/p95, E2E, per-request decode
 and E2E tok/s, aggregate output tok/s per round (median and range across measured rounds),
-success rate, failures by reason, actual prompt and output tokens. Warmup rounds are
-excluded. Not for plotting or prose (`plots`, `report`).
+success rate, failures by reason, actual prompt and output tokens. Warm-up rounds and rounds the
+interleaved runner found disturbed (`measure.interleave`: their records carry `disturbed`, and the
+round was measured again as a new `attempt`) are excluded. Not for plotting or prose (`plots`, `report`).
 """
 
 from __future__ import annotations
@@ -43,20 +44,39 @@ def _with_level_keys(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
+def measured(df: pd.DataFrame) -> pd.DataFrame:
+    """The records a result is computed from: not warm-up, not a disturbed attempt of a round."""
+    keep = ~df["warmup"].astype(bool)
+    if "disturbed" in df:
+        keep &= df["disturbed"].isna() | df["disturbed"].isin([False, ""])
+    return df[keep]
+
+
+def _attempts(df: pd.DataFrame) -> pd.DataFrame:
+    """`attempt` as a column (0 where a record predates re-measured rounds)."""
+    return df.assign(attempt=df["attempt"].fillna(0).astype(int) if "attempt" in df else 0)
+
+
+ROUND_COLUMNS = ["round", "attempt", "wall_s", "output_tokens_sum", "aggregate_output_tps", "decode_tps_p50",
+                 "ttft_p50_s", "requests"]
+
+
 def round_throughput(df: pd.DataFrame) -> pd.DataFrame:
-    """Aggregate output tok/s and TTFT p50 of each measured round: one row per (level, round)."""
+    """Aggregate output tok/s, the median per-request decode tok/s and TTFT p50 of each measured round
+    (each attempt of a re-measured round is its own row): one row per (level, round, attempt)."""
     df = _with_level_keys(df)
     if df.empty:
-        return pd.DataFrame(columns=LEVEL_KEYS + ["round", "wall_s", "output_tokens_sum", "aggregate_output_tps",
-                                                  "ttft_p50_s", "requests"])
-    m = df[~df["warmup"]]
+        return pd.DataFrame(columns=LEVEL_KEYS + ROUND_COLUMNS)
+    m = _attempts(measured(df))
     rows = []
-    for key, g in m.groupby(LEVEL_KEYS + ["round"], sort=False):
+    for key, g in m.groupby(LEVEL_KEYS + ["round", "attempt"], sort=False):
         wall = float(g["end_s"].max() - g["start_s"].min())
-        tokens = float(g.loc[g["ok"], "output_tokens"].sum())
-        rows.append(dict(zip(LEVEL_KEYS + ["round"], key), wall_s=wall, output_tokens_sum=tokens,
+        ok = g[g["ok"]]
+        tokens = float(ok["output_tokens"].sum())
+        rows.append(dict(zip(LEVEL_KEYS + ["round", "attempt"], key), wall_s=wall, output_tokens_sum=tokens,
                          aggregate_output_tps=tokens / wall if wall > 0 else float("nan"),
-                         ttft_p50_s=_pct(g.loc[g["ok"], "ttft_s"], 50), requests=int(len(g))))
+                         decode_tps_p50=_pct(ok["decode_tps"], 50) if "decode_tps" in ok else float("nan"),
+                         ttft_p50_s=_pct(ok["ttft_s"], 50), requests=int(len(g))))
     return pd.DataFrame(rows)
 
 
@@ -111,7 +131,7 @@ def summarize(df: pd.DataFrame, levels: Any = None) -> pd.DataFrame:
     if df.empty:
         return pd.DataFrame()
     rt = round_throughput(df)
-    m = df[~df["warmup"]]
+    m = measured(df)
     counters = _level_counters(levels)
     rows: list[dict[str, Any]] = []
     for key, g in m.groupby(LEVEL_KEYS, sort=False):

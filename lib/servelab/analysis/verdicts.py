@@ -39,6 +39,7 @@ import pandas as pd
 from scipy.special import ndtri, stdtrit
 
 from .compare import config_diff
+from ..measure.outliers import keep_rounds
 
 FORMAT_VERSION = 1
 ALPHA = 0.05  # two-sided: the verdict's interval is 95 %
@@ -46,12 +47,23 @@ POWER = 0.80  # the MDE is the effect found with this probability
 INTERIM_ALPHA = 0.001  # Haybittle-Peto: an interim look settles a comparison only beyond 99.9 %
 MDE_TARGET = 0.10  # default target of the sequential sampling (relative)
 
-#: metric -> (column of the round table, +1 when higher is better, -1 when lower is)
-METRICS: dict[str, tuple[str, int]] = {"aggregate_output_tps": ("aggregate_output_tps", 1),
+#: metric -> (column of the round table, +1 when higher is better, -1 when lower is): the seeds'
+#: per-request decode speed (a round's median over its requests), aggregate output tok/s, TTFT p50
+METRICS: dict[str, tuple[str, int]] = {"decode_tps_p50": ("decode_tps_p50", 1),
+                                       "aggregate_output_tps": ("aggregate_output_tps", 1),
                                        "ttft_p50_s": ("ttft_p50_s", -1)}
 PRIMARY = "aggregate_output_tps"
+DECODE = "decode_tps_p50"
+#: the metrics a comparison must settle before its level stops sampling (`settled`)
+SAMPLED = (DECODE, PRIMARY)
 FASTER, SLOWER, NO_CHANGE, UNDETERMINED = "faster", "slower", "no detectable change", "not enough rounds"
 LEVEL_KEYS = ["bucket", "concurrency"]
+
+
+def lead_metric(concurrency: Any) -> str:
+    """The metric a level's verdict leads with, as the seeds tell it: a single request's decode speed
+    at one request in flight, aggregate output tok/s with more."""
+    return DECODE if int(concurrency) == 1 else PRIMARY
 
 
 def level_label(bucket: Any, concurrency: Any) -> str:
@@ -399,6 +411,7 @@ def verdict_rows(rounds: pd.DataFrame, cmps: Sequence[Comparison], groups: Itera
     `config`); `requests`: measured requests per (config, bucket, concurrency) (column `n`)."""
     groups = list(groups)
     rows, betweens = [], {}
+    rounds, left_out = keep_rounds(rounds)
     req = ({(r.config, r.bucket, int(r.concurrency)): int(r.n) for r in requests.itertuples()}
            if requests is not None and len(requests) else {})
     for metric in metrics:
@@ -420,9 +433,11 @@ def verdict_rows(rounds: pd.DataFrame, cmps: Sequence[Comparison], groups: Itera
                 n_base = sum(req.get((s, key[0], int(key[1])), 0) for s in cmp_.baseline_starts)
                 e["rounds_for_target"] = rounds_for(e, between, target, cmp_)
                 e["more_starts"] = e["rounds_for_target"] == math.inf  # JSON has no inf: said apart
+                out_ = sum(left_out.get((s, key[0], int(key[1])), 0) for s in {*cmp_.starts, *cmp_.baseline_starts})
                 rows.append({"configuration": cmp_.config, "baseline": cmp_.baseline,
                              "level": level_label(*key), "bucket": key[0], "concurrency": int(key[1]),
                              "metric": metric, **e, "requests": n_req, "baseline_requests": n_base,
+                             "left_out": out_,
                              "aa": cmp_.aa, "between_starts": between.source,
                              "settled": settled(e, target)})
     return pd.DataFrame(rows, columns=COLUMNS), betweens
@@ -430,7 +445,7 @@ def verdict_rows(rounds: pd.DataFrame, cmps: Sequence[Comparison], groups: Itera
 
 COLUMNS = ["configuration", "baseline", "level", "bucket", "concurrency", "metric", "effect", "ci", "interim_ci",
            "mde", "se", "df", "rounds_for_target", "verdict", "rounds", "baseline_rounds", "starts", "baseline_starts", "requests",
-           "baseline_requests", "aa", "between_starts", "settled", "more_starts"]
+           "baseline_requests", "left_out", "aa", "between_starts", "settled", "more_starts"]
 
 
 def to_json(rows: pd.DataFrame, betweens: Mapping[str, Between], *, target: float = MDE_TARGET,
@@ -474,5 +489,5 @@ def from_json(d: Mapping[str, Any]) -> pd.DataFrame:
 
 
 __all__ = ["Between", "Comparison", "FASTER", "SLOWER", "NO_CHANGE", "UNDETERMINED", "METRICS", "PRIMARY",
-           "MDE_TARGET", "between_starts", "between_from_fits", "comparisons", "effect_of", "estimate", "fit_arrays", "open_starts", "fit_level", "from_json", "level_label",
+           "MDE_TARGET", "DECODE", "SAMPLED", "between_starts", "keep_rounds", "lead_metric", "between_from_fits", "comparisons", "effect_of", "estimate", "fit_arrays", "open_starts", "fit_level", "from_json", "level_label",
            "log_rounds", "plan_for_target", "setting_groups", "settled", "to_json", "verdict_rows"]
