@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import pandas as pd
 from pydantic import ValidationError
@@ -166,6 +167,33 @@ def write_engine(path: Path, handle: dict[str, Any]) -> None:
 def read_engine(path: Path) -> dict[str, Any]:
     """engine.json (any version), validated."""
     return read_checked(path, ENGINE_JSON)
+
+
+def mark_records(path: Path, marks: Mapping[tuple[int, int, int], str], name: str = "disturbed") -> int:
+    """Set `name` to the reason on every record of `path` whose (level, round, attempt) is in
+    `marks` (attempt 0 where a record has none); every other line is kept byte for byte, and the
+    file is replaced atomically (no record is ever dropped). Returns the records marked."""
+    path = Path(path)
+    if not marks or not path.exists():
+        return 0
+    out, n = [], 0
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+                key = (int(rec["level"]), int(rec["round"]), int(rec.get("attempt") or 0))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+                out.append(line)
+                continue
+            if key in marks:
+                rec[name] = marks[key]
+                line = json.dumps(rec, separators=(",", ":"), default=str) + "\n"
+                n += 1
+            out.append(line)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(out), encoding="utf-8")
+    os.replace(tmp, path)
+    return n
 
 
 def load_records(run_dirs: Iterable[Path] | Path) -> pd.DataFrame:

@@ -172,8 +172,9 @@ def study_baselines(study: Any, ids: list[str]) -> dict[str, str]:
 
 def sampling_rule(plans: list[ConfigPlan]) -> Callable[[int, pd.DataFrame], tuple[set[str], str]]:
     """`measure.interleave.Decide` for these configurations: after each round, the starts of every
-    comparison whose verdict on aggregate tok/s is not settled (`analysis.verdicts.settled`), with
-    the between-start variance from the levels measured so far."""
+    comparison whose verdict on per-request decode tok/s or aggregate tok/s is not settled
+    (`analysis.verdicts.settled`), with the between-start variance from the levels measured so far
+    and without the rounds the estimator leaves out (`analysis.verdicts.keep_rounds`)."""
     from .analysis import verdicts as v
 
     study = plans[0].study
@@ -184,15 +185,21 @@ def sampling_rule(plans: list[ConfigPlan]) -> Callable[[int, pd.DataFrame], tupl
     seen: dict[int, pd.DataFrame] = {}
 
     def decide(li: int, rt: pd.DataFrame) -> tuple[set[str], str]:
-        seen[li] = rt
-        y = v.log_rounds(pd.concat(list(seen.values()), ignore_index=True), v.PRIMARY)
-        between = v.between_starts(y, groups.values(), given_sd_pct=study.design.between_starts_sd_pct)
-        lv = v.log_rounds(rt, v.PRIMARY)
-        res = [(c, v.estimate(lv, c, between)) for c in cmps if not c.aa]
-        need = v.open_starts(res, target)
-        mdes = [r["mde"] for _, r in res if pd.notna(r["mde"])]
-        note = (f"{sum(not v.settled(r, target) for _, r in res)} of {len(res)} changes open, "
-                f"largest MDE {max(mdes) * 100:.0f} %" if mdes else "no estimate yet")
+        seen[li], _ = v.keep_rounds(rt)
+        need: set[str] = set()
+        open_, mdes, n = 0, [], 0
+        for metric in v.SAMPLED:  # a comparison is open while either metric is
+            y = v.log_rounds(pd.concat(list(seen.values()), ignore_index=True), metric)
+            given = study.design.between_starts_sd_pct if metric == v.PRIMARY else None
+            between = v.between_starts(y, groups.values(), given_sd_pct=given)
+            lv = v.log_rounds(seen[li], metric)
+            res = [(c, v.estimate(lv, c, between, direction=v.METRICS[metric][1])) for c in cmps if not c.aa]
+            need |= v.open_starts(res, target)
+            open_ += sum(not v.settled(r, target) for _, r in res)
+            n += len(res)
+            mdes += [r["mde"] for _, r in res if pd.notna(r["mde"])]
+        note = (f"{open_} of {n} comparisons open (decode and aggregate tok/s), largest MDE {max(mdes) * 100:.0f} %"
+                if mdes else "no estimate yet")
         return need, note
 
     return decide
@@ -323,9 +330,12 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
 
 def sampling_table(design: dict[str, Any]) -> pd.DataFrame:
     """Per level of an interleaved benchmark: measured rounds per configuration, why its sampling
-    stopped and its seconds (design.json's `levels`)."""
+    stopped, its seconds (of them the warm-up's), the disturbed rounds and those measured again
+    (design.json's `levels`)."""
     rows = [{"level": x["label"], **{f"rounds {k}": n for k, n in x["rounds"].items()}, "stopped": x["stopped"],
-             "seconds": round(x["seconds"], 1), "last note": x.get("note", "")} for x in design.get("levels", [])]
+             "seconds": round(x["seconds"], 1), "warm-up s": round(x.get("warmup_s") or 0.0, 1),
+             "disturbed": x.get("disturbed", 0), "measured again": x.get("remeasured", 0),
+             "last note": x.get("note", "")} for x in design.get("levels", [])]
     return pd.DataFrame(rows)
 
 

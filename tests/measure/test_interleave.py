@@ -29,7 +29,8 @@ def test_rounds_alternate_and_share_their_prompts(refserver, tmp_path):
     servers = {sid: refserver(ttft_s=0.005, itl_s=0.001) for sid in ("a", "b", "c")}
     results, sampling = run_interleaved(_starts(servers, tmp_path), _wl(), study="t")
     assert {r.status for r in results.values()} == {"complete"}
-    recs = {sid: read_jsonl(tmp_path / sid / "records.jsonl") for sid in servers}
+    # first attempts only: a round another process disturbed (a test running beside this one) is measured again
+    recs = {sid: [r for r in read_jsonl(tmp_path / sid / "records.jsonl") if not r.get("attempt")] for sid in servers}
     assert {sid: len(r) for sid, r in recs.items()} == {"a": 6, "b": 6, "c": 6}  # (1 + 2) x 2 rounds
     # the order of the starts within each round: a b c, then c b a
     first = sorted(((r["level"], r["round"], r["start_s"], sid) for sid, rs in recs.items() for r in rs))
@@ -62,7 +63,7 @@ def test_idle_neighbours_cpu_is_recorded_per_round(refserver, tmp_path):
     finally:
         for p in idle:
             p.kill()
-    stats = read_jsonl(tmp_path / "a" / "client_stats.jsonl")
+    stats = [s for s in read_jsonl(tmp_path / "a" / "client_stats.jsonl") if not s.get("attempt")]
     assert len(stats) == 4 and all(s["neighbours"] == 1 for s in stats)
     assert all(0 <= s["neighbour_cpu_frac_max"] < 0.5 for s in stats)  # a sleeping process uses ~0
 

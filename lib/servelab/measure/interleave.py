@@ -7,10 +7,17 @@ levels, samples): the files are those of a one-at-a-time run, with rounds number
 same round of a level sends the same prompts to every engine). Levels run in the grid's order;
 within a level, after the workload's `rounds` measured rounds, `decide` (given every start's
 rounds so far) names the starts that still need rounds, and one more round goes to those, until
-it names none, `max_rounds` is reached or the level's share of the budget is spent. The engines
-that wait meanwhile are sampled for their CPU use around every round (`neighbour_cpu_frac_*` in
-client_stats.jsonl): idle engines must not disturb the measured one. Not for the statistics
-(`analysis.verdicts`, handed in as `decide`) nor for starting engines (`hosts`).
+it names none, `max_rounds` is reached or the level's share of the budget is spent. The workload's
+warm-up rounds run first at every level, unmeasured, for every start.
+
+Around every round the machine is metered (`measure.machine`): the waiting engines' CPU
+(`neighbour_cpu_frac_*` in client_stats.jsonl: idle engines must not disturb the measured one),
+other processes' CPU and the hypervisor's steal. After every pass the level's rounds are judged
+(`measure.disturbed`): a round that other processes disturbed, or that is far slower than its
+start's other rounds and not as slow when measured again, is measured again once the machine is
+quiet, out of a reserve of the budget (`RESERVE`); the disturbed attempt stays in the run folder,
+flagged, and out of every result. Not for the statistics (`analysis.verdicts`, handed in as
+`decide`) nor for starting engines (`hosts`).
 """
 
 from __future__ import annotations
@@ -24,9 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
-import psutil
 
 from ..summary import round_throughput
+from .disturbed import Attempt, Disturbances
+from .machine import MachineMeter, wait_quiet
 from .rounds import PoolLost
 from .runner import STOP_SIGNALS, LevelRunner, RunAborted
 
@@ -35,58 +43,27 @@ from .runner import STOP_SIGNALS, LevelRunner, RunAborted
 Decide = Callable[[int, pd.DataFrame], tuple[set[str], str]]
 MIN_ROUNDS = 3  # rounds a level gets even past its budget share: at 2 an A/A pair's interval rests on one
 #                residual degree of freedom (a fresh clone on a slow day got 2 at every level, 2026-12-03)
-
-
-class NeighbourMeter:
-    """CPU share of the other engines' process trees while one engine is measured."""
-
-    def __init__(self, pids: Mapping[str, int]) -> None:
-        self.procs: dict[str, list[psutil.Process]] = {}
-        for sid, pid in pids.items():
-            with contextlib.suppress(psutil.Error):
-                p = psutil.Process(pid)
-                self.procs[sid] = [p, *p.children(recursive=True)]
-        self.others: list[str] = []
-
-    def _cpu(self, sid: str) -> float:
-        total = 0.0
-        for p in self.procs.get(sid, []):
-            with contextlib.suppress(psutil.Error):
-                t = p.cpu_times()
-                total += t.user + t.system
-        return total
-
-    def around(self, measured: str) -> "NeighbourMeter._Round":
-        return NeighbourMeter._Round(self, [s for s in self.procs if s != measured])
-
-    @dataclass
-    class _Round:
-        meter: "NeighbourMeter"
-        others: list[str]
-        t0: float = 0.0
-        cpu0: dict[str, float] = field(default_factory=dict)
-
-        def start(self) -> None:
-            self.cpu0 = {s: self.meter._cpu(s) for s in self.others}  # noqa: SLF001 (its own meter)
-            self.t0 = time.perf_counter()
-
-        def stop(self) -> dict[str, Any]:
-            wall = time.perf_counter() - self.t0
-            if not self.others or wall <= 0:
-                return {}
-            fr = [(self.meter._cpu(s) - self.cpu0[s]) / wall for s in self.others]  # noqa: SLF001
-            return {"neighbours": len(fr), "neighbour_cpu_frac_max": max(fr), "neighbour_cpu_frac_sum": sum(fr)}
+RESERVE = 0.15  # share of the sampling time kept for measuring disturbed rounds again
+QUIET_WAIT_S = 45.0  # the longest wait for other processes to stop before a round is measured again
 
 
 @dataclass
 class LevelSampling:
-    """How one level's sampling went: measured rounds per start, why it stopped, its time."""
+    """How one level's sampling went: measured rounds per start (with a kept attempt), why it
+    stopped, its time (`warmup_s` of it on the warm-up rounds), and its disturbed rounds: how many,
+    measured again, left out, the seconds spent waiting for the machine to be quiet, and when."""
 
     label: str
     rounds: dict[str, int]
     stopped: str  # "settled" | "max_rounds" | "budget" | "fixed"
     seconds: float
     note: str = ""
+    warmup_s: float = 0.0
+    disturbed: int = 0
+    remeasured: int = 0
+    remeasure_s: float = 0.0
+    waited_s: float = 0.0
+    windows: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Interleaved:
@@ -107,9 +84,13 @@ class Interleaved:
         self.grid, self.wl = first.grid, first.wl
         self.decide, self.deadline = decide, deadline
         self.max_rounds = max_rounds or self.wl.rounds
-        self.meter = NeighbourMeter(pids or {})
+        self.meter = MachineMeter(pids or {}, servers_known=bool(pids) and set(pids) >= set(self.runners))
         self.log = log or first.log
         self.sampling: list[LevelSampling] = []
+        self.marks: dict[str, dict[tuple[int, int, int], str]] = {}  # start -> its disturbed attempts
+        # the levels' sampling ends before the deadline: the rest is kept for re-measuring
+        self.sampling_deadline = (deadline - RESERVE * max(0.0, deadline - time.monotonic())
+                                  if deadline is not None else None)
         self.status, self.message = "complete", ""
 
     def _on_signal(self, sig: signal.Signals) -> None:
@@ -147,20 +128,48 @@ class Interleaved:
                     if previous.get(sig) is not None:
                         signal.signal(sig, previous[sig])
 
-    async def _round(self, states: dict[str, Any], starts: Sequence[str], rnd: int,
-                     rounds: dict[str, list[dict[str, Any]]]) -> None:
+    async def _send(self, states: dict[str, Any], sid: str, rnd: int, dist: Disturbances, attempt: int = 0) -> Attempt:
+        r = self.runners[sid]
+        meter = self.meter.around(sid)
+        _pause(r, False)
+        try:
+            recs = await r.level_round(states[sid], rnd, meter=meter, attempt=attempt)
+        finally:
+            _pause(r, True)
+        return dist.add(Attempt(sid, rnd, attempt, recs, getattr(meter, "result", {})))
+
+    async def _round(self, states: dict[str, Any], starts: Sequence[str], rnd: int, dist: Disturbances) -> None:
         order = list(starts) if rnd % 2 == 0 else list(reversed(starts))  # A B C, C B A, ...
         for sid in order:
-            r = self.runners[sid]
-            _pause(r, False)
-            try:
-                recs = await r.level_round(states[sid], rnd, meter=self.meter.around(sid))
-            finally:
-                _pause(r, True)
-            rounds[sid].extend(recs)
+            await self._send(states, sid, rnd, dist)
 
-    def _rounds_table(self, rounds: Mapping[str, list[dict[str, Any]]]) -> pd.DataFrame:
-        recs = [r for x in rounds.values() for r in x]
+    async def _again(self, states: dict[str, Any], dist: Disturbances, lv_label: str, log: LevelSampling) -> None:
+        """Judge the level's attempts (`Disturbances.judge`) and measure its suspect and disturbed
+        rounds again, once the machine is quiet, while the budget (its reserve included) allows."""
+        t0 = time.monotonic()
+        while True:
+            dist.judge()
+            todo = dist.to_measure()
+            if not todo:
+                break
+            if dist.busy_now() and self.deadline is not None:  # without a budget: measured again at once
+                room = self.deadline - time.monotonic()
+                waited, load = await wait_quiet(self.meter, most_s=max(0.0, min(QUIET_WAIT_S, room - 5.0)))
+                log.waited_s += waited
+                self.log(f"interleaved {lv_label}: other processes busy; waited {waited:.0f} s "
+                         f"(last second: {load:.2f} cores)")
+            for sid, rnd in todo:
+                tries = dist.of(sid, rnd)
+                if self.deadline is not None and time.monotonic() + max(a.wall_s for a in tries) > self.deadline:
+                    log.remeasure_s += time.monotonic() - t0
+                    return
+                self.log(f"interleaved {lv_label}: {sid} round {rnd - self.wl.warmup_rounds + 1} again "
+                         f"({tries[-1].status}: {tries[-1].reason})")
+                dist.settle(await self._send(states, sid, rnd, dist, attempt=len(tries)))
+        log.remeasure_s += time.monotonic() - t0
+
+    def _rounds_table(self, dist: Disturbances) -> pd.DataFrame:
+        recs = [r for sid in self.runners for r in dist.kept(sid)]
         return round_throughput(pd.DataFrame(recs)) if recs else pd.DataFrame()
 
     async def _level(self, li: int, levels_left: int) -> None:
@@ -168,61 +177,85 @@ class Interleaved:
         starts = list(self.runners)
         lv = self.grid[li]
         states = {sid: await r.level_begin(li, lv) for sid, r in self.runners.items()}
-        rounds: dict[str, list[dict[str, Any]]] = {sid: [] for sid in starts}
-        for rnd in range(wl.warmup_rounds):
-            await self._round(states, starts, rnd, {sid: [] for sid in starts})
+        dist = Disturbances()
+        log = LevelSampling(lv.label, {}, "fixed", 0.0)
+        for rnd in range(wl.warmup_rounds):  # unmeasured, right before the level's measured rounds
+            await self._round(states, starts, rnd, Disturbances())
+        log.warmup_s = time.monotonic() - t0
         rnd = wl.warmup_rounds
-        share = (self.deadline - time.monotonic()) / max(levels_left, 1) if self.deadline else None
+        end = self.sampling_deadline
+        share = (end - time.monotonic()) / max(levels_left, 1) if end is not None else None
         level_end = time.monotonic() + share if share is not None else None
-        stopped, note = "fixed", ""
+        note = ""
         for i in range(wl.rounds):
             if self.decide is not None and i >= MIN_ROUNDS and level_end is not None and time.monotonic() > level_end:
-                stopped = "budget"  # a slow machine: the first rounds alone would overrun the budget
+                log.stopped = "budget"  # a slow machine: the first rounds alone would overrun the budget
                 break
-            await self._round(states, starts, rnd, rounds)
+            await self._round(states, starts, rnd, dist)
+            await self._again(states, dist, lv.label, log)
             rnd += 1
-        if self.decide is not None and stopped != "budget":
+        if self.decide is not None and log.stopped != "budget":
             while True:
-                need, note = self.decide(li, self._rounds_table(rounds))
+                need, note = self.decide(li, self._rounds_table(dist))
                 need_order = [s for s in starts if s in need]
                 if not need_order:
-                    stopped = "settled"
+                    log.stopped = "settled"
                     break
                 if rnd - wl.warmup_rounds >= self.max_rounds:
-                    stopped = "max_rounds"
+                    log.stopped = "max_rounds"
                     break
-                per_round = _round_seconds(rounds, need_order)
+                per_round = sum(_mean_wall(dist, s) for s in need_order)
                 if level_end is not None and time.monotonic() + per_round > level_end:
-                    stopped = "budget"
+                    log.stopped = "budget"
                     break
-                await self._round(states, need_order, rnd, rounds)
+                await self._round(states, need_order, rnd, dist)
+                await self._again(states, dist, lv.label, log)
                 rnd += 1
                 left = f", budget left {self.deadline - time.monotonic():.0f} s" if self.deadline else ""
                 self.log(f"interleaved {lv.label}: round {rnd - wl.warmup_rounds} for {len(need_order)} of "
                          f"{len(starts)} starts ({note}){left}")
-        n = {sid: len({r['round'] for r in rounds[sid]}) for sid in starts}
+        log.rounds = {sid: dist.rounds(sid) for sid in starts}
         for sid, r in self.runners.items():
-            await r.level_end(states[sid], sampling={"stopped": stopped, "measured_rounds": n[sid]})
-        self.sampling.append(LevelSampling(lv.label, n, stopped, time.monotonic() - t0, note))
+            await r.level_end(states[sid], sampling={"stopped": log.stopped, "measured_rounds": log.rounds[sid]},
+                              **({"disturbed": dist.lines(sid)} if dist.disturbed(sid) else {}),
+                              **({"remeasured": dist.remeasured(sid)} if dist.remeasured(sid) else {}))
+            self.marks.setdefault(sid, {}).update(dist.marks(sid, li))
+        log.disturbed, log.remeasured = len(dist.disturbed()), dist.remeasured()
+        log.windows = _windows(dist)
+        if log.disturbed:
+            self.log(f"interleaved {lv.label}: {log.disturbed} disturbed rounds left out, {log.remeasured} "
+                     f"measured again ({log.remeasure_s:.0f} s, {log.waited_s:.0f} s of it waiting for quiet)")
+        log.seconds, log.note = time.monotonic() - t0, note
+        self.sampling.append(log)
+
+
+def _mean_wall(dist: Disturbances, sid: str) -> float:
+    walls = [a.wall_s for a in dist.attempts if a.sid == sid]
+    return sum(walls) / len(walls) if walls else 0.0
+
+
+def _windows(dist: Disturbances, gap_s: float = 5.0) -> list[dict[str, Any]]:
+    """The disturbed attempts of a level as time windows (attempts less than `gap_s` apart join one):
+    from, to (unix seconds), how many rounds of how many starts, the most cores other processes took."""
+    out: list[dict[str, Any]] = []
+    for a in sorted(dist.disturbed(), key=lambda a: a.stats.get("t0_unix", 0.0)):
+        t0, t1 = a.stats.get("t0_unix"), a.stats.get("t1_unix")
+        if t0 is None or t1 is None:
+            continue
+        b = float(a.stats.get("foreign_cpu") or 0.0) + float(a.stats.get("steal_cpu") or 0.0)
+        if out and t0 - out[-1]["to"] <= gap_s:
+            w = out[-1]
+            w["to"], w["rounds"], w["busy_cpu"] = max(w["to"], t1), w["rounds"] + 1, max(w["busy_cpu"], b)
+            w["starts"] = sorted({*w["starts"], a.sid})
+        else:
+            out.append({"from": t0, "to": t1, "rounds": 1, "starts": [a.sid], "busy_cpu": b})
+    return out
 
 
 def _pause(runner: LevelRunner, paused: bool) -> None:
     for s in runner.samplers:
         if hasattr(s, "pause"):
             s.pause(paused)
-
-
-def _round_seconds(rounds: Mapping[str, list[dict[str, Any]]], starts: Sequence[str]) -> float:
-    """Expected wall time of one more round over `starts`: each one's mean round time so far."""
-    total = 0.0
-    for sid in starts:
-        recs = rounds.get(sid) or []
-        by_round: dict[int, list[dict[str, Any]]] = {}
-        for r in recs:
-            by_round.setdefault(r["round"], []).append(r)
-        walls = [max(x["end_s"] for x in g) - min(x["start_s"] for x in g) for g in by_round.values()]
-        total += sum(walls) / len(walls) if walls else 0.0
-    return total
 
 
 @dataclass
@@ -243,6 +276,7 @@ def run_interleaved(starts: Sequence[Start], wl: Any, *, study: str, decide: Dec
     """Prepare every start's run folder (`runner.prepare_run`), send the grid interleaved
     (`Interleaved`), and close each run.json (`runner.finish_run`), also on Ctrl-C. Returns
     ({start id: RunResult}, the sampling of each level)."""
+    from ..runfolder import RECORDS, mark_records
     from .rounds import run_sync
     from .runner import finish_run, prepare_run
 
@@ -257,6 +291,8 @@ def run_interleaved(starts: Sequence[Start], wl: Any, *, study: str, decide: Dec
         status, message = "partial", "interrupted by the user (Ctrl-C)"
         raise
     finally:
+        for sid, p in prepared.items():  # the disturbed attempts' records say so (nothing is deleted)
+            mark_records(p.rf / RECORDS, il.marks.get(sid, {}))
         results = {sid: finish_run(p, status if p.runner.status == "complete" else p.runner.status,
                                    message or p.runner.message.strip())
                    for sid, p in prepared.items()}

@@ -142,10 +142,11 @@ class LevelRunner:
             offsets = arrival_offsets(wl, lv, n, (wl.seed or 0) + 1000 * li + rnd)
         return RoundCtx(self.run_token, li, rnd, lv.concurrency, lv.rate_rps, n, offsets, self.seq)
 
-    def _job(self, d: Draft) -> Job:
+    def _job(self, d: Draft, warm: bool = False) -> Job:
         wl = self.wl
+        cap = wl.warmup_max_tokens if warm and wl.warmup_max_tokens else d.max_tokens
         spec = sc.RequestSpec(
-            prompt=d.prompt, messages=d.messages, max_tokens=d.max_tokens, model=self.server.model, api=wl.api,
+            prompt=d.prompt, messages=d.messages, max_tokens=min(d.max_tokens, cap), model=self.server.model, api=wl.api,
             temperature=wl.temperature, seed=wl.seed,
             ignore_eos=wl.ignore_eos if d.ignore_eos is None else d.ignore_eos, cache_salt=d.cache_salt,
             chat_template_kwargs=wl.chat_template_kwargs, continuous_usage_stats=wl.continuous_usage_stats,
@@ -155,14 +156,16 @@ class LevelRunner:
         return job
 
     def _jobs(self, li: int, lv: Level, rnd: int, n_req: int) -> list[Job]:
-        return [self._job(d) for d in self.sources[lv.bucket.label].drafts(self._ctx(li, lv, rnd, n_req))]
+        warm = rnd < self.wl.warmup_rounds
+        return [self._job(d, warm) for d in self.sources[lv.bucket.label].drafts(self._ctx(li, lv, rnd, n_req))]
 
     def _endless_jobs(self, li: int, lv: Level, rnd: int) -> Any:
         """Duration-bounded closed loop: drafts planned a concurrency's worth at a time, for ever."""
         while True:
             yield from self._jobs(li, lv, rnd, max(1, lv.concurrency))
 
-    def _record(self, li: int, lv: Level, rnd: int, warm: bool, job: Job, res: Any, lag: float | None) -> dict[str, Any]:
+    def _record(self, li: int, lv: Level, rnd: int, warm: bool, job: Job, res: Any, lag: float | None,
+                attempt: int = 0) -> dict[str, Any]:
         d = res if isinstance(res, dict) else res.to_dict()
         if self.counter is not None and d.get("error_kind") == sc.NO_USAGE:
             d = sc.count_on_client(d, self.counter.count_text)
@@ -172,7 +175,7 @@ class LevelRunner:
                 "target_input_tokens": lv.bucket.input_tokens or 0, "target_output_tokens": lv.bucket.output_tokens or 0,
                 "shared_prefix": lv.bucket.shared_prefix, "concurrency": lv.concurrency, "rate_rps": lv.rate_rps,
                 "arrival": "trace" if lv.bucket.trace else self.wl.arrival, "round": rnd, "warmup": warm,
-                "seq": job.seq, "cache_salt": job.spec.cache_salt, "scheduled_s": job.at_s, "send_lag_s": lag,
+                **({"attempt": attempt} if attempt else {}), "seq": job.seq, "cache_salt": job.spec.cache_salt, "scheduled_s": job.at_s, "send_lag_s": lag,
                 **job.meta, **d}
 
     async def _send_round(self, http: sc.StreamClient, pool: WorkerPool | None, li: int, lv: Level, rnd: int,
@@ -207,11 +210,14 @@ class LevelRunner:
             s.set_level(lv.label)
         return LevelState(li, lv, t0=time.monotonic(), failure_budget=self.wl.failure_budget)
 
-    async def level_round(self, st: "LevelState", rnd: int, meter: Any = None) -> list[dict[str, Any]]:
+    async def level_round(self, st: "LevelState", rnd: int, meter: Any = None, attempt: int = 0
+                          ) -> list[dict[str, Any]]:
         """One round of the level (a warm-up round while `rnd < warmup_rounds`): its records written
         as they end and returned; its client stats (and `meter.stop()`'s, when given: what a caller
-        measured around it, e.g. idle engines' CPU) to client_stats.jsonl. Raises RunAborted when a
-        stop signal arrived or the server stopped answering."""
+        measured around it, e.g. what else used the CPU; kept on the meter as `result`) to
+        client_stats.jsonl. `attempt` > 0: the round measured again (the same prompts; records and
+        stats say which attempt). Raises RunAborted when a stop signal arrived or the server stopped
+        answering."""
         wl, li, lv, w = self.wl, st.li, st.lv, self.out.records
         warm = rnd < wl.warmup_rounds
         n_req = requests_per_round(wl, lv)
@@ -225,7 +231,7 @@ class LevelRunner:
         results: list[dict[str, Any]] = []
 
         def on_result(job: Job, res: Any, lag: float | None) -> None:
-            rec = self._record(li, lv, rnd, warm, job, res, lag)
+            rec = self._record(li, lv, rnd, warm, job, res, lag, attempt)
             w.write(rec)
             results.append(rec)
             if not rec["warmup"]:  # a round's warm-up, or a ramp request while the loop fills
@@ -245,8 +251,11 @@ class LevelRunner:
         finally:
             self.in_flight.discard(task)
         extra = meter.stop() if meter is not None else {}
-        self.out.stats.write({"level": li, "label": lv.label, "round": rnd, "warmup": warm, "requests": len(results),
-                              "workers": worker_count(wl.workers), **stats, **extra})
+        if meter is not None:
+            meter.result = {**stats, **extra}
+        self.out.stats.write({"level": li, "label": lv.label, "round": rnd, **({"attempt": attempt} if attempt else {}),
+                              "warmup": warm, "requests": len(results), "workers": worker_count(wl.workers),
+                              **stats, **extra})
         if self.stop.is_set():
             how = "cancelled" if wl.on_interrupt == "cancel" or self.signals[-1:] != ["SIGINT"] else "drained"
             who = "the user (Ctrl-C)" if self.signals[-1:] == ["SIGINT"] else self.signals[-1]

@@ -50,6 +50,8 @@ class RequestRecord(Open):
     arrival: str | None = None
     round: int
     warmup: bool
+    attempt: int = 0  # > 0: the round measured again after a disturbance (measure.interleave)
+    disturbed: str | None = None  # why this attempt of the round is left out (kept, never deleted)
     seq: int
     cache_salt: str | None = None
     scheduled_s: Number = None
@@ -112,6 +114,8 @@ class LevelSummary(Open):
     sampling: LevelSampling | None = None
     rounds: int | None = None
     imported: bool | None = None
+    disturbed: list[dict[str, Any]] | None = None  # the level's disturbed rounds (measure.interleave)
+    remeasured: int | None = None  # rounds measured again at this level
 
 
 # -- engine.json ----------------------------------------------------------------------------------

@@ -1,0 +1,125 @@
+"""Disturbed rounds while measuring (measure.disturbed, measure.machine): the judgement of a level's
+attempts on made-up rounds, and a real interleaved run that two busy processes disturb."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+
+from servelab.measure.disturbed import DISTURBED, OK, REPRODUCED, SUSPECT, Attempt, Disturbances
+from servelab.measure.machine import FOREIGN_CPU, MachineMeter, machine_cpu
+
+
+def _round(tps: float, tokens: int = 48, busy: float = 0.0) -> tuple[list[dict], dict]:
+    wall = tokens / tps
+    rec = {"ok": True, "start_s": 0.0, "end_s": wall, "output_tokens": tokens, "decode_tps": tps}
+    return [rec], {"foreign_cpu": busy, "steal_cpu": 0.0, "t0_unix": 1000.0, "t1_unix": 1000.0 + wall}
+
+
+def _level(values: dict[str, list[float]], busy: dict[tuple[str, int], float] | None = None) -> Disturbances:
+    d = Disturbances()
+    for rnd in range(max(len(v) for v in values.values())):
+        for sid, v in values.items():
+            recs, stats = _round(v[rnd], busy=(busy or {}).get((sid, rnd), 0.0))
+            d.add(Attempt(sid, rnd, 0, recs, stats))
+    return d
+
+
+def test_a_busy_machine_disturbs_a_round_whatever_its_numbers():
+    d = _level({"a": [40, 41, 40], "b": [60, 59, 61]}, busy={("b", 1): 1.2})
+    d.judge()
+    assert [(a.sid, a.rnd) for a in d.disturbed()] == [("b", 1)]
+    assert "1.20 cores" in d.disturbed()[0].reason
+    assert d.to_measure() == [("b", 1)] and d.rounds("b") == 2
+
+
+def test_a_slow_round_is_suspect_until_measured_again():
+    d = _level({"a": [40, 12, 41]})
+    d.judge()
+    assert [a.status for a in d.attempts] == [OK, SUSPECT, OK] and "3.4x slower" in d.attempts[1].reason
+    recs, stats = _round(40.5)
+    d.settle(d.add(Attempt("a", 1, 1, recs, stats)))
+    assert d.attempts[1].status == DISTURBED and d.rounds("a") == 3 and d.to_measure() == []
+    assert d.marks("a", 2) == {(2, 1, 0): d.attempts[1].reason}
+    assert len(d.kept("a")) == 3  # the disturbed attempt's records are out, its new attempt in
+
+
+def test_a_round_that_is_slow_again_is_what_its_prompt_does():
+    d = _level({"ngram": [165.0, 90.5, 174.6, 169.3]})
+    d.judge()
+    assert d.attempts[1].status == SUSPECT
+    recs, stats = _round(92.0)
+    d.settle(d.add(Attempt("ngram", 1, 1, recs, stats)))
+    assert {a.status for a in d.of("ngram", 1)} == {REPRODUCED}
+    d.judge()  # judged again after the next pass: a reproduced round is not suspect again
+    assert d.disturbed() == [] and d.to_measure() == [] and len(d.kept("ngram")) == 5
+
+
+def test_a_round_is_measured_at_most_three_times():
+    d = _level({"a": [40, 40, 40]}, busy={("a", 2): 1.0})
+    for k in (1, 2):
+        d.judge()
+        assert d.to_measure() == [("a", 2)]
+        recs, stats = _round(40, busy=1.0)
+        d.add(Attempt("a", 2, k, recs, stats))
+    d.judge()
+    assert d.to_measure() == [] and d.rounds("a") == 2 and len(d.disturbed()) == 3
+
+
+def _spin(n: int, seconds: float) -> None:
+    """`n` busy processes for `seconds`, not children of this one (another user's program): started in
+    the background of a shell that exits at once."""
+    loop = f"import time\nt = time.time()\nwhile time.time() - t < {seconds}: pass"
+    subprocess.run(["sh", "-c", " ".join(f"{sys.executable} -c '{loop}' &" for _ in range(n))], check=True)
+
+
+def test_the_meter_sees_another_process_take_the_cpu():
+    if machine_cpu() is None:
+        import pytest
+
+        pytest.skip("no /proc/stat on this system")
+    m = MachineMeter({})
+    w = m.window()
+    w.start()
+    _spin(1, 1.0)
+    time.sleep(1.2)
+    r = w.stop()
+    assert r["foreign_cpu"] >= FOREIGN_CPU  # one process spinning for about a second of the window
+
+
+def test_an_interleaved_run_measures_disturbed_rounds_again_and_keeps_them(refserver, tmp_path):
+    from servelab.measure.interleave import Start, run_interleaved
+    from servelab.hosts.base import Server
+    from servelab.measure.runinfo import base_record
+    from servelab.runfolder import read_jsonl
+    from servelab.schema import Bucket, Workload
+
+    if machine_cpu() is None:
+        import pytest
+
+        pytest.skip("no /proc/stat on this system")
+    servers = {sid: refserver(ttft_s=0.02, itl_s=0.02) for sid in ("a", "b")}  # ~0.5 s rounds
+    idle = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]) for _ in servers]
+    starts = [Start(sid, Server(base_url=s.url, model="ref"), tmp_path / sid, base_record("t", sid), pid=p.pid)
+              for (sid, s), p in zip(servers.items(), idle)]
+    wl = Workload(buckets=[Bucket(input_tokens=20, output_tokens=24)], concurrency=[1], warmup_rounds=0, rounds=4,
+                  requests_per_round=1, timeout_s=10)
+    timer = threading.Timer(0.8, lambda: _spin(2, 1.5))  # a noisy neighbour mid-level
+    timer.start()
+    try:
+        results, sampling = run_interleaved(starts, wl, study="t", deadline=time.monotonic() + 60)
+    finally:
+        timer.cancel()
+        for p in idle:
+            p.kill()
+    lv = sampling[0]
+    assert lv.disturbed >= 1 and lv.remeasured >= lv.disturbed - 1
+    assert lv.windows and lv.windows[0]["busy_cpu"] >= FOREIGN_CPU
+    assert lv.rounds == {"a": 4, "b": 4}  # every round has a kept attempt
+    marked = [r for sid in servers for r in read_jsonl(tmp_path / sid / "records.jsonl") if r.get("disturbed")]
+    assert len(marked) == lv.disturbed and all("other processes" in r["disturbed"] for r in marked)
+    levels = read_jsonl(tmp_path / "a" / "levels.jsonl") + read_jsonl(tmp_path / "b" / "levels.jsonl")
+    assert sum(len(x.get("disturbed") or []) for x in levels) == lv.disturbed
+    assert {r.status for r in results.values()} == {"complete"}
