@@ -1,5 +1,6 @@
 """The prompt-set source: a shipped prompt set (`servelab.prompts`: real text of natural length)
-sent round-robin, deterministically (the i-th request of a level always gets the same prompt).
+sent round-robin, deterministically (the i-th request of a level always gets the same prompt), or
+with `same_prompts` the same ones every round (request i of any round gets prompt i).
 Each record keeps `prompt_set` and `prompt_id`; its achieved length is the server's
 `prompt_tokens`. A bucket of this source stops at end-of-sequence unless it forces its length
 (`Bucket.ignores_eos`)."""
@@ -33,7 +34,7 @@ class PromptSetSource:
             salt = None
             if wl.cache_salt:
                 salt = f"{ctx.run_token}-{b.label}" if b.shared_prefix else f"{ctx.run_token}-{seq}"
-            p = ps.prompts[(ctx.round * ctx.n + i) % len(ps.prompts)]
+            p = ps.prompts[(i if b.same_prompts else ctx.round * ctx.n + i) % len(ps.prompts)]
             out.append(Draft(max_tokens=b.output_tokens, prompt=p.raw(),
                              messages=p.chat() if wl.api == "chat" else None, cache_salt=salt,
                              at_s=ctx.offsets[i] if ctx.offsets else None,
