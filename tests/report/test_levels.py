@@ -68,9 +68,15 @@ def test_a_whole_settings_block_is_one_lever(sd):
 
 def test_headline_without_a_repeated_start_says_so(sd):
     pytest.importorskip("servelab.analysis.quality")
+    from servelab.report import verdicts
+
     h = progress.headline(sd)
-    assert "Against eager, **compiled** (args.enforce-eager: True → –), over 4 levels: faster on 4 (" in h
-    assert "No setting was started twice, so the variance between engine starts was not measured" in h
+    assert h.startswith("- A single request decodes at **40.0 tok/s** on **eager** (rewrite, 1 request in flight).")
+    line = next(x for x in h.splitlines() if "**compiled**" in x)
+    assert "**compiled** against eager: per-request decode speed **+" in line and "faster on 4 of its 4 levels" in line
+    assert len(h.splitlines()) <= progress.MAX_HEADLINE
+    # how the verdicts were reached is the verdict section's (the headline keeps one number a line)
+    assert "No setting was started twice, so the variance between engine starts was not measured" in verdicts.verdicts_text(sd)
     assert "not measurable" not in h  # real weights: the quality sentence is about outputs, not dummies
 
 

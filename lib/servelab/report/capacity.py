@@ -166,31 +166,6 @@ def prediction_frame(sd: StudyData) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def prediction_headline(sd: StudyData) -> str:
-    """One sentence for the headline when predictions were stored before measurement: each
-    configuration's c=1 TPOT (and TPOT at its highest concurrency) predicted against measured; ""
-    when none was stored."""
-    f = prediction_frame(sd)
-    if f.empty:
-        return ""
-    f = f[(f["source"] == "stored") & f["quantity"].isin(["tpot_c1_s", "tpot_cmax_s"])]
-    parts, lab = [], sd.labels()
-    for cid, g in f.groupby("config", sort=False):
-        bits = []
-        for r in g.itertuples():
-            if not (isinstance(r.measured, float) and math.isfinite(r.measured)) or not r.predicted:
-                continue
-            c = 1 if r.quantity == "tpot_c1_s" else r.cmax
-            bits.append(sd.w("capacity.head_bit", c=c, p=_sig(r.predicted * 1000), m=_sig(r.measured * 1000),
-                             err=f"{r.error_pct:+.0f}"))
-        if bits:
-            kind = sd.w(f"capacity.kind.{g['kind'].iloc[0]}") if g["kind"].iloc[0] in ("estimate", "bound") else ""
-            version = g["version"].iloc[0] if "version" in g and isinstance(g["version"].iloc[0], str) else ""
-            parts.append(sd.w("capacity.head_config", label=lab.get(cid, cid), bits="; ".join(bits),
-                              kind=", ".join(x for x in (version, kind) if x)))
-    return sd.w("capacity.head", configs=" ".join(parts)) if parts else ""
-
-
 def _paren(*bits: Any) -> str:
     """" (a, b)" of the bits that are words, "" when none is."""
     words = [b for b in bits if isinstance(b, str) and b]

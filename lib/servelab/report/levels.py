@@ -213,9 +213,15 @@ def budget_text(sd: StudyData, quality_s: float) -> str:
     if not d.get("interleaved") or not d.get("launch"):
         return ""
     launch, bench = float(d["launch"]["wall_s"]), float(d.get("benchmark_s") or 0.0)
-    levels = sd.w("story.list_sep").join(
-        sd.w("timing.level", level=x["label"], rounds=max(x["rounds"].values()), s=minutes(sd, x["seconds"]),
-             why=sd.w(f"verdicts.stopped.{x['stopped']}")) for x in d.get("levels", []))
+    def level(x: dict[str, Any]) -> str:
+        text = sd.w("timing.level", level=x["label"], rounds=max(x["rounds"].values()), s=minutes(sd, x["seconds"]),
+                    why=sd.w(f"verdicts.stopped.{x['stopped']}"))
+        extra = [sd.w("timing.warmup", s=minutes(sd, x["warmup_s"])) if x.get("warmup_s") else "",
+                 sd.w("timing.again", n=x["remeasured"], s=minutes(sd, x.get("remeasure_s") or 0.0))
+                 if x.get("remeasured") else ""]
+        return text + "".join(f" ({e})" for e in extra if e)
+
+    levels = sd.w("story.list_sep").join(level(x) for x in d.get("levels", []))
     total = launch + quality_s + bench
     key = "timing.budget" if d.get("budget_s") else "timing.no_budget"
     return sd.w(key, total=minutes(sd, total), budget=minutes(sd, float(d.get("budget_s") or 0)),

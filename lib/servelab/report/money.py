@@ -58,10 +58,11 @@ def cost_rows(sd: StudyData) -> tuple[pd.DataFrame, str]:
 
 def cost_sentence(sd: StudyData) -> str:
     """The headline's cost sentence: the best configuration's $ per 1M output tokens against the
-    managed API, with the seed's published ratio beside it where the study reproduces a seed."""
+    managed API, with the seed's published ratio beside it where the study reproduces a seed; ""
+    when nothing is priced (a local machine: the cost section says so)."""
     t, kind = cost_rows(sd)
     if kind != "instance" or t.empty:
-        return sd.w("headline.cost_local")
+        return ""
     r = t.loc[t["aggregate_output_tps"].idxmax()]
     price = study_price(sd.study, use_api=False)
     if "managed_usd_per_m_output" not in t:  # priced, with no managed API named to hold it against
@@ -72,8 +73,6 @@ def cost_sentence(sd: StudyData) -> str:
     return sd.w("headline.cost", label=sd.labels().get(r["config"], r["config"]), usd=f"{r['usd_per_m_output']:,.2f}",
                 instance=f"{price.instance_type} ({r['gpu_share'] or sd.w('cost.whole_instance')})", managed=r["managed"],
                 m_usd=f"{r['managed_usd_per_m_output']:,.2f}", ratio=f"{ratio:,.1f}×")
-
-
 
 
 def cost_section(sd: StudyData) -> tuple[str, Any]:

@@ -81,7 +81,10 @@ def method_text_prompt_sets(sd: StudyData) -> str:
     api = "/v1/chat/completions" if wl.api == "chat" else "/v1/completions"
     sets = ", ".join(dict.fromkeys(f"`{b.prompt_set}`" for b in wl.buckets if b.prompt_set))
     q = sd.study.quality
+    same = all(b.same_prompts for b in wl.buckets if b.prompt_set)
     return sd.w("story.method_prompt_sets", api=api, temperature=wl.temperature, seed=wl.seed, sets=sets, stop=stop,
+                order=sd.w("story.order_same" if same else "story.order_rotate"),
+                warm_cap=sd.w("story.warm_cap", n=wl.warmup_max_tokens) if wl.warmup_max_tokens and wl.warmup_rounds else "",
                 warmup=wl.warmup_rounds, rounds=wl.rounds, k=wl.requests_per_round,
                 salt=sd.w("method.salt_on") if wl.cache_salt else sd.w("method.salt_off"),
                 qsets=", ".join(f"`{x}`" for x in q.sets), qmax=q.max_tokens)
@@ -125,15 +128,26 @@ def exact_repeats(sd: StudyData) -> set[str]:
 
 
 def effects(sd: StudyData) -> pd.DataFrame:
-    """Per-level verdicts of every change against its baseline on aggregate tok/s (A/A repeats are
-    the noise model's check, not changes, and are left out): the verdict rows with `config`,
+    """Per-level verdicts of every change against its baseline on the level's lead metric
+    (`analysis.verdicts.lead_metric`; aggregate tok/s where a study's records give no decode speed), A/A repeats left
+    out (they are the noise model's check, not changes): the verdict rows with `config`, `metric`,
     percent columns (`change_pct`, `ci_low_pct`, `ci_high_pct`, `mde_pct`) and the level's
     `target_input_tokens` for ordering."""
-    r = rv.rows(sd, aa=False)
-    r = r[r["effect"].notna()].rename(columns={"configuration": "config"})
+    both = [rv.rows(sd, m, aa=False) for m in (av.DECODE, av.PRIMARY)]
+    dec, agg = (x[x["effect"].notna()] for x in both)
+    dec = dec[dec["concurrency"].map(av.lead_metric) == av.DECODE]
+    have = set(zip(dec["configuration"], dec["level"]))
+    agg = agg[[k not in have for k in zip(agg["configuration"], agg["level"])]]
+    r = pd.concat([dec, agg]).rename(columns={"configuration": "config"})
     if r.empty:
-        return pd.DataFrame(columns=["config", "baseline", "bucket", "concurrency", "change_pct", "ci_low_pct",
+        return pd.DataFrame(columns=["config", "baseline", "bucket", "concurrency", "metric", "change_pct", "ci_low_pct",
                                      "ci_high_pct", "mde_pct", "verdict", "target_input_tokens"])
+    # study order of the configurations, and each one's levels in the order they were measured
+    every = both[1]
+    order = {c: i for i, c in enumerate(dict.fromkeys(every["configuration"]))}
+    levels = {lv: i for i, lv in enumerate(dict.fromkeys(every["level"]))}
+    r = r.iloc[sorted(range(len(r)), key=lambda i: (order.get(r["config"].iloc[i], 0), levels.get(r["level"].iloc[i], 0)))]
+    r = r.reset_index(drop=True)
     s = sd.summary
     tin = s.groupby(["bucket", "concurrency"])["target_input_tokens"].first() if len(s) else {}
     return r.assign(change_pct=r["effect"] * 100, ci_low_pct=[c[0] * 100 for c in r["ci"]],
@@ -208,46 +222,38 @@ def _quality_sentences(sd: StudyData, cid: str, base: str) -> list[str]:
 
 # -- headline --------------------------------------------------------------------------------------
 
-MAX_LISTED_LEVELS = 4  # more levels than this are given as a range (each interval in the verdict table)
-
-
-def _where(sd: StudyData, rows: pd.DataFrame) -> str:
-    rows = rows.sort_values(["target_input_tokens", "concurrency"], kind="stable")
-    if len(rows) > MAX_LISTED_LEVELS:
-        return sd.w("story.range", lo=pct(rows["change_pct"].min()), hi=pct(rows["change_pct"].max()))
-    key = "story.level_ci" if len(rows) == 1 else "story.level"  # one level: its interval too
-    return sd.w("story.list_sep").join(
-        sd.w(key, bucket=r.bucket, inflight=in_flight(sd, r.concurrency, r.config, r.bucket),
-             delta=pct(r.change_pct), lo=pct(r.ci_low_pct), hi=pct(r.ci_high_pct))
-        for r in rows.itertuples())
-
-
 def _mde_range(sd: StudyData, rows: pd.DataFrame) -> str:
     lo, hi = rows["mde_pct"].min(), rows["mde_pct"].max()
     return f"±{num(lo, 0)} %" if round(lo) == round(hi) else sd.w("story.range", lo=f"±{num(lo, 0)}", hi=f"±{num(hi, 0)} %")
 
 
 def change_sentence(sd: StudyData, e: pd.DataFrame, cid: str) -> str:
-    """One change's verdicts over its levels `e`: where it is faster, where slower (with the change
-    and its 95 % interval), and how small a change the rest could have told apart."""
+    """One change in a sentence with one number: its lead metric's change where it is largest among
+    the levels that found one (at one request in flight first), with its 95 % interval and how many
+    levels went each way; or how small a change none of its levels could tell apart. Then whether it
+    changed the outputs. Every level's verdict is in the progression and verdict tables."""
     lab = sd.labels()
     base = e["baseline"].iloc[0]
     common = {"config": lab.get(cid, cid), "baseline": lab.get(base, base), "what": change_text(sd, cid, base),
               "n": len(e)}
-    parts = []
-    for verdict, key in ((av.FASTER, "story.verdict_faster"), (av.SLOWER, "story.verdict_slower")):
-        hit = e[e["verdict"] == verdict]
-        if len(hit):
-            parts.append(sd.w(key, k=len(hit), where=_where(sd, hit)))
-    rest = e[~e["verdict"].isin([av.FASTER, av.SLOWER])]
-    if len(rest):
-        parts.append(sd.w("story.verdict_none_all" if len(rest) == len(e) else "story.verdict_none", k=len(rest),
-                          mde=_mde_range(sd, rest)))
-    text = sd.w("story.change_verdicts", parts=sd.w("story.parts_sep").join(parts), **common)
+    found = e[e["verdict"].isin([av.FASTER, av.SLOWER])]
+    if len(found):
+        c1 = found[found["concurrency"] == 1]
+        pick = c1 if len(c1) else found
+        r = pick.loc[pick["change_pct"].abs().idxmax()]
+        text = sd.w("story.change_one" if len(e) > 1 else "story.change_one_level", **common, metric=sd.w(f"story.metric.{r['metric']}"), delta=pct(r["change_pct"]),
+                    where=sd.w("story.at_level", bucket=r["bucket"], inflight=in_flight(sd, r["concurrency"], cid, r["bucket"])),
+                    lo=pct(r["ci_low_pct"]), hi=pct(r["ci_high_pct"]), counts=sd.w("story.count_sep").join(
+                        sd.w(f"story.count.{k}", k=n) for k, n in (
+                            ("faster", int((e["verdict"] == av.FASTER).sum())), ("slower", int((e["verdict"] == av.SLOWER).sum())),
+                            ("none", int((~e.index.isin(found.index)).sum()))) if n))
+    else:
+        text = sd.w("story.change_none" if len(e) > 1 else "story.change_none_one_level", **common, mde=_mde_range(sd, e))
     return " ".join([text, *_quality_sentences(sd, cid, base)])
 
 
 MAX_HEADLINE_CHANGES = 3
+MAX_HEADLINE = 6  # bullets: the seeds' conclusions are a handful of lines, one number each
 
 
 def headline_changes(eff: pd.DataFrame) -> list[str]:
@@ -264,63 +270,74 @@ def headline_changes(eff: pd.DataFrame) -> list[str]:
     return [c for c in order if c in keep]
 
 
+def _start_sentence(sd: StudyData, s: pd.DataFrame) -> str:
+    """Where the study starts: the first configuration's per-request decode speed at one request in
+    flight (the seeds' first number); the fastest configuration's aggregate peak where no level has
+    one request in flight."""
+    lab = sd.labels()
+    first = sd.config_ids[0]
+    c1 = s[(s["config"] == first) & (s["concurrency"] == 1) & s["decode_tps_p50"].notna()]
+    if len(c1) and not _open_loop(sd, first):
+        r = c1.iloc[0]
+        return sd.w("story.single_request", label=lab.get(first, first), tps=num(r["decode_tps_p50"], 1),
+                    bucket=r["bucket"]) + " " + link(sd, "results")
+    best = s.loc[s["aggregate_output_tps"].idxmax()]
+    return sd.w("story.fastest", label=lab.get(best["config"], best["config"]), peak=num(best["aggregate_output_tps"], 0),
+                bucket=best["bucket"], inflight=in_flight(sd, best["concurrency"], best["config"], best["bucket"])
+                ) + " " + link(sd, "results")
+
+
 def headline(sd: StudyData) -> str:
-    """The headline as Markdown bullets: the fastest configuration, one sentence per change (where it
-    matters, where it does nothing, whether it changed outputs), saturation, goodput, KV limits,
-    engines and cost."""
+    """The headline as at most `MAX_HEADLINE` Markdown bullets, one number each: where the study
+    starts (a single request's decode speed), each change (up to `MAX_HEADLINE_CHANGES`) with its
+    interval, the most output under the SLO, then what else the study found, by priority: a
+    surprise, a tuning search, the workload's cache hits, outputs that cannot be checked, a KV cache
+    that limits, the other engine, the cost, where throughput stops growing. Predictions, the
+    verdicts' model and each level's verdict have their own sections."""
     s = sd.summary
     if s.empty:
         return rh.MISSING
     lab = sd.labels()
-    out = []
     # an A/A repeat is the baseline measured again (the noise), not a configuration to pick
     chosen = s[~s["config"].isin(exact_repeats(sd))]
     s = chosen if len(chosen) else s
-    best = s.loc[s["aggregate_output_tps"].idxmax()]
-    out.append(sd.w("story.fastest", label=lab.get(best["config"], best["config"]),
-                    peak=num(best["aggregate_output_tps"], 0), bucket=best["bucket"],
-                    inflight=in_flight(sd, best["concurrency"], best["config"], best["bucket"])) + " " + link(sd, "results"))
-    from .capacity import prediction_headline
-    from .why import headline as why_headline
-
-    why = why_headline(sd)
-    if why:
-        out.append(why + " " + link(sd, "why"))
-    pred = prediction_headline(sd)
-    if pred:
-        out.append(pred + " " + link(sd, "prediction"))
-    tune = _tune_sentence(sd)
-    if tune:
-        out.append(tune + " " + link(sd, "tune"))
-    hits = workload.headline_sentence(sd)
-    if hits:
-        out.append(hits + " " + link(sd, "workload"))
+    out = [_start_sentence(sd, s)]
     eff = effects(sd)
-    changes = [change_sentence(sd, eff[eff["config"] == cid], cid) for cid in headline_changes(eff)]
-    if len(changes) < eff["config"].nunique():
-        changes.append(sd.w("story.more_changes", n=eff["config"].nunique() - len(changes)))
-    out.extend(c + " " + link(sd, "progression") for c in changes)
-    if changes:
-        out.append(rv.model_sentence(sd))
-    if not any(real_weights(sd, c) for c in sd.config_ids):
-        out.append(sd.w("story.quality_not_measurable", reason=sd.w("story.dummy_reason")) + " "
-                   + link(sd, "progression"))
-    out.append(_saturation_sentence(sd, best["config"]))
+    picked = headline_changes(eff)
+    changes = [change_sentence(sd, eff[eff["config"] == cid], cid) + " " + link(sd, "progression") for cid in picked]
+    if changes and len(picked) < eff["config"].nunique():
+        changes[-1] += " " + sd.w("story.more_changes", n=eff["config"].nunique() - len(picked))
+    out.extend(changes)
     g = goodput(s, sd.study.slo).dropna(subset=["goodput_concurrency"])
     if len(g):
         r = g.loc[g["aggregate_output_tps"].idxmax()]
         out.append(sd.w("story.goodput", slo=slo_parts(sd), tps=num(r["aggregate_output_tps"], 0),
                         inflight=in_flight(sd, r["goodput_concurrency"], r["config"], r["bucket"]),
-                        label=lab.get(r["config"], r["config"]),
-                        bucket=r["bucket"]) + " " + link(sd, "saturation"))
+                        label=lab.get(r["config"], r["config"]), bucket=r["bucket"]) + " " + link(sd, "saturation"))
     else:
         out.append(sd.w("headline.no_goodput", slo=slo_parts(sd)) + " " + link(sd, "saturation"))
-    limited = [lab.get(c, c) for c in sd.config_ids
+    out.extend(x for x in _more(sd, s) if x)
+    return "\n".join(f"- {x}" for x in out[:MAX_HEADLINE] if x)
+
+
+def _more(sd: StudyData, s: pd.DataFrame) -> list[str]:
+    """The headline's further sentences, most telling first (`headline` keeps what fits)."""
+    from .why import headline as why_headline
+
+    out = [why_headline(sd) and why_headline(sd) + " " + link(sd, "why")]
+    tune = _tune_sentence(sd)
+    out.append(tune and tune + " " + link(sd, "tune"))
+    hits = workload.headline_sentence(sd)
+    out.append(hits and hits + " " + link(sd, "workload"))
+    if not any(real_weights(sd, c) for c in sd.config_ids):
+        out.append(sd.w("story.quality_not_measurable", reason=sd.w("story.dummy_reason")) + " " + link(sd, "progression"))
+    limited = [sd.labels().get(c, c) for c in sd.config_ids
                if sd.samples(c) is not None and kv_verdict(sd.samples(c))["limited"]]
     if limited:
         out.append(sd.w("headline.kv_limited", configs=", ".join(limited)) + " " + link(sd, "kv"))
     out.extend(_engines_and_cost(sd))
-    return "\n".join(f"- {x}" for x in out if x)
+    out.append(_saturation_sentence(sd, s.loc[s["aggregate_output_tps"].idxmax()]["config"]))
+    return out
 
 
 def _tune_sentence(sd: StudyData) -> str:
@@ -373,7 +390,8 @@ def _engines_and_cost(sd: StudyData) -> list[str]:
         r = other[other["config"] == best]["aggregate_vs_reference"]
         out.append(sd.w("headline.engines", other=lab.get(best, best), ref=lab.get(ref, ref), n=len(r),
                         lo=pct((r.min() - 1) * 100), hi=pct((r.max() - 1) * 100)) + " " + link(sd, "gpu"))
-    out.append(cost_sentence(sd) + " " + link(sd, "cost"))
+    cost = cost_sentence(sd)
+    out.append(cost and cost + " " + link(sd, "cost"))
     return out
 
 

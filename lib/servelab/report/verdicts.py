@@ -132,28 +132,41 @@ def model_sentence(sd: StudyData, *, with_link: bool = True) -> str:
 
 
 def verdict_table(sd: StudyData) -> Any:
-    """Every comparison (A/A repeats included) level by level: the change of aggregate tok/s with
-    its 95 % interval, the MDE, the verdict and the rounds (starts) behind it; TTFT p50's verdict
-    beside it."""
-    r = rows(sd)
-    if r.empty:
+    """Every comparison (A/A repeats included) level by level on the level's lead metric (a single
+    request's decode speed at one request in flight, aggregate tok/s with more: `analysis.verdicts.lead_metric`):
+    its change with the 95 % interval, the MDE, the verdict and the rounds (starts) behind it; the
+    other throughput metric's and TTFT p50's change and verdict beside it."""
+    agg = rows(sd)
+    if agg.empty:
         return None
-    ttft = rows(sd, "ttft_p50_s").set_index(["configuration", "level"])
+    by = {m: rows(sd, m).set_index(["configuration", "level"]) for m in (v.DECODE, v.PRIMARY, "ttft_p50_s")}
     target = num(load(sd)["model"]["mde_target"] * 100, 0)
     lab, cols = sd.labels(), [c.format(target=target) for c in sd.w("verdicts.columns")]
+
+    def side(metric: str, key: tuple[str, str], named: bool = True) -> str:
+        t = by[metric].loc[key] if key in by[metric].index else None
+        if t is None or not math.isfinite(t["effect"]):
+            return rh.MISSING
+        text = f"{pct(_p(t['effect']))} ({sd.w('verdict.' + verdict_key(t['verdict']))})"
+        return f"{sd.w('verdicts.metric.' + metric)} {text}" if named else text
+
     out = []
-    for x in r.itertuples():
-        t = ttft.loc[(x.configuration, x.level)] if (x.configuration, x.level) in ttft.index else None
-        ci = x.ci if isinstance(x.ci, list) else [math.nan, math.nan]
-        out.append([f"{lab.get(x.baseline, x.baseline)} → {lab.get(x.configuration, x.configuration)}"
-                    + (" (A/A)" if x.aa else ""), x.level, pct(_p(x.effect)),
-                    sd.w("story.range", lo=pct(_p(ci[0])), hi=pct(_p(ci[1]))), f"±{num(_p(x.mde), 0)} %",
-                    sd.w(f"verdict.{verdict_key(x.verdict)}"),
-                    sd.w("verdicts.rounds", n=int(x.rounds or 0), b=int(x.baseline_rounds or 0),
-                         s=int(x.starts or 0), bs=int(x.baseline_starts or 0)),
-                    sd.w(f"verdicts.stopped.{x.stopped}") if isinstance(x.stopped, str) else rh.MISSING,
-                    _to_target(sd, x),
-                    rh.MISSING if t is None else f"{pct(_p(t['effect']))} ({sd.w('verdict.' + verdict_key(t['verdict']))})"])
+    for key in zip(agg["configuration"], agg["level"]):
+        a = by[v.PRIMARY].loc[key]
+        metric = v.lead_metric(a["concurrency"])
+        if key not in by[metric].index:
+            metric = v.PRIMARY
+        x = by[metric].loc[key]
+        other = v.PRIMARY if metric == v.DECODE else v.DECODE
+        ci = x["ci"] if isinstance(x["ci"], list) else [math.nan, math.nan]
+        out.append([f"{lab.get(x['baseline'], x['baseline'])} → {lab.get(key[0], key[0])}" + (" (A/A)" if x["aa"] else ""),
+                    key[1], sd.w("verdicts.metric." + metric), pct(_p(x["effect"])),
+                    sd.w("story.range", lo=pct(_p(ci[0])), hi=pct(_p(ci[1]))), f"±{num(_p(x['mde']), 0)} %",
+                    sd.w(f"verdict.{verdict_key(x['verdict'])}"),
+                    sd.w("verdicts.rounds", n=int(x["rounds"] or 0), b=int(x["baseline_rounds"] or 0),
+                         s=int(x["starts"] or 0), bs=int(x["baseline_starts"] or 0)),
+                    sd.w(f"verdicts.stopped.{x['stopped']}") if isinstance(x.get("stopped"), str) else rh.MISSING,
+                    _to_target(sd, x), side(other, key), side("ttft_p50_s", key, named=False)])
     return rh.table(pd.DataFrame(out, columns=cols), sd.w("verdicts.caption"),
                     notes={rh.MISSING: sd.w("verdicts.dash")})
 
@@ -162,22 +175,59 @@ def _to_target(sd: StudyData, x: Any) -> str:
     """What would bring a comparison's MDE to the target: rounds per start (extrapolated), "more
     starts" when the variance between starts alone keeps it above, or – when it is there (or the
     change was found)."""
-    n = x.rounds_for_target
-    if x.verdict in (v.FASTER, v.SLOWER) or n is None or (isinstance(n, float) and math.isnan(n)):
+    n = x["rounds_for_target"]
+    if x["verdict"] in (v.FASTER, v.SLOWER) or n is None or (isinstance(n, float) and math.isnan(n)):
         return rh.MISSING
     if math.isinf(n):
         return sd.w("verdicts.more_starts")
     return sd.w("verdicts.rounds_needed", n=int(math.ceil(n)))
 
 
+def _round_stats(sd: StudyData, key: str) -> list[float]:
+    """One client_stats.jsonl figure over every measured round of every configuration."""
+    from ..runfolder import CLIENT_STATS, read_jsonl
+
+    return [float(s[key]) for f in sd.folders.values() for s in read_jsonl(f.path / CLIENT_STATS)
+            if not s.get("warmup") and s.get(key) is not None]
+
+
 def neighbour_cpu_pct(sd: StudyData) -> tuple[float, float] | None:
     """(median, max) over measured rounds of the CPU the idle engines used together while one was
     measured, in percent of one core (client_stats.jsonl); None when no round recorded it."""
-    from ..runfolder import CLIENT_STATS, read_jsonl
-
-    vals = [s["neighbour_cpu_frac_sum"] * 100 for f in sd.folders.values()
-            for s in read_jsonl(f.path / CLIENT_STATS) if not s.get("warmup") and "neighbour_cpu_frac_sum" in s]
+    vals = [x * 100 for x in _round_stats(sd, "neighbour_cpu_frac_sum")]
     return (float(pd.Series(vals).median()), float(max(vals))) if vals else None
+
+
+def disturbance_text(sd: StudyData) -> str:
+    """What disturbed the measured rounds and what was done about it: the windows in which other
+    processes or the hypervisor took the CPU (design.json), the rounds measured again, those the
+    estimator left out (verdicts.json's `left_out`); or how quiet the machine was."""
+    from datetime import datetime, timezone
+
+    d = design(sd)
+    lv = d.get("levels") or []
+    n, again = sum(int(x.get("disturbed") or 0) for x in lv), sum(int(x.get("remeasured") or 0) for x in lv)
+    out = []
+    if n:
+        def hm(t: float) -> str:
+            return datetime.fromtimestamp(t, timezone.utc).strftime("%H:%M:%S")
+
+        wins = [w for x in lv for w in x.get("windows") or []]
+        when = sd.w("story.list_sep").join(
+            sd.w("verdicts.window", t0=hm(w["from"]), t1=hm(w["to"]), rounds=w["rounds"], starts=len(w["starts"]),
+                 cpu=num(w["busy_cpu"], 1)) for w in wins)
+        out.append(sd.w("verdicts.disturbed", n=n, again=again, when=when or rh.MISSING,
+                        s=num(sum(float(x.get("remeasure_s") or 0.0) for x in lv), 0),
+                        waited=num(sum(float(x.get("waited_s") or 0.0) for x in lv), 0)))
+    else:
+        busy = [a + b for a, b in zip(_round_stats(sd, "foreign_cpu"), _round_stats(sd, "steal_cpu"))]
+        if busy:
+            out.append(sd.w("verdicts.quiet", med=num(float(pd.Series(busy).median()), 2), most=num(max(busy), 2)))
+    r = rows(sd)
+    left = int(r.loc[~r["aa"].astype(bool), "left_out"].fillna(0).sum()) if "left_out" in r and len(r) else 0
+    if left:
+        out.append(sd.w("verdicts.left_out", n=left))
+    return " ".join(out)
 
 
 def verdicts_text(sd: StudyData) -> str:
@@ -194,6 +244,9 @@ def verdicts_text(sd: StudyData) -> str:
     cpu = neighbour_cpu_pct(sd)
     if cpu is not None:
         out += " " + sd.w("verdicts.neighbours", med=num(cpu[0], 1), most=num(cpu[1], 1))
+    dist = disturbance_text(sd)
+    if dist:  # its own paragraph (Markdown)
+        out += "\n\n" + dist
     plan = load(sd).get("to_target")
     if plan:  # its own paragraph (Markdown)
         out += "\n\n" + to_target_text(sd, plan)
