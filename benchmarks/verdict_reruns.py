@@ -38,20 +38,20 @@ from servelab.report import load_study_data  # noqa: E402
 from servelab.report.verdicts import _groups, _plan, design, study_verdicts  # noqa: E402
 
 
-def run_rows(folder: str) -> tuple[dict, dict]:
+def run_rows(folder: str, metric: str = v.PRIMARY) -> tuple[dict, dict]:
     sd = load_study_data(folder)
     out = study_verdicts(sd)
     rows = v.from_json(out)
-    rows = rows[rows["metric"] == v.PRIMARY]
+    rows = rows[rows["metric"] == metric]
     plans = {}
-    bj = out["between_starts"][v.PRIMARY]  # the estimate the study's own verdicts used
+    bj = out["between_starts"][metric]  # the estimate the study's own verdicts used
     b = v.Between(bj["var"], bj["df"] or math.inf, bj["source"])
     for target in (0.10, 0.15):
         p = _plan(design(sd), _groups(sd), rows, b, target)
         plans[f"{target:.2f}"] = p and {k: p.get(k) for k in ("met", "rows", "starts", "rounds", "seconds", "reached",
                                                              "between_floor_mde")}
     keyed = {(r.configuration, r.level): r for r in rows.itertuples()}
-    return keyed, {"between_sd_pct": out["between_starts"][v.PRIMARY]["sd_pct"], "to_target": plans,
+    return keyed, {"between_sd_pct": out["between_starts"][metric]["sd_pct"], "to_target": plans,
                    "mde_pct": {f"{r.configuration} {r.level}": round(r.mde * 100, 1) for r in rows.itertuples() if not r.aa}}
 
 
@@ -60,9 +60,10 @@ def main() -> int:
     ap.add_argument("folders", nargs="+")
     ap.add_argument("--names", help="comma-separated names of the runs (default: the folders)")
     ap.add_argument("--out")
+    ap.add_argument("--metric", default=v.PRIMARY, choices=list(v.METRICS), help="the verdict metric compared")
     a = ap.parse_args()
     names = a.names.split(",") if a.names else a.folders
-    runs = {n: run_rows(f) for n, f in zip(names, a.folders)}
+    runs = {n: run_rows(f, a.metric) for n, f in zip(names, a.folders)}
     pairs, zs = [], []
     for x, y in itertools.combinations(names, 2):
         ra, rb = runs[x][0], runs[y][0]
@@ -91,8 +92,11 @@ def main() -> int:
               f"A/A all no change: {p['aa_all_no_change']}" + (f"  ({'; '.join(p['differ'])})" if p["differ"] else ""))
     print(f"calibration over {calib['pairs']} (pair, change level): mean z^2 {calib['mean_z2']:.2f} (1 expected), "
           f"|z| > 1.96 in {calib['share_abs_z_over_1_96'] * 100:.0f} % (5 % expected)")
+    print(f"metric: {a.metric}")
     for n in names:
         info = runs[n][1]
+        mdes = [m for k, m in info["mde_pct"].items()]
+        print(f"{n}: change-level MDE {min(mdes):.1f}-{max(mdes):.1f} % ({sum(m <= 10 for m in mdes)} of {len(mdes)} at most 10 %)")
         t = {k: (f"{p['met']}/{p['rows']} met; {p['starts']} starts x {p['rounds']} rounds, {p['seconds'] / 60:.0f} min"
                  if p and p.get("reached") else p and f"{p['met']}/{p['rows']} met; not within 12 starts")
              for k, p in info["to_target"].items()}
