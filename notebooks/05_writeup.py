@@ -23,7 +23,7 @@ from IPython.display import Markdown, display
 from servelab.report import load_study_data
 from servelab.report import diagnosis as dg
 from servelab.report import html as rh
-from servelab.report import checks, gpu, levels, money, plots
+from servelab.report import accuracy, checks, gpu, levels, money, plots
 from servelab.report import sections as sec
 from servelab.report import workload as wk
 from servelab.report import capacity as cap
@@ -66,6 +66,15 @@ Markdown(f"{sec.anchor('progression', w('section.progression'))}\n\n{w('story.pr
 
 # %%
 sec.progression_table(sd)
+
+# %%
+Markdown(sec.reference_text(sd))  # answers against the model's own, when the study made them
+
+# %%
+acc_text, acc_table = accuracy.accuracy_section(sd)  # answers under load (canaries), when the study sent them
+if acc_table is not None:
+    display(Markdown(f"{sec.anchor('accuracy', w('section.accuracy'), 3)}\n\n{acc_text}"))
+    display(acc_table)
 
 # %%
 Markdown(f"{sec.anchor('verdicts', w('section.verdicts'), 3)}\n\n{sec.verdicts_text(sd)}")

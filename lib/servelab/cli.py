@@ -33,10 +33,30 @@ def cmd_model(a: argparse.Namespace) -> int:
         for p in list_presets():
             print(p)
         return 0
+    if a.action == "reference":
+        return _model_reference(a)
     t0 = time.monotonic()
     d = make_model(a.preset, Path(a.root) if a.root else None, force=a.force)
     f = model_facts(d)
     print(f"{d}  ({f.get('architecture')}, {f.get('param_count', 0) / 1e6:.1f} M params, {time.monotonic() - t0:.1f} s)")
+    return 0
+
+
+def _model_reference(a: argparse.Namespace) -> int:
+    """The model's own answers (transformers, float32, greedy) to a study's quality prompts."""
+    from .measure.quality import selected_prompts
+    from .models import make_model
+    from .models.reference import reference_answers, ship
+    from .schema import load_study
+
+    d = make_model(a.preset)
+    qp = load_study(Path(a.params)).quality
+    chosen = selected_prompts(qp.sets, qp.prompts_per_set)
+    ref = reference_answers(d, [(f"{s}/{p.id}", p.chat()) for s, p in chosen], qp.max_tokens)
+    print(f"{len(ref['answers'])} answers at most {ref['max_tokens']} tokens ({ref['implementation']}, "
+          f"{ref['computed_on']}, {ref['computed_at']})")
+    if a.ship:
+        print(f"shipped: {ship(d, ref)}")
     return 0
 
 
@@ -205,6 +225,10 @@ def parser() -> argparse.ArgumentParser:
     mk.add_argument("--root", help="cache folder (default .cache/servelab/models)")
     mk.add_argument("--force", action="store_true")
     msub.add_parser("list", help="list presets")
+    mr = msub.add_parser("reference", help="the model's own answers (transformers, float32) to a study's quality prompts")
+    mr.add_argument("preset")
+    mr.add_argument("--params", default="params/local-cpu.yaml", help="the study whose quality prompts (default: %(default)s)")
+    mr.add_argument("--ship", action="store_true", help="copy them into lib/servelab/data/references (maintainers)")
     m.set_defaults(fn=cmd_model)
 
     v = sub.add_parser("validate", help="validate params files")

@@ -24,7 +24,7 @@ from .measure.runinfo import base_record, engine_gpu_devices, model_record
 from .measure.runner import RunResult, run_workload
 from .models import model_facts
 from .plan import ConfigPlan
-from .runfolder import (ENGINE_JSON, HOST_JSON, PREDICTION_JSON, RunFolder, read_engine, read_json, runs_root,
+from .runfolder import (ENGINE_JSON, HOST_JSON, PREDICTION_JSON, QUALITY_JSON, RunFolder, read_engine, read_json, runs_root,
                         write_engine, write_json)
 
 
@@ -259,11 +259,38 @@ def quality(plan: ConfigPlan, rdir: Path) -> dict[str, Any] | None:
     dummy = host.weights_known(h) and plan.engine.load_format == "dummy"
     kw = dict(sets=qp.sets, prompts_per_set=qp.prompts_per_set, max_tokens=qp.max_tokens, headers=server.headers)
     try:
-        return run_quality(server.base_url, server.model, measurable=not dummy,
-                           reason=DUMMY_REASON if dummy else None, out_dir=rdir, **kw)
+        q = run_quality(server.base_url, server.model, measurable=not dummy,
+                        reason=DUMMY_REASON if dummy else None, out_dir=rdir, **kw)
     except Exception as e:  # the check is a record, never a reason to lose the measured run
         return run_quality(server.base_url, server.model, measurable=False, out_dir=rdir,
                            reason=f"the quality check failed: {type(e).__name__}: {str(e)[:200]}", **kw)
+    if qp.reference and q["measurable"]:
+        q["reference"] = against_reference(q, rdir, qp)
+        write_json(rdir / QUALITY_JSON, q)
+    return q
+
+
+def against_reference(q: dict[str, Any], rdir: Path, qp: Any) -> dict[str, Any]:
+    """The configuration's answers held against the model's own (`models.reference`: transformers,
+    float32, greedy), with where and how those were made; {"available": False, "reason"} when the
+    model directory is not on this machine or the reference could not be made."""
+    from .analysis.quality import compare
+    from .measure.quality import selected_prompts
+    from .models.reference import cpu_name, reference_answers
+
+    model_dir = read_json(rdir / HOST_JSON).get("model_dir") if (rdir / HOST_JSON).exists() else None
+    if not model_dir or not Path(model_dir).is_dir():
+        return {"available": False, "reason": "the model directory is not on this machine"}
+    chosen = selected_prompts(qp.sets, qp.prompts_per_set)
+    try:
+        ref = reference_answers(Path(model_dir), [(f"{s}/{p.id}", p.chat()) for s, p in chosen], qp.max_tokens)
+    except Exception as e:  # a record, never a reason to lose the check
+        return {"available": False, "reason": f"the reference failed: {type(e).__name__}: {str(e)[:200]}"}
+    as_q = {"measurable": True, "prompts": [{"id": p.id, "set": s, **ref["answers"][f"{s}/{p.id}"]} for s, p in chosen]}
+    c = compare(q, as_q)
+    return {"available": True, "identical": c["identical"], "total": c["total"],
+            "first_divergence": c["first_divergence"], "this_machine": cpu_name(),
+            **{k: ref[k] for k in ("implementation", "dtype", "decoding", "max_tokens", "computed_on", "computed_at")}}
 
 
 # -- views the stage notebooks show ------------------------------------------------------------

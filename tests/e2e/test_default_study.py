@@ -26,9 +26,9 @@ def _dry_run() -> dict[str, list[str]]:
 def test_the_default_study_is_the_real_model_one_change_at_a_time():
     s = load_study(ROOT / "params" / "local-cpu.yaml")
     assert s.engine.model.preset == "smollm2-135m"
-    assert [c.id for c in s.configurations] == ["eager", "compiled", "ngram", "budget", "eager-again"]
-    aa = s.configurations[-1]  # the A/A repeat: the baseline started again
-    assert aa.baseline == "eager" and not aa.engine
+    assert [c.id for c in s.configurations] == ["eager", "compiled", "ngram", "budget", "eager-again", "eager-third"]
+    for aa in s.configurations[-2:]:  # the A/A repeats: the baseline started twice more
+        assert aa.baseline == "eager" and not aa.engine
     assert s.engine.args["dtype"] == "float32"  # answers that do not depend on the CPU's instruction set
     assert {b.prompt_set for b in s.workload.buckets} == {"rewrite", "code"}
     assert s.translations == ["ja"]
@@ -41,12 +41,12 @@ def _without_port(cmd: list[str]) -> list[str]:
 
 def test_dry_run_prints_the_compiled_and_ngram_launch_commands():
     found = _dry_run()
-    ids = ("eager", "compiled", "ngram", "budget", "eager-again")
+    ids = ("eager", "compiled", "ngram", "budget", "eager-again", "eager-third")
     ports = [found[c][found[c].index("--port") + 1] for c in ids]
-    assert ports == ["8011", "8012", "8013", "8014", "8015"]  # side by side: one port each
+    assert ports == ["8011", "8012", "8013", "8014", "8015", "8016"]  # side by side: one port each
     cmds = {c: _without_port(x) for c, x in found.items()}
     assert set(cmds) == set(ids), cmds
-    assert cmds["eager-again"] == cmds["eager"]  # the A/A repeat starts the baseline again
+    assert cmds["eager-again"] == cmds["eager"] == cmds["eager-third"]  # the A/A repeats start the baseline again
     assert "--enforce-eager" in cmds["eager"] and "--enforce-eager" not in cmds["compiled"]
     spec = cmds["ngram"][cmds["ngram"].index("--speculative-config") + 1]
     assert '"method":"ngram"' in spec.replace(" ", "") and '"num_speculative_tokens":4' in spec.replace(" ", "")

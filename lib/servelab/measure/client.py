@@ -114,6 +114,8 @@ class Result:
     output_tokens_source: str | None = None  # "server" (usage) or "client" (counted with the tokenizer)
     # the answer's content when RequestSpec.keep_text; all generated text when the stream carried no usage
     output_text: str | None = None
+    # the answer's token ids when the server streams them (RequestSpec.keep_text with extra_body return_token_ids)
+    output_token_ids: list[int] | None = None
 
     @property
     def decode_tps(self) -> float | None:
@@ -156,7 +158,7 @@ class StreamParser:
         self.content: list[str] = []  # answer content, kept only with keep_text (a session's history)
         self._tail = b""  # bytes after the last newline, waiting for the rest of their line
         self.keep_text = False
-        self.text: list[str] = []
+        self.token_ids: list[int] = []  # streamed token ids (vLLM's return_token_ids), kept with keep_text
 
     def feed_bytes(self, data: bytes, t_ns: int) -> None:
         """Raw body bytes as they arrive: each line completed by `data` is parsed with `t_ns`
@@ -197,6 +199,8 @@ class StreamParser:
         t_s = (t_ns - self.t0_ns) / 1e9
         self.r.end_s = t_s
         for ch in obj.get("choices") or []:
+            if self.keep_text and ch.get("token_ids"):
+                self.token_ids.extend(int(t) for t in ch["token_ids"])
             if _has_text(ch):
                 if self.r.ttft_s is None:
                     self.r.ttft_s = t_s
@@ -296,6 +300,7 @@ async def _stream(client: "StreamClient", spec: RequestSpec, r: Result, t0: int,
         r.output_tokens_source = SERVER
     if spec.keep_text:
         r.output_text = "".join(p.content)
+        r.output_token_ids = p.token_ids or None
     if r.output_tokens is None:
         r.output_text = "".join(p.text)
         _fail(r, NO_USAGE, "stream carried no usage (stream_options.include_usage ignored?)")

@@ -18,6 +18,7 @@ import selectors
 import threading
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 TEMPLATE_TOKENS = 5  # what the fake chat template adds to a prompt
@@ -40,6 +41,9 @@ class Behaviour:
     reasoning_tokens: int = 0  # the first n tokens stream on the reasoning channel (delta.reasoning_content)
     usage: bool = True  # False: never stream a usage chunk, whatever the request asks (as some servers do)
     slots: int = 0  # >0: at most this many streams at once, the rest queue (a known capacity)
+    # answer(prompt, requests already running) -> the answer's words, instead of " tok" filler: a test's
+    # stand-in for a model whose answers may depend on the load; streams token ids when asked
+    answer: Callable[[str, int], str] | None = None
 
 
 @dataclass
@@ -229,7 +233,12 @@ class RefServer:
             return await self._send(writer, code, json.dumps({"error": {"message": f"injected {code}"}}).encode())
         prompt = (" ".join(m.get("content", "") for m in req.get("messages", [])) if chat else req.get("prompt", ""))
         p_tok = count_tokens(prompt) + (TEMPLATE_TOKENS if chat else 0)
-        n_tok = int(req.get("max_tokens") or 16)
+        n_tok = cap = int(req.get("max_tokens") or 16)
+        words = self.b.answer(prompt, self.stats.running).split() if self.b.answer else None
+        if words is not None:
+            words = words[:n_tok]
+            n_tok = len(words)
+        answer = (words, bool(req.get("return_token_ids")), cap) if words is not None else None
         include_usage = bool((req.get("stream_options") or {}).get("include_usage"))
         # a stream that will end abnormally says so up front, so the client never reuses the connection
         close = b"Connection: close\r\n" if fault in ("no_done", "reset", "stall") else b""
@@ -243,6 +252,8 @@ class RefServer:
         self.stats.running += 1
         self.stats.prompt_tokens_total += p_tok
         try:
+            if answer is not None:
+                return await self._stream_answer(writer, chat, *answer, p_tok, include_usage)
             return await self._stream(writer, chat, n_tok, p_tok, include_usage, fault)
         finally:
             self.stats.running -= 1
@@ -313,6 +324,39 @@ class RefServer:
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         return fault != "no_done"
+
+
+    async def _stream_answer(self, writer: asyncio.StreamWriter, chat: bool, words: list[str], ids: bool, cap: int,
+                             p_tok: int, include_usage: bool) -> bool:
+        """The stand-in's own answer (`Behaviour.answer`): one word a chunk on the TTFT/ITL schedule, its
+        token id when asked, "stop" when it ends before the cap."""
+        async def event(obj: Any) -> None:
+            data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+            writer.write(b"%x\r\n%b\r\n" % (len(data), data))
+            await writer.drain()
+
+        base = {"id": "cmpl-ref", "object": "chat.completion.chunk" if chat else "text_completion", "model": "ref"}
+        t0 = time.perf_counter()
+        for i, w in enumerate(words):
+            wait = t0 + self.b.ttft_s + i * self.b.itl_s - time.perf_counter()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            choice: dict[str, Any] = ({"index": 0, "delta": {"content": " " + w}, "finish_reason": None} if chat
+                                      else {"index": 0, "text": " " + w, "finish_reason": None})
+            if ids:
+                choice["token_ids"] = [sum(w.encode()) % 997]
+            await event({**base, "choices": [choice]})
+            self.stats.generation_tokens_total += 1
+        end = "stop" if len(words) < cap else "length"
+        await event({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": end} if chat
+                                         else {"index": 0, "text": "", "finish_reason": end}]})
+        if include_usage:
+            await event({**base, "choices": [], "usage": {"prompt_tokens": p_tok, "completion_tokens": len(words),
+                                                           "total_tokens": p_tok + len(words)}})
+        await event(b"[DONE]")
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
 
 
 def main(argv: list[str] | None = None) -> None:

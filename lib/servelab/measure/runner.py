@@ -37,6 +37,7 @@ from .grid import Level, cache_counters, arrival_offsets, levels, make_sources, 
 from .pools import make_pool, worker_count
 from .rounds import Job, LoopMonitor, PoolLost, run_round, run_sync
 from .sources import Draft, RoundCtx
+from .sources.canary import canary_drafts
 from .workers import WorkerPool
 from .workload import TokenCounter, token_counter
 
@@ -144,20 +145,28 @@ class LevelRunner:
 
     def _job(self, d: Draft, warm: bool = False) -> Job:
         wl = self.wl
-        cap = wl.warmup_max_tokens if warm and wl.warmup_max_tokens else d.max_tokens
+        short = warm and wl.warmup_max_tokens and not d.meta.get("canary")  # a canary answers in full
+        cap = wl.warmup_max_tokens if short else d.max_tokens
         spec = sc.RequestSpec(
             prompt=d.prompt, messages=d.messages, max_tokens=min(d.max_tokens, cap), model=self.server.model, api=wl.api,
             temperature=wl.temperature, seed=wl.seed,
             ignore_eos=wl.ignore_eos if d.ignore_eos is None else d.ignore_eos, cache_salt=d.cache_salt,
             chat_template_kwargs=wl.chat_template_kwargs, continuous_usage_stats=wl.continuous_usage_stats,
-            keep_text=d.keep_text)
+            keep_text=d.keep_text, extra_body=dict(d.extra_body))
         job = Job(self.seq, spec, d.at_s, d.meta)
         self.seq += 1
         return job
 
     def _jobs(self, li: int, lv: Level, rnd: int, n_req: int) -> list[Job]:
         warm = rnd < self.wl.warmup_rounds
-        return [self._job(d, warm) for d in self.sources[lv.bucket.label].drafts(self._ctx(li, lv, rnd, n_req))]
+        ctx = self._ctx(li, lv, rnd, n_req)
+        src = self.sources[lv.bucket.label]
+        if (warm and self.wl.canaries and lv.concurrency > 1 and rnd == self.wl.warmup_rounds - 1
+                and getattr(src, "kind", "") in ("prompt_set", "filler")):
+            drafts = canary_drafts(lv.bucket, self.wl, ctx)  # the last warm-up round: the load's own batches
+        else:
+            drafts = src.drafts(ctx)
+        return [self._job(d, warm) for d in drafts]
 
     def _endless_jobs(self, li: int, lv: Level, rnd: int) -> Any:
         """Duration-bounded closed loop: drafts planned a concurrency's worth at a time, for ever."""
@@ -171,6 +180,8 @@ class LevelRunner:
             d = sc.count_on_client(d, self.counter.count_text)
         if not job.spec.keep_text:
             d.pop("output_text", None)
+        if d.get("output_token_ids") is None:
+            d.pop("output_token_ids", None)
         return {"study": self.study, "config": self.config_id, "level": li, "bucket": lv.bucket.label,
                 "target_input_tokens": lv.bucket.input_tokens or 0, "target_output_tokens": lv.bucket.output_tokens or 0,
                 "shared_prefix": lv.bucket.shared_prefix, "concurrency": lv.concurrency, "rate_rps": lv.rate_rps,

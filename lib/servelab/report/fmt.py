@@ -9,6 +9,7 @@ from typing import Any
 
 import pandas as pd
 
+from ..runfolder import QUALITY_JSON, read_json
 from . import html as rh
 from .load import StudyData
 
@@ -60,3 +61,36 @@ def dash_note(df: pd.DataFrame, text: str) -> dict[str, str] | None:
 def span(lo: float, hi: float) -> str:
     nd = 0 if min(abs(lo), abs(hi)) >= 100 else 1
     return f"{num(lo, nd)}–{num(hi, nd)}"
+
+
+# -- a load level in words -------------------------------------------------------------------------
+
+def in_flight(sd: StudyData, n: Any, config: str | None = None, bucket: str | None = None) -> str:
+    """"1 request in flight" / "4 requests in flight"; for an open-loop level (the summary's
+    rate_rps of that configuration, bucket and concurrency > 0: the concurrency is only the cap on
+    requests in flight) "1 req/s offered (open loop)"."""
+    rate = _level_rate(sd, config, bucket, n)
+    if rate:
+        return sd.w("story.offered_rate", rate=f"{rate:g}")
+    n = int(n)
+    return sd.w("story.in_flight_one") if n == 1 else sd.w("story.in_flight_many", n=n)
+
+
+def _level_rate(sd: StudyData, config: str | None, bucket: str | None, n: Any) -> float:
+    s = sd.summary
+    if config is None or s.empty or "rate_rps" not in s:
+        return 0.0
+    m = s[(s["config"] == config) & (s["concurrency"] == n) & ((s["bucket"] == bucket) if bucket else True)]
+    rates = m["rate_rps"].dropna()
+    return float(rates.iloc[0]) if len(rates) and float(rates.iloc[0]) > 0 else 0.0
+
+
+def _open_loop(sd: StudyData, config: str) -> bool:
+    s = sd.summary
+    return "rate_rps" in s and bool((s.loc[s["config"] == config, "rate_rps"].fillna(0) > 0).all())
+
+
+def quality(sd: StudyData, cid: str) -> dict[str, Any] | None:
+    """The configuration's quality.json, or None when its run folder has none."""
+    f = sd.folders.get(cid)
+    return read_json(f / QUALITY_JSON) if f is not None and f.exists(QUALITY_JSON) else None

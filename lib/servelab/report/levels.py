@@ -22,7 +22,8 @@ from ..analysis.stats import pct_change as _pct_change
 from ..engines import get as engine_profile
 from . import html as rh
 from .load import StudyData, baselines
-from .progress import compile_s, quality
+from .fmt import quality
+from .progress import compile_s
 from .fmt import minutes
 from .sections import pct
 

@@ -25,9 +25,8 @@ from . import html as rh
 from . import verdicts as rv
 from . import workload
 from .load import StudyData, baselines
-from .fmt import link, num, pct, slo_parts
+from .fmt import _open_loop, in_flight, link, num, pct, quality, slo_parts  # noqa: F401  (re-exported)
 
-QUALITY_JSON = "quality.json"
 
 
 def settings_changed(sd: StudyData, cid: str, base: str) -> list[tuple[str, Any, Any]]:
@@ -90,31 +89,6 @@ def method_text_prompt_sets(sd: StudyData) -> str:
                 qsets=", ".join(f"`{x}`" for x in q.sets), qmax=q.max_tokens)
 
 
-def in_flight(sd: StudyData, n: Any, config: str | None = None, bucket: str | None = None) -> str:
-    """"1 request in flight" / "4 requests in flight"; for an open-loop level (the summary's
-    rate_rps of that configuration, bucket and concurrency > 0: the concurrency is only the cap on
-    requests in flight) "1 req/s offered (open loop)"."""
-    rate = _level_rate(sd, config, bucket, n)
-    if rate:
-        return sd.w("story.offered_rate", rate=f"{rate:g}")
-    n = int(n)
-    return sd.w("story.in_flight_one") if n == 1 else sd.w("story.in_flight_many", n=n)
-
-
-def _level_rate(sd: StudyData, config: str | None, bucket: str | None, n: Any) -> float:
-    s = sd.summary
-    if config is None or s.empty or "rate_rps" not in s:
-        return 0.0
-    m = s[(s["config"] == config) & (s["concurrency"] == n) & ((s["bucket"] == bucket) if bucket else True)]
-    rates = m["rate_rps"].dropna()
-    return float(rates.iloc[0]) if len(rates) and float(rates.iloc[0]) > 0 else 0.0
-
-
-def _open_loop(sd: StudyData, config: str) -> bool:
-    s = sd.summary
-    return "rate_rps" in s and bool((s.loc[s["config"] == config, "rate_rps"].fillna(0) > 0).all())
-
-
 def repeats(sd: StudyData) -> dict[str, str]:
     """Configurations that repeat their baseline's engine settings exactly (an A/A pair): {config: baseline}."""
     return {c: b for c, b in baselines(sd).items() if not settings_changed(sd, c, b)}
@@ -163,12 +137,6 @@ def real_weights(sd: StudyData, cid: str) -> bool:
     if run.facts.get("real_weights") is not None:
         return bool(run.facts["real_weights"])
     return run.load_format != "dummy"
-
-
-def quality(sd: StudyData, cid: str) -> dict[str, Any] | None:
-    """The configuration's quality.json, or None when its run folder has none."""
-    f = sd.folders.get(cid)
-    return read_json(f / QUALITY_JSON) if f is not None and f.exists(QUALITY_JSON) else None
 
 
 def quality_compare(sd: StudyData, cid: str, base: str) -> dict[str, Any] | None:
@@ -324,7 +292,11 @@ def _more(sd: StudyData, s: pd.DataFrame) -> list[str]:
     """The headline's further sentences, most telling first (`headline` keeps what fits)."""
     from .why import headline as why_headline
 
+    from .accuracy import headline as accuracy_headline
+
     out = [why_headline(sd) and why_headline(sd) + " " + link(sd, "why")]
+    acc = accuracy_headline(sd)
+    out.append(acc and acc + " " + link(sd, "accuracy"))
     tune = _tune_sentence(sd)
     out.append(tune and tune + " " + link(sd, "tune"))
     hits = workload.headline_sentence(sd)

@@ -162,6 +162,12 @@ def verdict_table(sd: StudyData) -> Any:
     return table(sd)
 
 
+def reference_text(sd: StudyData) -> str:
+    from .accuracy import reference_text as text
+
+    return text(sd)
+
+
 def progression_table(sd: StudyData) -> Any:
     """One row per change, judged level by level (`report.progress`)."""
     from .progress import progression_table as story_table

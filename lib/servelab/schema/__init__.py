@@ -160,6 +160,7 @@ class Study(Strict):
         """The same study with the `reduced` workload overrides applied."""
         data = self.model_dump()
         data["workload"] = _merge(data["workload"], self.reduced)
+        data["quality"]["reference"] = False  # the model's own answers cost ~30 s to make: not for CI
         return Study.model_validate(data)
 
     def config(self, config_id: str) -> Configuration:

@@ -252,6 +252,8 @@ class QualityParams(Strict):
                             "others by their first prompts_per_set prompts")
     prompts_per_set: int = Field(1, ge=1, description="prompts taken from each set other than 'quality'")
     max_tokens: int = Field(128, gt=0, description="output cap per answer (greedy; stops at end-of-sequence)")
+    reference: bool = Field(False, description="also hold the answers against the model's own (transformers, "
+                            "float32, greedy on this CPU; computed once per model directory, a local model only)")
 
     @field_validator("sets")
     @classmethod

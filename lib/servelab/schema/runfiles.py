@@ -82,6 +82,8 @@ class RequestRecord(Open):
     reasoning_tokens: int | None = None
     output_tokens_source: str | None = None
     output_text: str | None = None
+    output_token_ids: list[int] | None = None
+    canary: bool | None = None  # a quality prompt sent inside the load (its level's warm-up round): never in a result
     decode_tps: Number = None
     e2e_output_tps: Number = None
     tpot_s: Number = None

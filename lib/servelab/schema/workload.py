@@ -124,6 +124,9 @@ class Workload(Strict):
     buckets: list[Bucket] = Field(..., min_length=1, description="request shapes")
     concurrency: list[Annotated[int, Field(gt=0)]] = Field(..., min_length=1, description="fixed-concurrency levels")
     warmup_rounds: int = Field(2, ge=0, description="rounds per level excluded from results")
+    canaries: bool = Field(False, description="the last warm-up round of every level with more than one request in "
+                           "flight sends the quality set's known-answer prompts (greedy, in full) instead: their answers "
+                           "under the load's batching, held against the one-at-a-time quality check")
     warmup_max_tokens: int | None = Field(None, gt=0, description="cap on a warm-up request's output tokens (a short "
                                           "warm-up still runs the level's prefill and batch shapes); default: as measured")
     rounds: int = Field(5, ge=1, description="measured rounds per level")
@@ -172,6 +175,8 @@ class Workload(Strict):
     def _rates(self) -> "Workload":
         if self.arrival != "concurrency" and not self.rates_rps and not all(b.trace for b in self.buckets):
             raise ValueError(f"arrival '{self.arrival}' needs rates_rps (requests per second)")
+        if self.canaries and not self.warmup_rounds:
+            raise ValueError("canaries ride in a level's warm-up round: set warmup_rounds to 1 or more")
         if self.concurrency_ramp_s and (self.arrival != "concurrency" or self.workers != 1):
             raise ValueError("concurrency_ramp_s needs a closed loop (arrival 'concurrency'); workers must be 1")
         return self

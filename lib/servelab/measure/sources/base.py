@@ -26,6 +26,7 @@ class Draft:
     meta: dict[str, Any] = field(default_factory=dict)  # record fields of this source
     keep_text: bool = False  # the source needs the answer's text back (a session's real history)
     ignore_eos: bool | None = None  # the bucket's own choice (`Bucket.ignores_eos`); None: the workload's
+    extra_body: dict[str, Any] = field(default_factory=dict)  # further request fields (a canary's return_token_ids)
 
 
 @dataclass
