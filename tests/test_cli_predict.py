@@ -35,6 +35,32 @@ def test_predict_a_gpu_study_names_the_gpu_and_an_unknown_configuration_is_one_l
     assert bad.returncode == 2 and "no configuration nope" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_predict_a_model_without_a_params_file():
+    """--model: the facts from the library, then weights, KV, TPOT by concurrency, TTFT and capacity, each
+    labelled; a GPU without a calibration entry gives the datasheet's bounds and says so."""
+    r = _cli("predict", "--model", "tests/fixtures/architectures/qwen1.5-moe-a2.7b.json", "--gpu", "NVIDIA H200",
+             "--concurrency", "1,32")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout
+    assert out.startswith("qwen1.5-moe-a2.7b: Qwen2MoeForCausalLM (qwen2_moe), 14.32 B parameters; 60 routed experts")
+    assert "4 per token, 1 shared" in out and "weights: 26.67 GiB" in out and "calibration nvidia-h200-" in out
+    assert re.search(r"TPOT: c=1 [\d.]+ ms, c=32 [\d.]+ ms \(estimate", out)
+    assert re.search(r"TTFT at c=1: [\d.]+ ms \(bound\)", out) and "TTFT bound: MoE prefill" in out
+    assert re.search(r"KV cache: 196,608 bytes per token .* tokens fit", out) and "capacity at the SLO" in out
+    sheet = _cli("predict", "--model", "tests/fixtures/architectures/llama-3.1-8b.json", "--gpu", "H100 SXM")
+    assert sheet.returncode == 0 and "datasheet H100 SXM" in sheet.stdout and "(bound" in sheet.stdout
+    neither = _cli("predict")
+    assert neither.returncode == 2 and "give a params file or --model" in neither.stderr
+
+
+def test_the_moe_prefill_fit_says_what_it_needs():
+    """calibrate-hw --moe-prefill-from fits nothing from a study without TTFT sweeps, and says so in one line."""
+    no_entry = _cli("calibrate-hw", "--moe-prefill-from", "reports/h200-perfmodel")
+    assert no_entry.returncode == 2 and "needs --add-to" in no_entry.stderr
+    no_sweep = _cli("calibrate-hw", "--moe-prefill-from", "reports/h200-perfmodel", "--add-to", "nvidia-h200-2026-12-02")
+    assert no_sweep.returncode == 2 and "needs TTFT sweeps" in no_sweep.stderr and "Traceback" not in no_sweep.stderr
+
+
 def test_the_h200_entry_refits_from_its_own_points(tmp_path):
     """calibrate-hw --add-to pools a second pass into an entry and fits it again: pooling the committed
     H200 entry with itself gives back its numbers, so the entry is what its points say."""

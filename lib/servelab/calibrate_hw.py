@@ -209,7 +209,8 @@ def merge(main: Path, other: Path) -> dict[str, Any]:
                 seen.add(key)
                 uniq.append(p)
         known = a["engines"].get(eng) or {}
-        a["engines"][eng] = {"version": known.get("version"), **fit(uniq, micro, eng, known)}
+        kept = {"moe_prefill": known["moe_prefill"]} if known.get("moe_prefill") else {}
+        a["engines"][eng] = {"version": known.get("version"), **fit(uniq, micro, eng, known), **kept}
     a["source"] += "; deeper calibration models: " + b["source"].split(": ", 1)[-1]
     main.write_text(yaml.safe_dump(a, sort_keys=False, width=120), encoding="utf-8")
     other.unlink()
@@ -280,6 +281,60 @@ def calibrate_hw(*, engine: str = "vllm", kinds: list[str] | None = None, widths
     return 0
 
 
+def moe_prefill_from(study_dir: Path | str, add_to: str, engine: str = "vllm") -> dict[str, Any]:
+    """The engine's MoE prefill term (`perfmodel_terms.fit_moe_prefill`) from a published TTFT sweep
+    (a study whose configurations send prompts of several lengths at concurrency 1, MoE shapes and a
+    dense one; params/h200-arch-holdout.yaml), stored in calibration entry `add_to` as
+    `engines.<engine>.moe_prefill` with its points, study and date. Each MoE length's residual (the
+    measured TTFT less the model's prefill without the term) less the dense shape's residual at the
+    same bucket is what the MoE layers cost beyond the model; fitted per MoE layer against tokens."""
+    import copy
+
+    from .analysis import perfmodel as pm
+    from .analysis import perfmodel_terms as terms
+    from .analysis.calibration import CALIBRATIONS, Machine
+    from .engines.flags import engine_args
+    from .report import load_study_data
+
+    target = CALIBRATIONS / f"{add_to}.yaml"
+    if not target.is_file():
+        raise UserError(f"calibrate-hw --moe-prefill-from: no calibration entry {target}")
+    entry = yaml.safe_load(target.read_text())
+    base = copy.deepcopy(entry)
+    (base.get("engines") or {}).get(engine, {}).pop("moe_prefill", None)
+    m = Machine(base)
+    sd = load_study_data(Path(study_dir))
+    s = sd.summary
+    resid: dict[str, dict[str, tuple[float, float]]] = {}
+    moe_cfgs, dense_cfgs = [], []
+    for cid in sd.config_ids:
+        g = s[(s["config"] == cid) & (s["concurrency"] == 1)]
+        facts = ((sd.runs[cid].get("model") or {}).get("facts")) or {}
+        if g["bucket"].nunique() < 2 or not facts.get("param_count"):
+            continue
+        mode = pm.mode_of(engine, engine_args((sd.runs[cid].get("engine_params") or {}).get("args")))
+        resid[cid] = {r.bucket: (float(r.prompt_tokens), float(r.ttft_p50_s) - pm.prefill_time(
+            m, engine, mode, facts, float(r.prompt_tokens))) for r in g.itertuples()}
+        (moe_cfgs if facts.get("num_experts") else dense_cfgs).append(cid)
+    if not moe_cfgs or not dense_cfgs:
+        raise UserError(f"{study_dir}: a MoE prefill fit needs TTFT sweeps (two prompt lengths or more at c=1) of a "
+                        f"MoE shape and a dense one; found MoE {moe_cfgs}, dense {dense_cfgs}")
+    dense = dense_cfgs[0]
+    pts = [{"config": cid, "bucket": b, "tokens": n, "moe_layers": int(sd.runs[cid]["model"]["facts"]["num_moe_layers"]),
+            "residual_s": r - resid[dense][b][1]}
+           for cid in moe_cfgs for b, (n, r) in resid[cid].items() if b in resid[dense]]
+    fitted = terms.fit_moe_prefill(pts)
+    started = min(str(sd.runs[c].get("started_at", ""))[:10] for c in moe_cfgs + [dense])
+    entry.setdefault("engines", {}).setdefault(engine, {})["moe_prefill"] = {
+        **fitted, "points": pts, "measured_at": started,
+        "source": f"{Path(study_dir).name}: TTFT at c=1 of {', '.join(moe_cfgs)} less the model's prefill, less "
+                  f"the same residual of the dense {dense} (calibrate-hw --moe-prefill-from)"}
+    target.write_text(yaml.safe_dump(entry, sort_keys=False, width=120), encoding="utf-8")
+    progress_line(f"calibrate-hw: MoE prefill {fitted['layer_s'] * 1e6:.1f} us + {fitted['token_layer_s'] * 1e9:.2f} "
+                  f"ns x tokens per MoE layer (r2 {fitted['r2']:.3f}, {fitted['n']} points) into {target}")
+    return entry
+
+
 def _engine_version(folder: Path) -> str | None:
     import json
 
@@ -290,4 +345,4 @@ def _engine_version(folder: Path) -> str | None:
     return None
 
 
-__all__ = ["calibrate_hw", "fit", "merge", "plan", "run_sweep"]
+__all__ = ["calibrate_hw", "fit", "merge", "moe_prefill_from", "plan", "run_sweep"]

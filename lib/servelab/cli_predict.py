@@ -1,7 +1,8 @@
-"""`servelab calibrate-hw` (measure this machine for the performance model) and `servelab predict
-PARAMS` (what a study's configurations should do on a machine, before renting or running anything:
-the "before I rent" answer). The commands' words only: `calibrate_hw` and `analysis.perfmodel` do
-the work. Not for running studies (`pipeline`)."""
+"""`servelab calibrate-hw` (measure this machine for the performance model), `servelab predict
+PARAMS` (what a study's configurations should do on a machine) and `servelab predict --model
+DIR_OR_CONFIG_JSON --gpu NAME` (what one model would do, without a params file): the "before I rent"
+answer, before renting or running anything. The commands' words only: `calibrate_hw`,
+`models.facts` and `analysis.perfmodel` do the work. Not for running studies (`pipeline`)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,13 @@ def _csv(s: str) -> list[str]:
 
 
 def cmd_calibrate_hw(a: argparse.Namespace) -> int:
-    from .calibrate_hw import calibrate_hw
+    from .calibrate_hw import calibrate_hw, moe_prefill_from
+
+    if a.moe_prefill_from:
+        if not a.add_to:
+            raise UserError("calibrate-hw --moe-prefill-from STUDY_DIR needs --add-to ID (the entry it goes into)")
+        moe_prefill_from(a.moe_prefill_from, a.add_to, a.engine)
+        return 0
 
     return calibrate_hw(engine=a.engine, kinds=_csv(a.kinds) if a.kinds else None,
                         widths=[int(x) for x in _csv(a.widths)] if a.widths else None,
@@ -60,6 +67,12 @@ def _fmt(v: Any, scale: float = 1.0, unit: str = "") -> str:
 
 
 def cmd_predict(a: argparse.Namespace) -> int:
+    if (a.params is None) == (a.model is None):
+        raise UserError("give a params file or --model DIR_OR_CONFIG_JSON (one of them)")
+    if a.model is not None:
+        return predict_model(a)
+    if a.hardware is None and a.gpu is not None:
+        a.hardware = a.gpu
     from .analysis.perfmodel import predict_configuration
     from .hosts.local import model_dir_for
     from .models import model_facts
@@ -101,6 +114,125 @@ def cmd_predict(a: argparse.Namespace) -> int:
     return 0
 
 
+def _model_config(path: str) -> tuple[dict[str, Any], str]:
+    """config.json of a model directory (or the file itself) and the model's name."""
+    import json
+    from pathlib import Path
+
+    p = Path(path)
+    f = p / "config.json" if p.is_dir() else p
+    if not f.is_file():
+        raise UserError(f"--model {path}: no config.json there")
+    try:
+        cfg = json.loads(f.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise UserError(f"--model {path}: {f} is not a JSON file ({e})") from None
+    return cfg, (p.name if p.is_dir() else f.parent.name if f.name == "config.json" else f.stem)
+
+
+def _gpu_record(gpu: str | None) -> tuple[dict[str, Any], str]:
+    """The run record's GPU for a prediction and how the figures are got: a calibration entry of that
+    GPU (estimates), else its datasheet row (bounds); the newest calibrated GPU when none is named."""
+    from .analysis.calibration import calibration_for, calibrations
+    from .analysis.roofline import get_hardware
+
+    if gpu is None:
+        gpus = [c for c in calibrations() if c["machine"]["kind"] == "gpu"]
+        if not gpus:
+            raise UserError("no GPU calibration entry (data/calibrations/): give --gpu")
+        gpu = gpus[-1]["machine"]["name"]
+    entry, own = calibration_for("gpu", gpu)
+    if entry is not None and own:
+        mem = entry["machine"].get("memory_bytes")
+        return {"name": gpu, "memory": f"{mem / 2**20:.0f} MiB" if mem else ""}, f"calibration {entry['id']}"
+    try:
+        hw = get_hardware(gpu)
+    except KeyError as e:
+        raise UserError(f"--gpu {gpu}: no calibration entry and no datasheet row ({e.args[0]})") from None
+    return ({"name": gpu, "memory": f"{hw['memory_bytes'] / 2**20:.0f} MiB" if hw.get("memory_bytes") else ""},
+            f"datasheet {hw['name']} (as of {hw.get('as_of')}): bounds, no calibration of this GPU")
+
+
+def predict_model(a: argparse.Namespace) -> int:
+    """`servelab predict --model`: the facts, then the model's figures for one request shape."""
+    from .analysis.perfmodel import predict_configuration
+    from .engines import get as profile
+    from .engines.flags import get_flag
+    from .models.facts import facts_from_config
+    from .schema.parts import Workload
+
+    cfg, name = _model_config(a.model)
+    facts = facts_from_config(cfg)
+    prof = profile(a.engine)
+    args: dict[str, Any] = {}
+    for kv in a.arg:
+        k, sep, v = kv.partition("=")
+        if not sep:
+            raise UserError(f"--arg {kv}: expected FLAG=VALUE")
+        args[k.strip().lstrip("-")] = yaml_scalar(v)
+    if a.kv_cache_dtype not in (None, "auto"):
+        args["kv-cache-dtype"] = a.kv_cache_dtype
+    if a.tp > 1:
+        args["tensor-parallel-size" if "tensor-parallel-size" in prof.known_flags() else "tp-size"] = a.tp
+    problems = prof.validate_args(dict(args))
+    if problems:
+        raise UserError(f"--arg: {'; '.join(problems)}")
+    gpu, how = _gpu_record(a.gpu)
+    conc = sorted({int(x) for x in _csv(a.concurrency)} | {1})
+    wl = Workload.model_validate({"buckets": [{"input_tokens": a.input, "output_tokens": a.output}],
+                                  "concurrency": conc, "temperature": 0.0 if a.identical else 1.0,
+                                  "seed": 42 if a.identical else None})
+    run = {"study": "predict", "config": name, "gpus_used": [gpu], "engine_params": {"kind": a.engine, "args": args},
+           "model": {"facts": facts, "config": cfg}}
+    slo = {"ttft_p95_s": a.ttft_slo, "tpot_p95_s": a.tpot_slo}
+    label = f"in{a.input}-out{a.output}"
+    pred = predict_configuration(run, wl, slo, {label: (a.input, a.output)}, "now")
+    _print_model(name, facts, a, gpu, how, pred, label, get_flag(args, "kv-cache-dtype") or "auto")
+    return 0
+
+
+def yaml_scalar(v: str) -> Any:
+    import yaml
+
+    return yaml.safe_load(v) if v.strip() else v
+
+
+def _print_model(name: str, f: dict[str, Any], a: argparse.Namespace, gpu: dict[str, Any], how: str,
+                 pred: dict[str, Any], label: str, kv_dtype: str) -> None:
+    moe = (f"; {f['num_experts']} routed experts per MoE layer ({f['num_moe_layers']} of {f['num_layers']} layers), "
+           f"{f['num_active_experts']} per token, {f['num_shared_experts']} shared; "
+           f"{f['active_param_count'] / 1e9:.2f} B active") if f.get("num_experts") else ""
+    print(f"{name}: {f['architecture']} ({f['model_type']}), {f['param_count'] / 1e9:.2f} B parameters{moe}")
+    print(f"  facts: {f.get('facts_source')}")
+    print(f"  on {gpu['name']} with {a.engine}, {a.tp} GPU(s): {how}")
+    if pred.get("not_predictable"):
+        print(f"  not predictable: {pred['not_predictable']}")
+        return
+    p = pred["buckets"][label]
+    kinds = p.get("kinds") or {}
+    q = f", {f['quantization']} experts" if f.get("quantization") else ""
+    print(f"  weights: {f['weight_bytes'] / 2**30:.2f} GiB ({f['dtype']}{q}: every parameter counted)")
+    from .models.facts import kv_bytes_per_token
+
+    layers = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in (f.get("kv_layers") or {}).items())
+    print(f"  KV cache: {kv_bytes_per_token(f, kv_dtype, a.tp):,} bytes per token ({kv_dtype}; {layers}); "
+          f"{_fmt(p['kv_tokens'])} tokens fit ({p['kv_from']}), {_fmt(p['kv_limited_concurrency'])} requests of "
+          f"{a.input} + {a.output} tokens ({kinds.get('kv_limited_concurrency')})")
+    tp = ", ".join(f"c={c} {_fmt(v, 1000, ' ms')}" for c, v in sorted(p["tpot_s"].items(), key=lambda x: int(x[0])))
+    print(f"  TPOT: {tp} ({kinds.get('tpot_s', 'bound')}; each request its own tokens unless --identical, a closed "
+          "loop in waves)")
+    print(f"  TTFT at c=1: {_fmt(p['ttft_c1_s'], 1000, ' ms')} ({kinds.get('ttft_c1_s', 'bound')})")
+    print(f"  capacity at the SLO (p95 TTFT <= {a.ttft_slo:g} s, TPOT <= {a.tpot_slo * 1000:g} ms): "
+          f"{_fmt(p.get('capacity_rps'))} req/s at c={p.get('capacity_concurrency')} (binding: "
+          f"{p.get('capacity_binding')}; {kinds.get('capacity_rps', 'bound')})")
+    for t in p.get("engine_terms") or []:
+        print(f"  engine term {t['id']}: {_fmt(t['seconds'], 1000, ' ms')} per decode step ({t['source']})")
+    for why in p.get("bound_because") or []:
+        print(f"  bound: {why}")
+    for why in p.get("ttft_bound_because") or []:
+        print(f"  TTFT bound: {why}")
+
+
 def add_parser(sub: Any) -> None:
     c = sub.add_parser("calibrate-hw", help="measure this machine for the performance model (data/calibrations/)")
     c.add_argument("--engine", choices=["vllm", "sglang"], default="vllm")
@@ -110,6 +242,9 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--add-to", metavar="ID", help="pool this pass into the existing entry ID and fit it again")
     c.add_argument("--modes", help="graphs,eager (default: both on a GPU, eager on a CPU)")
     c.add_argument("--micro-only", action="store_true", help="the micro-benchmarks only, no engine")
+    c.add_argument("--moe-prefill-from", metavar="STUDY_DIR",
+                   help="fit the engine's MoE prefill term from a published TTFT sweep (MoE and dense shapes at "
+                        "c=1, several prompt lengths) into the entry --add-to names; measures nothing")
     c.add_argument("--concurrent", type=int, help="servers started at once (default: all on a GPU, 1 on a CPU)")
     c.add_argument("--port-base", type=int, default=8600)
     c.add_argument("--id", help="entry id (default <machine>-<date>)")
@@ -117,11 +252,28 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--quick", action="store_true", help="small buffers (a check of the procedure, not a calibration)")
     c.set_defaults(fn=cmd_calibrate_hw)
 
-    p = sub.add_parser("predict", help="what a study's configurations should do, before running anything")
-    p.add_argument("params")
+    p = sub.add_parser("predict", help="what a study's configurations (or one model) should do, before running anything")
+    p.add_argument("params", nargs="?", help="a study's params file (or use --model)")
     p.add_argument("--config", action="append", help="only this configuration (repeatable)")
     p.add_argument("--hardware", help="a calibrated GPU's name (e.g. 'NVIDIA H200'), or cpu for this machine "
                                       "(default: the study's: a local study this CPU, a GPU study the newest GPU entry)")
+    p.add_argument("--model", metavar="DIR_OR_CONFIG_JSON",
+                   help="predict one model without a params file: a model directory or its config.json")
+    p.add_argument("--gpu", help="with --model: a GPU with a calibration entry (an estimate) or a datasheet row "
+                                 "(bounds), e.g. 'NVIDIA H200' (default: the newest calibrated GPU)")
+    p.add_argument("--engine", choices=["vllm", "sglang"], default="vllm", help="with --model (default vllm)")
+    p.add_argument("--input", type=int, default=256, help="with --model: prompt tokens (default 256)")
+    p.add_argument("--output", type=int, default=256, help="with --model: output tokens (default 256)")
+    p.add_argument("--concurrency", default="1,8,32", help="with --model: concurrent requests (default 1,8,32)")
+    p.add_argument("--kv-cache-dtype", default="auto", help="with --model: auto (the model dtype) or fp8")
+    p.add_argument("--tp", type=int, default=1, help="with --model: tensor-parallel GPUs (default 1)")
+    p.add_argument("--arg", action="append", default=[], metavar="FLAG=VALUE",
+                   help="with --model: another engine flag, e.g. gpu-memory-utilization=0.9 (repeatable)")
+    p.add_argument("--ttft-slo", type=float, default=1.0, help="with --model: p95 TTFT target in s (default 1.0)")
+    p.add_argument("--tpot-slo", type=float, default=0.05, help="with --model: p95 TPOT target in s (default 0.05)")
+    p.add_argument("--identical", action="store_true",
+                   help="with --model: every request the same prompt decoded greedily (a MoE batch routes as one "
+                        "token); default: each request its own tokens, as real traffic")
     p.set_defaults(fn=cmd_predict)
 
 

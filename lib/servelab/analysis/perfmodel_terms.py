@@ -1,0 +1,130 @@
+"""Engine terms of the performance model (`analysis.perfmodel`): costs of one engine setting that a
+diagnosis measured and the calibration's small models cannot show, each a dated entry of
+`data/engine_terms.yaml` naming its study, the runs it was fitted on and the run held out; the rule
+that says when a configuration pays one (engine, attention kind, KV-cache dtype, attention backend,
+machine); and the fits that turn a study's runs into a term. Also the MoE prefill term, which a
+calibration entry carries once a TTFT sweep measured it (`fit_moe_prefill`). No I/O but reading the
+data file; not for the model's arithmetic (`perfmodel`) nor for loading studies (benchmarks/engine_terms.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..engines.flags import get_flag
+from ..models.facts import kv_bytes_per_token
+
+TERMS_PATH = Path(__file__).resolve().parents[1] / "data" / "engine_terms.yaml"
+DEFAULT_BACKEND = "default"  # the flag unset: the engine picks (SGLang on Hopper with MLA: FA3)
+
+
+@cache
+def _load(path: str) -> tuple[dict[str, Any], ...]:
+    d = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    return tuple(d.get("terms") or [])
+
+
+def load_terms(path: Path | str | None = None) -> list[dict[str, Any]]:
+    """Every engine term of the data file."""
+    return [dict(t) for t in _load(str(path or TERMS_PATH))]
+
+
+def _norm(s: Any) -> str:
+    return " ".join(str(s or "").lower().replace("nvidia", "").replace("-", " ").split())
+
+
+def attention_backend(args: Mapping[str, Any]) -> str:
+    """The decode attention backend the flags name (SGLang's decode-attention-backend or
+    attention-backend), or "default"."""
+    return str(get_flag(args, "decode-attention-backend") or get_flag(args, "attention-backend") or DEFAULT_BACKEND)
+
+
+def applies(term: Mapping[str, Any], engine: str, args: Mapping[str, Any], facts: Mapping[str, Any],
+            machine: str | None) -> bool:
+    """Whether a configuration pays this term: every condition of its `when` holds."""
+    w = term.get("when") or {}
+    kv_dtype = str(get_flag(args, "kv-cache-dtype") or "auto").lower()
+    checks = (
+        ("engine", lambda v: v == engine),
+        ("attention", lambda v: v == (facts.get("attention") or ("mla" if facts.get("kv_lora_rank") else "gqa"))),
+        ("kv_cache_dtype", lambda v: kv_dtype.startswith(str(v).lower())),
+        ("attention_backend", lambda v: attention_backend(args) in [str(x) for x in v]),
+        ("machine", lambda v: _norm(v) == _norm(machine)),
+    )
+    return all(check(w[key]) for key, check in checks if key in w)
+
+
+def pool_bytes(facts: Mapping[str, Any], pool_tokens: float, kv_dtype: str) -> float:
+    """Bytes of a KV pool of `pool_tokens` tokens in the configuration's KV dtype (one GPU)."""
+    return float(pool_tokens) * float(kv_bytes_per_token(facts, kv_dtype))
+
+
+def step_terms(engine: str, args: Mapping[str, Any], facts: Mapping[str, Any], machine: str | None,
+               pool_tokens: float, kv_dtype: str, path: Path | str | None = None) -> list[dict[str, Any]]:
+    """The engine terms this configuration pays per decode step: id, seconds (NaN when the pool
+    size it needs is unknown), what it is and where it comes from."""
+    out = []
+    for t in load_terms(path):
+        if not applies(t, engine, args, facts, machine):
+            continue
+        law = t.get("per_step") or {}
+        pool = pool_bytes(facts, pool_tokens, kv_dtype) if pool_tokens == pool_tokens else math.nan
+        s = float(law.get("fixed_s", 0.0)) + float(law.get("pool_byte_s", 0.0)) * pool
+        src = t.get("source") or {}
+        out.append({"id": t["id"], "seconds": s, "pool_bytes": pool, "what": str(t.get("what", "")).strip(),
+                    "source": f"{src.get('study')}: fitted on {', '.join(src.get('fitted_on') or [])} "
+                              f"(measured {src.get('measured_at')}), held out {', '.join(src.get('held_out') or [])}"})
+    return out
+
+
+def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
+    """(intercept, slope, r2) of the least-squares line through the points."""
+    import numpy as np
+
+    x, y = np.asarray(xs, float), np.asarray(ys, float)
+    if len(set(xs)) < 2:
+        raise ValueError("a line needs points at two values at least")
+    b, a = np.polyfit(x, y, 1)
+    ss = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float(((y - (a + b * x)) ** 2).sum()) / ss if ss > 0 else 1.0
+    return float(a), float(b), r2
+
+
+def fit_pool_term(points: Sequence[Mapping[str, float]]) -> dict[str, Any]:
+    """A per-step cost that grows with the KV pool: `points` of pool_bytes, measured_s (c=1 TPOT)
+    and base_s (the model's prediction without the term); the residuals fitted as
+    fixed_s + pool_byte_s x pool bytes by least squares."""
+    a, b, r2 = _line([p["pool_bytes"] for p in points], [p["measured_s"] - p["base_s"] for p in points])
+    return {"fixed_s": a, "pool_byte_s": b, "r2": r2, "n": len(points)}
+
+
+# -- MoE prefill ------------------------------------------------------------------------------------
+
+def moe_prefill(entry: Mapping[str, Any], engine: str) -> dict[str, Any] | None:
+    """The engine's MoE prefill term of a calibration entry (`engines.<engine>.moe_prefill`:
+    layer_s + token_layer_s x prompt tokens per MoE layer, above the roofline), or None."""
+    t = ((entry.get("engines") or {}).get(engine) or {}).get("moe_prefill")
+    return dict(t) if t else None
+
+
+def moe_prefill_seconds(term: Mapping[str, Any], moe_layers: int, tokens: float) -> float:
+    return float(moe_layers) * (float(term.get("layer_s", 0.0)) + float(term.get("token_layer_s", 0.0)) * tokens)
+
+
+def fit_moe_prefill(points: Sequence[Mapping[str, float]]) -> dict[str, Any]:
+    """The MoE prefill term from a TTFT sweep: `points` of tokens (prompt length), moe_layers and
+    residual_s (the MoE shape's measured TTFT less the model's, less the same residual of a dense
+    shape at that length, which holds what is not MoE: HTTP, tokenization, the engine's own dense
+    prefill), fitted per MoE layer as layer_s + token_layer_s x tokens."""
+    a, b, r2 = _line([p["tokens"] for p in points], [p["residual_s"] / p["moe_layers"] for p in points])
+    return {"layer_s": a, "token_layer_s": b, "r2": r2, "n": len(points)}
+
+
+__all__ = ["DEFAULT_BACKEND", "TERMS_PATH", "applies", "attention_backend", "fit_moe_prefill", "fit_pool_term",
+           "load_terms", "moe_prefill", "moe_prefill_seconds", "pool_bytes", "step_terms"]
