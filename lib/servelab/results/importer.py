@@ -6,14 +6,18 @@ temporary folder beside the destination and renamed into place at the end:
 
 - records.jsonl: servelab's record fields, per-request metrics recomputed by servelab's definitions
   (`analysis.harmonise.recompute_per_request`); each run of the tool (a file, a GuideLLM benchmark,
-  a JSON line) is one round of its level (bucket x concurrency), in the order given;
+  a JSON line) is one round of its level (bucket x concurrency), in the order given; a request the
+  tool left out of its window (warm-up, cool-down) is kept, flagged `warmup` with `excluded` saying why;
 - levels.jsonl: one line per level, as a measured run writes it;
-- run.json: `imported` (tool, version, files with their sha256), the model and server as the tool
-  recorded them, `packages` (the tool and its version), the headline (measure.runfiles.finalize);
+- run.json: `imported` (tool, version, files with their sha256, and per run the format it was
+  recognised by, its window and how many requests it stored of those the tool counted), the model
+  and server as the tool recorded them, `packages` (the tool and its version), the headline
+  (measure.runfiles.finalize);
 - source_summary.json: the tool's own summary of each run as it wrote it (per-request lists left out);
 - harmonised.json: each figure of the tool beside servelab's recomputation (`analysis.harmonise`), and
   the metrics its data cannot give;
-- source/: the imported files themselves (and AIPerf's summary beside its export).
+- source/: the imported files themselves (and AIPerf's summary beside its export); files of one name
+  are numbered (`01-profile_export.jsonl`, ...).
 Not for reading formats (`results.formats`) or for comparing runs (`results.compare`)."""
 
 from __future__ import annotations
@@ -23,14 +27,14 @@ import math
 import shutil
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from .. import __version__
-from ..analysis.harmonise import definitions, harmonised_rows, recompute_per_request, unexplained
+from ..analysis.harmonise import agreement, definitions, harmonised_rows, recompute_per_request, unexplained
 from ..errors import RunFolderExists, UserError
 from ..measure.runfiles import finalize
 from ..runfolder import LEVELS, RECORDS, RunFolder, now_iso, runs_root, write_json
@@ -50,15 +54,33 @@ class ImportResult:
     levels: int
     rounds: int
     harmonised: pd.DataFrame
+    sources: list[Source] = field(default_factory=list)
 
     def line(self) -> str:
+        """The command's one line: what was read (format, window, sample) and how the figures compare."""
         h = self.harmonised[self.harmonised["tool_value"].notna()] if len(self.harmonised) else self.harmonised
+        reasons = h["reason"].fillna("") if len(h) else pd.Series(dtype=str)
         agree = int((h["within"] == True).sum()) if len(h) else 0  # noqa: E712
-        differ = int(((h["within"] == False) & (h["same"] == False)).sum()) if len(h) else 0  # noqa: E712
+        differ = int(reasons.str.startswith("definitional").sum())
+        quoted = int(reasons.str.startswith("sampled").sum())
         bad = len(unexplained(h)) if len(h) else 0
-        return (f"{self.path}: {self.requests} requests of {self.tool} {self.version or '(version unknown)'} "
-                f"({self.levels} levels, {self.rounds} runs); {agree} of its figures agree with servelab's "
-                f"recomputation within the tolerance, {differ} differ by definition, {bad} unexplained")
+        ok5, n5 = agreement(h)
+        stored = sum(s.measured for s in self.sources)
+        counted = [s.counted for s in self.sources]
+        excluded: dict[str, int] = {}
+        for s in self.sources:
+            for k, n in s.excluded.items():
+                excluded[k] = excluded.get(k, 0) + n
+        kept = (f"; {sum(excluded.values())} outside the tool's window kept and flagged ("
+                + ", ".join(f"{n} {k}" for k, n in excluded.items()) + ")") if excluded else ""
+        sample = (f"; a sampled report: {stored} of the {sum(c for c in counted if c)} requests it counted are "
+                  "stored" if any(s.sampled for s in self.sources) else "")
+        schema = ", ".join(dict.fromkeys(s.schema for s in self.sources))
+        return (f"{self.path}: {self.requests} requests of {self.tool} {self.version or '(version not stated)'} "
+                f"[{schema}] ({self.levels} levels, {self.rounds} runs){kept}{sample}; {agree} of its figures agree "
+                f"with servelab's recomputation within the tolerance, {differ} differ by a named definition, "
+                f"{quoted} quoted from the sampled report, {bad} unexplained; {ok5} of {n5} within 5 % recomputed "
+                "by the tool's definition")
 
 
 def _sha256(p: Path) -> str:
@@ -123,7 +145,8 @@ def import_files(files: Sequence[str | Path], *, tool: str | None = None, out: s
     df = _number(srcs, study_id, config_id)
     tdef = definitions().of(tool_name)
     reported = {(s.level[0], s.level[1], r): s.reported for s, r in _rounds(srcs)}
-    harm = harmonised_rows(df, reported, tdef)
+    runs = {(s.level[0], s.level[1], r): {"counted": s.counted, "window": s.window} for s, r in _rounds(srcs)}
+    harm = harmonised_rows(df, reported, tdef, runs)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.importing-", dir=dest.parent))
     tmp.chmod(0o755)  # mkdtemp's folder is private; a run folder is not
@@ -139,7 +162,7 @@ def import_files(files: Sequence[str | Path], *, tool: str | None = None, out: s
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     n_rounds = len(srcs)
-    return ImportResult(dest, tool_name, srcs[0].version, len(df), df["level"].nunique(), n_rounds, harm)
+    return ImportResult(dest, tool_name, srcs[0].version, len(df), df["level"].nunique(), n_rounds, harm, srcs)
 
 
 def _rounds(srcs: list[Source]) -> list[tuple[Source, int]]:
@@ -166,18 +189,24 @@ def _write(tmp: Path, df: pd.DataFrame, srcs: list[Source], harm: pd.DataFrame, 
                      "imported": True})
     (tmp / SOURCE_DIR).mkdir()
     files = []
-    for p in dict.fromkeys(s.path for s in srcs):
-        shutil.copy(p, tmp / SOURCE_DIR / p.name)
-        files.append({"name": p.name, "sha256": _sha256(p), "runs": sum(1 for s in srcs if s.path == p)})
+    paths = list(dict.fromkeys(s.path for s in srcs))
+    clash = len({p.name for p in paths}) < len(paths)
+    for i, p in enumerate(paths, 1):
+        stored = f"{i:02d}-{p.name}" if clash else p.name  # several files of one name (one per run): numbered
+        shutil.copy(p, tmp / SOURCE_DIR / stored)
+        files.append({"name": p.name, "stored_as": stored, "sha256": _sha256(p),
+                      "runs": sum(1 for s in srcs if s.path == p)})
         beside = p.with_name(p.name.replace("profile_export.jsonl", "profile_export_aiperf.json"))
-        if srcs[0].tool == "aiperf" and beside.exists():
-            shutil.copy(beside, tmp / SOURCE_DIR / beside.name)
+        if srcs[0].tool == "aiperf" and beside.exists() and beside != p:
+            shutil.copy(beside, tmp / SOURCE_DIR / (f"{i:02d}-{beside.name}" if clash else beside.name))
     write_json(tmp / SOURCE_SUMMARY, [{"file": s.path.name, "round": r, "level": list(s.level), "tool": s.tool,
                                        "version": s.version, "summary": s.summary} for s, r in _rounds(srcs)])
     write_json(tmp / HARMONISED, {
         "tool": tdef.tool, "name": tdef.name, "percentiles": tdef.percentiles,
         "definitions": {f.field: {"label": f.label, "metric": f.metric, "stat": f.stat, "same": f.same,
-                                  "definition": f.definition, "why": f.why} for f in tdef.figures},
+                                  "differs": f.differs, "definition": f.definition, "why": f.why,
+                                  "by_tool": f.by_tool.model_dump(exclude_none=True)} for f in tdef.figures},
+        "runs": [{"round": r, "level": list(s.level), **s.describe()} for s, r in _rounds(srcs)],
         "servelab": dict(definitions().servelab),
         "not_recomputable": dict(tdef.not_recomputable),
         "rows": [{k: _clean(v) for k, v in r.items()} for r in harm.to_dict("records")]})
@@ -188,7 +217,8 @@ def _write(tmp: Path, df: pd.DataFrame, srcs: list[Source], harm: pd.DataFrame, 
         "started_at": pd.Timestamp(start, unit="s", tz="UTC").isoformat() if start and start > 1e9 else None,
         "servelab": {"version": __version__},
         "imported": {"tool": srcs[0].tool, "name": tdef.name, "version": srcs[0].version, "files": files,
-                     "imported_at": now_iso()},
+                     "imported_at": now_iso(), "schema": srcs[0].schema,
+                     "runs": [{"round": r, "level": list(s.level), **s.describe()} for s, r in _rounds(srcs)]},
         "packages": {srcs[0].tool: srcs[0].version} if srcs[0].version else {},
         "server": {"mode": "imported", "model": settings.get("model"), "urls": settings.get("urls")},
         "model_name": settings.get("model"),
