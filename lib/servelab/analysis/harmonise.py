@@ -94,11 +94,10 @@ def _weighted(g: pd.DataFrame, column: str, weights: str | None) -> tuple[np.nda
     the first), the rows without one left out."""
     ok = g[g["ok"].astype(bool)]
     if column == "itl_s+role_gap":  # vLLM's pool: servelab's gaps and the role chunk -> first text gap
-        gaps = itl_values(g)
-        if "tool_ttft_s" in ok:
-            role = (pd.to_numeric(ok["ttft_s"], errors="coerce") - pd.to_numeric(ok["tool_ttft_s"], errors="coerce"))
-            gaps = np.concatenate([gaps, role[role > 0].to_numpy(dtype=float)])
-        return gaps, None
+        if "tool_ttft_s" not in ok or ok["tool_ttft_s"].isna().all():
+            return np.array([]), None  # records that do not keep vLLM's own TTFT: not recomputable
+        role = (pd.to_numeric(ok["ttft_s"], errors="coerce") - pd.to_numeric(ok["tool_ttft_s"], errors="coerce"))
+        return np.concatenate([itl_values(g), role[role > 0].to_numpy(dtype=float)]), None
     if column not in ok:
         return np.array([]), None
     x = pd.to_numeric(ok[column], errors="coerce")

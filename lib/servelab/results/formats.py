@@ -140,7 +140,7 @@ def _run_folder(p: Path) -> ImportFormatError:
                       "`servelab compare A B`")
 
 
-def _parse(path: Path) -> tuple[str, Any]:
+def parse_file(path: Path) -> tuple[str, Any]:
     """("json", object) | ("jsonl", [objects]) | ("yaml", object); ImportFormatError otherwise."""
     try:
         text = path.read_text(encoding="utf-8")
@@ -231,7 +231,7 @@ def _read_aiperf(p: Path, objs: list[Any], config: str, bucket: str | None) -> l
     return [Source("aiperf", (summary or {}).get("aiperf_version"), p, rows,
                    ap.aiperf_reported(summary) if summary else {},
                    {k: v for k, v in (summary or {}).items() if k not in ("telemetry_data",)}, settings,
-                   schema=schema, counted=ap.counted(summary),
+                   schema=schema, counted=counted_of("aiperf", summary),
                    window_rule="AIPerf's profiling phase (its warm-up requests left out)")]
 
 
@@ -298,7 +298,7 @@ def _read_guidellm(p: Path, obj: dict[str, Any], config: str, bucket: str | None
                           {"model": be.get("model") or worker.get("backend_model") or (obj.get("args") or {}).get("model"),
                            "urls": [be.get("target") or worker.get("backend_target") or (obj.get("args") or {}).get("target")],
                            "concurrency": rows[0]["concurrency"] if rows else None},
-                          schema=guidellm_schema(obj, b), counted=_guidellm_counted(b),
+                          schema=guidellm_schema(obj, b), counted=counted_of("guidellm", b),
                           window=list(win) if win else None, window_rule=rule))
     return out
 
@@ -311,14 +311,9 @@ def _read_vllm(p: Path, objs: list[dict[str, Any]], config: str, bucket: str | N
             raise _refuse(p, f"a `vllm bench serve` result without per-request data ({n} requests, summary only): "
                              "run it again with --save-result --save-detailed and import that JSON")
         rows = drop_role_chunk(pd.DataFrame(vllm_bench_rows(o, config=config, bucket_label=bucket))).to_dict("records")
-        rep = vllm_bench_reported(o)
-        rep.update({k: o[k] / 1000 for k in ("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "mean_itl_ms",
-                                              "median_e2el_ms") if o.get(k) is not None})
-        rep["output_throughput"] = o.get("output_throughput")
-        counted = (o.get("completed") or 0) + (o.get("failed") or 0) if "completed" in o else None
-        out.append(Source("vllm-bench", o.get("vllm_version"), p, rows, rep, _strip(o),
+        out.append(Source("vllm-bench", o.get("vllm_version"), p, rows, reported_of("vllm-bench", o), _strip(o),
                           {"model": o.get("model_id"), "concurrency": o.get("max_concurrency")},
-                          schema="vllm-bench", counted=counted or None))
+                          schema="vllm-bench", counted=counted_of("vllm-bench", o)))
     return out
 
 
@@ -329,14 +324,36 @@ def _read_sglang(p: Path, objs: list[dict[str, Any]], config: str, bucket: str |
             raise _refuse(p, "an SGLang bench_serving result without per-request data: run it again with "
                              "--output-details and import that JSONL")
         rows = sglang_bench_rows(o, config=config, bucket_label=bucket)
-        rep = sglang_bench_reported(o)
-        rep.update({k: o[k] / 1000 for k in ("median_ttft_ms", "median_tpot_ms", "median_itl_ms",
-                                              "median_e2e_latency_ms") if o.get(k) is not None})
-        rep["output_throughput"] = o.get("output_throughput")
-        out.append(Source("sglang-bench", (o.get("server_info") or {}).get("version"), p, rows, rep, _strip(o),
+        out.append(Source("sglang-bench", (o.get("server_info") or {}).get("version"), p, rows,
+                          reported_of("sglang-bench", o), _strip(o),
                           {"model": (o.get("server_info") or {}).get("model_path"),
                            "concurrency": o.get("max_concurrency")}, schema="sglang-bench"))
     return out
+
+
+def reported_of(tool: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """The tool's own figures of one run, from its summary as `Source.summary` keeps it (servelab units)."""
+    if tool == "aiperf":
+        return ap.aiperf_reported(summary) if summary else {}
+    if tool == "guidellm":
+        return guidellm_reported(summary)
+    keys = (("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "mean_itl_ms", "median_e2el_ms") if tool == "vllm-bench"
+            else ("median_ttft_ms", "median_tpot_ms", "median_itl_ms", "median_e2e_latency_ms"))
+    rep = vllm_bench_reported(summary) if tool == "vllm-bench" else sglang_bench_reported(summary)
+    rep.update({k: summary[k] / 1000 for k in keys if summary.get(k) is not None})
+    rep["output_throughput"] = summary.get("output_throughput")
+    return rep
+
+
+def counted_of(tool: str, summary: dict[str, Any]) -> int | None:
+    """The requests the tool counted in its window, from its summary (None: it does not say)."""
+    if tool == "aiperf":
+        return ap.counted(summary)
+    if tool == "guidellm":
+        return _guidellm_counted(summary)
+    if tool == "vllm-bench" and "completed" in summary:
+        return int((summary.get("completed") or 0) + (summary.get("failed") or 0)) or None
+    return None
 
 
 def _summary_refusal(p: Path, found: str) -> ImportFormatError:
@@ -357,7 +374,7 @@ def read(path: Path | str, tool: str | None = None, *, config: str = "imported",
         p = _folder(p)
     if not p.exists():
         raise UserError(f"{p}: no such file")
-    kind, obj = _parse(p)
+    kind, obj = parse_file(p)
     objs = obj if kind == "jsonl" else [obj]
     found = _kind_of(objs[0])
     if found in ("aiperf-summary", "servelab"):
@@ -393,5 +410,5 @@ def frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     return df[RECORD_COLUMNS + [c for c in df.columns if c not in RECORD_COLUMNS]]
 
 
-__all__ = ["EXPECTED", "ImportFormatError", "SCHEMAS", "Source", "TOOLS", "detect", "frame", "guidellm_reported",
-           "guidellm_schema", "read"]
+__all__ = ["EXPECTED", "ImportFormatError", "SCHEMAS", "Source", "TOOLS", "counted_of", "detect", "frame",
+           "guidellm_reported", "guidellm_schema", "parse_file", "read", "reported_of"]

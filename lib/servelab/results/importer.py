@@ -37,8 +37,8 @@ from .. import __version__
 from ..analysis.harmonise import agreement, definitions, harmonised_rows, recompute_per_request, unexplained
 from ..errors import RunFolderExists, UserError
 from ..measure.runfiles import finalize
-from ..runfolder import LEVELS, RECORDS, RunFolder, now_iso, runs_root, write_json
-from .formats import Source, frame, read
+from ..runfolder import LEVELS, RECORDS, RunFolder, now_iso, read_json, runs_root, write_json
+from .formats import Source, counted_of, frame, guidellm_schema, parse_file, read, reported_of
 
 SOURCE_SUMMARY = "source_summary.json"
 HARMONISED = "harmonised.json"
@@ -65,6 +65,8 @@ class ImportResult:
         quoted = int(reasons.str.startswith("sampled").sum())
         bad = len(unexplained(h)) if len(h) else 0
         ok5, n5 = agreement(h)
+        unchecked = int((pd.to_numeric(h["servelab_tool_def"], errors="coerce").isna() & ~reasons.str.startswith("sampled")
+                         ).sum()) if len(h) else 0
         stored = sum(s.measured for s in self.sources)
         counted = [s.counted for s in self.sources]
         excluded: dict[str, int] = {}
@@ -80,7 +82,8 @@ class ImportResult:
                 f"[{schema}] ({self.levels} levels, {self.rounds} runs){kept}{sample}; {agree} of its figures agree "
                 f"with servelab's recomputation within the tolerance, {differ} differ by a named definition, "
                 f"{quoted} quoted from the sampled report, {bad} unexplained; {ok5} of {n5} within 5 % recomputed "
-                "by the tool's definition")
+                "by the tool's definition" + (f" ({unchecked} not recomputable so from these records)" if unchecked
+                                              else ""))
 
 
 def _sha256(p: Path) -> str:
@@ -165,6 +168,87 @@ def import_files(files: Sequence[str | Path], *, tool: str | None = None, out: s
     return ImportResult(dest, tool_name, srcs[0].version, len(df), df["level"].nunique(), n_rounds, harm, srcs)
 
 
+def _schema_of(tool: str, summary: dict[str, Any], src_dir: Path) -> str:
+    """The format a run imported by an earlier servelab was in, from its summary (and a source copy)."""
+    if tool == "aiperf":
+        return "aiperf-0.2" if "aiperf_version" in summary else "aiperf-0.1"
+    if tool == "guidellm":
+        for f in sorted(src_dir.glob("*")):
+            if f.suffix in (".json", ".yaml", ".yml"):
+                try:
+                    _, obj = parse_file(f)
+                    return guidellm_schema(obj, summary)
+                except UserError:
+                    continue
+        return guidellm_schema({}, summary)
+    return tool
+
+
+def reharmonise(path: str | Path) -> ImportResult:
+    """Re-derive an imported run folder's harmonised.json and run.json's per-run import description
+    (format, window, sample) from its records and source_summary.json with this checkout's readers'
+    rules and definitions: for a run folder imported by an earlier servelab whose tool files are
+    not all at hand. Records are not rewritten; a request outside the tool's window is flagged in
+    the harmonisation only (the published records keep what they had); per-request values of the
+    tool that the old records do not keep stay unchecked (said in the reason)."""
+    from ..analysis.peers import guidellm_window
+
+    path = Path(path)
+    rf = RunFolder(path)
+    run = rf.run
+    imp = run.get("imported") or {}
+    if not imp or not (path / SOURCE_SUMMARY).exists():
+        raise UserError(f"{path}: not a run folder `servelab import` wrote (no imported block or {SOURCE_SUMMARY})")
+    tool = imp["tool"]
+    df = rf.records.copy()
+    if "excluded" not in df:
+        df["excluded"] = None
+    entries = read_json(path / SOURCE_SUMMARY)
+    srcs: list[Source] = []
+    for entry in entries:
+        bucket, conc = entry["level"]
+        summ = entry["summary"]
+        g = df[(df["bucket"] == bucket) & (df["concurrency"] == conc) & (df["round"] == entry["round"])]
+        win = guidellm_window(summ) if tool == "guidellm" else None
+        if win is not None:  # flag what the tool's window leaves out, where the old records do not say
+            for i in g.index[g["excluded"].isna()]:
+                lo, hi = win
+                why = "warm-up" if g.at[i, "end_s"] < lo else ("cool-down" if g.at[i, "start_s"] > hi else None)
+                df.loc[i, ["excluded", "warmup"]] = [why, bool(g.at[i, "warmup"]) or why is not None]
+        if tool == "guidellm" and "tool_tpot_s" not in df:  # its TPOT: request latency / output tokens
+            df["tool_tpot_s"] = pd.to_numeric(df["e2e_s"], errors="coerce") / pd.to_numeric(df["output_tokens"],
+                                                                                           errors="coerce")
+        rule = ("GuideLLM's measurement window (warm-up and cool-down cut; a request counts when it overlaps it)"
+                if win else "AIPerf's profiling phase (its warm-up requests left out)" if tool == "aiperf"
+                else "every request")
+        srcs.append(Source(tool, entry.get("version"), Path(entry["file"]), df.loc[g.index].to_dict("records"),
+                           reported_of(tool, summ), summ, schema=_schema_of(tool, summ, path / SOURCE_DIR),
+                           counted=counted_of(tool, summ), window=list(win) if win else None, window_rule=rule))
+    rounds = [e["round"] for e in entries]
+    keys = [(s.level[0], s.level[1], r) for s, r in zip(srcs, rounds)]
+    tdef = definitions().of(tool)
+    harm = harmonised_rows(df, {k: s.reported for k, s in zip(keys, srcs)}, tdef,
+                           {k: {"counted": s.counted, "window": s.window} for k, s in zip(keys, srcs)})
+    _write_harmonised(path, srcs, harm, tdef, rounds)
+    imp.update(schema=srcs[0].schema,
+               runs=[{"round": r, "level": list(s.level), **s.describe()} for s, r in zip(srcs, rounds)])
+    rf.write_run({k: x for k, x in {**run, "imported": imp}.items() if k != "format_version"})
+    return ImportResult(path, tool, imp.get("version"), int((~df["warmup"].astype(bool)).sum()),
+                        int(df["level"].nunique()), len(srcs), harm, srcs)
+
+
+def _write_harmonised(dest: Path, srcs: list[Source], harm: pd.DataFrame, tdef: Any, rounds: list[int]) -> None:
+    write_json(dest / HARMONISED, {
+        "tool": tdef.tool, "name": tdef.name, "percentiles": tdef.percentiles,
+        "definitions": {f.field: {"label": f.label, "metric": f.metric, "stat": f.stat, "same": f.same,
+                                  "differs": f.differs, "definition": f.definition, "why": f.why,
+                                  "by_tool": f.by_tool.model_dump(exclude_none=True)} for f in tdef.figures},
+        "runs": [{"round": r, "level": list(s.level), **s.describe()} for s, r in zip(srcs, rounds)],
+        "servelab": dict(definitions().servelab),
+        "not_recomputable": dict(tdef.not_recomputable),
+        "rows": [{k: _clean(v) for k, v in r.items()} for r in harm.to_dict("records")]})
+
+
 def _rounds(srcs: list[Source]) -> list[tuple[Source, int]]:
     seen: dict[tuple[str, int], int] = {}
     out = []
@@ -201,15 +285,7 @@ def _write(tmp: Path, df: pd.DataFrame, srcs: list[Source], harm: pd.DataFrame, 
             shutil.copy(beside, tmp / SOURCE_DIR / (f"{i:02d}-{beside.name}" if clash else beside.name))
     write_json(tmp / SOURCE_SUMMARY, [{"file": s.path.name, "round": r, "level": list(s.level), "tool": s.tool,
                                        "version": s.version, "summary": s.summary} for s, r in _rounds(srcs)])
-    write_json(tmp / HARMONISED, {
-        "tool": tdef.tool, "name": tdef.name, "percentiles": tdef.percentiles,
-        "definitions": {f.field: {"label": f.label, "metric": f.metric, "stat": f.stat, "same": f.same,
-                                  "differs": f.differs, "definition": f.definition, "why": f.why,
-                                  "by_tool": f.by_tool.model_dump(exclude_none=True)} for f in tdef.figures},
-        "runs": [{"round": r, "level": list(s.level), **s.describe()} for s, r in _rounds(srcs)],
-        "servelab": dict(definitions().servelab),
-        "not_recomputable": dict(tdef.not_recomputable),
-        "rows": [{k: _clean(v) for k, v in r.items()} for r in harm.to_dict("records")]})
+    _write_harmonised(tmp, srcs, harm, tdef, [r for _, r in _rounds(srcs)])
     settings = next((s.settings for s in srcs if s.settings), {})
     start = pd.to_numeric(df["start_s"], errors="coerce").min()
     record: dict[str, Any] = {
