@@ -135,8 +135,8 @@ def test_a_runs_throughput_over_the_tools_window():
     df = recompute_per_request(pd.DataFrame([a, fail]))
     assert recomputed(df, "aggregate_output_tps", "value") == pytest.approx(10 / 21.0)  # servelab: the timeout's end
     assert window_throughput(df, "successful") == pytest.approx(10.0)  # AIPerf: last successful response
-    # GuideLLM: the first token at 0.5 s, nine more spread to 1.0 s; a window [0.75, 1.25] holds 4.5 of them
-    assert window_throughput(df, "measurement", [0.75, 1.25]) == pytest.approx(4.5 / 0.5)
+    # GuideLLM: from the first token (0.5 s) to the last (1.0 s)
+    assert window_throughput(df, "token_span") == pytest.approx(10 / 0.5)
 
 
 def test_a_difference_is_definitional_only_when_the_tools_definition_explains_it():

@@ -153,7 +153,7 @@ def aiperf_rows(records: list[dict[str, Any]], *, config: str, summary: dict[str
     conc = int(st.get("concurrency") or in_flight_max([starts[i] for i in idx], [ends[i] for i in idx]) or 1)
     outs = [_v(r["metrics"], "output_sequence_length") for r in measured if not r.get("error")]
     ins = [_v(r["metrics"], "usage_prompt_tokens") or _v(r["metrics"], "input_sequence_length")
-           for r in measured if not r.get("error")]
+           for r in measured if not r.get("error")] or [_v(r["metrics"], "error_isl") for r in measured]
     tin = int(st.get("input_tokens") or np.median([x for x in ins if x is not None] or [0]))
     tout = int(st.get("output_tokens") or np.median([x for x in outs if x is not None] or [0]))
     rows = []
@@ -175,7 +175,7 @@ def aiperf_rows(records: list[dict[str, Any]], *, config: str, summary: dict[str
             "ok": ok, "error_kind": None if ok else "peer_error",
             "error_detail": None if ok else str((err or {}).get("message") or "no content response")[:600],
             "ttft_s": ttft if ok else None, "e2e_s": e2e,
-            "prompt_tokens": _v(m, "usage_prompt_tokens") or _v(m, "input_sequence_length"),
+            "prompt_tokens": _v(m, "usage_prompt_tokens") or _v(m, "input_sequence_length") or _v(m, "error_isl"),
             "output_tokens": int(out) if out is not None else None,
             "reasoning_tokens": _v(m, "reasoning_token_count") if ok else None,
             "decode_tps": None, "e2e_output_tps": None, "tpot_s": None,  # recomputed by analysis.harmonise

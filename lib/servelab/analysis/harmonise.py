@@ -19,7 +19,7 @@ Not for reading the tools' files (`analysis.peers`, `analysis.sglang_bench`, `an
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -144,33 +144,27 @@ def recomputed(g: pd.DataFrame, metric: str, stat: str, method: str = "linear") 
     return statistic(_values(g, metric), "mean" if stat == "value" else stat, method)
 
 
-def window_throughput(g: pd.DataFrame, window: str, span: Sequence[float] | None = None) -> float:
-    """A run's output tok/s over a tool's window: `successful`: its successful requests' tokens over
-    the first successful start -> the last successful response (start + e2e: AIPerf's benchmark
-    duration); `measurement`: the tokens generated inside `span` (the tool's measurement window; the
-    first token at its time, the others spread evenly from it to the last token: GuideLLM's
-    output_tokens_timings) over its length. NaN where the records lack what it needs."""
+def window_throughput(g: pd.DataFrame, window: str) -> float:
+    """A run's output tok/s over a tool's window, from its measured successful requests: `successful`:
+    their tokens over the first start -> the last response (start + e2e: AIPerf's benchmark duration,
+    which a failed request does not lengthen); `token_span`: their tokens over the first token -> the
+    last token (GuideLLM's output tokens per second, the time-weighted mean of the rate of token events
+    of the requests in its window). NaN where the records lack what it needs."""
     ok = g[g["ok"].astype(bool) & ~g["warmup"].astype(bool)]
     out = pd.to_numeric(ok["output_tokens"], errors="coerce")
     start = pd.to_numeric(ok["start_s"], errors="coerce")
     if window == "successful":
-        end = start + pd.to_numeric(ok["e2e_s"], errors="coerce")
-        wall = float(end.max() - start.min()) if len(ok) else math.nan
-        return float(out.sum()) / wall if wall > 0 else math.nan
-    if not span or "last_token_s" not in ok or ok["last_token_s"].isna().all():
-        return math.nan
-    lo, hi = float(span[0]), float(span[1])
-    first = start + pd.to_numeric(ok["ttft_s"], errors="coerce")
-    last = pd.to_numeric(ok["last_token_s"], errors="coerce").fillna(first)
-    inside = ((first >= lo) & (first <= hi)).astype(float)
-    dur = (last - first).to_numpy(dtype=float)
-    overlap = (np.minimum(last, hi) - np.maximum(first, lo)).clip(lower=0).to_numpy(dtype=float)
-    share = np.divide(overlap, dur, out=np.zeros_like(dur), where=dur > 0)
-    tokens = inside.to_numpy() + (out - 1).clip(lower=0).to_numpy(dtype=float) * share
-    return float(np.nansum(tokens)) / (hi - lo) if hi > lo else math.nan
+        lo, hi = start, start + pd.to_numeric(ok["e2e_s"], errors="coerce")
+    else:
+        if "last_token_s" not in ok or ok["last_token_s"].isna().all():
+            return math.nan
+        lo = start + pd.to_numeric(ok["ttft_s"], errors="coerce")
+        hi = pd.to_numeric(ok["last_token_s"], errors="coerce").fillna(lo)
+    wall = float(hi.max() - lo.min()) if len(ok) else math.nan
+    return float(out.sum()) / wall if wall > 0 else math.nan
 
 
-def by_tool(g: pd.DataFrame, f: Any, tool: Tool, span: Sequence[float] | None = None) -> float:
+def by_tool(g: pd.DataFrame, f: Any, tool: Tool) -> float:
     """servelab's recomputation of figure `f` by the tool's own definition (`f.by_tool`): the tool's
     per-request values (default: servelab's), weighted as the tool weights them, with the tool's
     percentile; a run's throughput over the tool's window. NaN where the file does not keep what it
@@ -180,7 +174,7 @@ def by_tool(g: pd.DataFrame, f: Any, tool: Tool, span: Sequence[float] | None = 
     if bt.values == NONE:
         return math.nan
     if f.stat == "value":
-        return window_throughput(g, bt.window, span) if bt.window else recomputed(g, f.metric, f.stat)
+        return window_throughput(g, bt.window) if bt.window else recomputed(g, f.metric, f.stat)
     column = bt.values or f.metric
     vals, w = _weighted(g, column, bt.weights) if (bt.values or bt.weights) else (_values(g, f.metric), None)
     method = tool.percentiles if f.stat in ("p50", "p95") else "linear"
@@ -271,7 +265,7 @@ def harmonised_rows(df: pd.DataFrame, reported: Mapping[tuple[str, int, int], Ma
             if sampled:
                 row.update(_sampled_row(f, tv, g, len(g), int(counted), tool))
             else:
-                ours, tdef = recomputed(g, f.metric, f.stat), by_tool(g, f, tool, meta.get("window"))
+                ours, tdef = recomputed(g, f.metric, f.stat), by_tool(g, f, tool)
                 d = _diff_pct(tv, ours)
                 row.update(servelab=ours, servelab_tool_def=tdef,
                            within=bool(math.isfinite(d) and abs(d) <= f.tolerance_pct) if tv is not None else None,

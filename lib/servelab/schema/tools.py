@@ -31,10 +31,10 @@ class ByTool(Strict):
                                "the role-chunk gap vLLM counts; `none`: the file does not keep it (not checked)")
     weights: Literal["output_tokens", "output_tokens-1"] | None = Field(
         None, description="the tool weights each request's value by its tokens (GuideLLM 0.4+)")
-    window: Literal["successful", "measurement"] | None = Field(
+    window: Literal["successful", "token_span"] | None = Field(
         None, description="a run's throughput over the tool's window: `successful` (first successful request -> "
-        "last successful response, AIPerf), `measurement` (the tool's measurement window, tokens counted when "
-        "generated, GuideLLM 0.4+)")
+        "last successful response, AIPerf), `token_span` (first token -> last token of the measured requests, "
+        "GuideLLM)")
 
 
 class Figure(Strict):
