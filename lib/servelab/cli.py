@@ -189,7 +189,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
     from .results.compare import compare
     from .results.pages import compare_page
 
-    res = compare(a.run_a, a.run_b, between_sd_pct=a.between_sd_pct)
+    res = compare(a.run_a, a.run_b, between_sd_pct=a.between_sd_pct, between_run_sd_pct=a.between_run_sd_pct)
     for line in res.lines():
         print(line)
     html = Path(a.html or Path("runs") / "compare" / f"{Path(a.run_a).name}-vs-{Path(a.run_b).name}.html")
@@ -330,6 +330,8 @@ def parser() -> argparse.ArgumentParser:
     cp.add_argument("run_b", help="run folder or study folder compared with it")
     cp.add_argument("--between-sd-pct", type=float,
                     help="variance between engine starts (sd %%) measured elsewhere, when neither study repeats a start")
+    cp.add_argument("--between-run-sd-pct", type=float,
+                    help="variance between runs (sd %%) measured by repeated runs, when two runs share no setting")
     cp.add_argument("--html", help="the page to write (default runs/compare/<A>-vs-<B>.html)")
     cp.add_argument("--title", help="the page's title")
     cp.set_defaults(fn=cmd_compare)

@@ -11,7 +11,7 @@ import pytest
 
 from servelab.analysis.aiperf import aiperf_reported, aiperf_rows, in_flight_max
 from servelab.analysis.harmonise import (definitions, drop_role_chunk, harmonised_rows, recompute_per_request,
-                                         recomputed, statistic, unexplained)
+                                         recomputed, statistic, unexplained, window_throughput)
 from servelab.summary import DEFINED_METRICS, RECORD_COLUMNS
 
 
@@ -79,7 +79,7 @@ def test_the_table_defines_every_servelab_metric_and_every_difference_has_a_reas
     assert set(d.servelab) == set(DEFINED_METRICS)
     assert {t.tool for t in d.tools} == {"aiperf", "guidellm", "vllm-bench", "sglang-bench"}
     for t in d.tools:
-        assert all(f.why for f in t.figures if not f.same)
+        assert all(f.why and f.differs for f in t.figures if not f.same)
 
 
 def test_aiperf_records_map_to_servelabs_fields():
@@ -119,3 +119,45 @@ def test_a_request_without_decode_time_explains_a_same_definition_difference():
     assert r["reason"].startswith("a request whose whole output came in one chunk")
     assert r["reason"].endswith("(1 of 3 requests in this run)")
     assert unexplained(rows.reset_index()).empty
+
+
+def test_guidellms_weighted_statistics():
+    """GuideLLM 0.4+ weights a request's ITL by its tokens after the first: the mean is the tokens'
+    mean, the median the value where the tokens' cumulative share reaches a half."""
+    x, w = np.array([0.01, 0.02, 0.03]), np.array([1.0, 1.0, 8.0])
+    assert statistic(x, "mean", weights=w) == pytest.approx((0.01 + 0.02 + 0.24) / 10)
+    assert statistic(x, "p50", "inverted_cdf", w) == 0.03 and statistic(x, "p50", "inverted_cdf") == 0.02
+
+
+def test_a_runs_throughput_over_the_tools_window():
+    a = _rec(start_s=0.0, e2e_s=1.0, end_s=1.0, output_tokens=10, ttft_s=0.5, last_token_s=1.0)
+    fail = _rec(seq=1, ok=False, start_s=0.5, end_s=21.0, output_tokens=None, ttft_s=None, e2e_s=None)
+    df = recompute_per_request(pd.DataFrame([a, fail]))
+    assert recomputed(df, "aggregate_output_tps", "value") == pytest.approx(10 / 21.0)  # servelab: the timeout's end
+    assert window_throughput(df, "successful") == pytest.approx(10.0)  # AIPerf: last successful response
+    # GuideLLM: from the first token (0.5 s) to the last (1.0 s)
+    assert window_throughput(df, "token_span") == pytest.approx(10 / 0.5)
+
+
+def test_a_difference_is_definitional_only_when_the_tools_definition_explains_it():
+    tool = definitions().of("aiperf")
+    df = pd.DataFrame([_rec(), _rec(seq=1, start_s=0.0, end_s=0.5),
+                       _rec(seq=2, ok=False, ttft_s=None, e2e_s=None, output_tokens=None, start_s=0.1, end_s=2.0)])
+    # servelab: 10 tokens / 2.0 s; AIPerf's window (successful only): 10 / 0.5 s
+    rows = harmonised_rows(df, {("b", 1, 0): {"output_token_throughput.avg": 20.0}}, tool).set_index("field")
+    assert rows.loc["output_token_throughput.avg", "reason"].startswith("definitional (duration window): ")
+    rows = harmonised_rows(df, {("b", 1, 0): {"output_token_throughput.avg": 12.0}}, tool).set_index("field")
+    r = rows.loc["output_token_throughput.avg", "reason"]
+    assert r == ("unexplained: the tool 12, servelab 5, 20 by the tool's definition recomputed: duration window "
+                 "does not account for the difference")
+
+
+def test_a_sampled_run_quotes_the_tools_figures_it_cannot_recompute():
+    tool = definitions().of("guidellm")
+    df = pd.DataFrame([_rec(seq=i) for i in range(3)])
+    rows = harmonised_rows(df, {("b", 1, 0): {"time_to_first_token_ms.mean": 0.2, "output_tokens_per_second.mean": 9.0}},
+                           tool, {("b", 1, 0): {"counted": 40}}).set_index("field")
+    for f in ("time_to_first_token_ms.mean", "output_tokens_per_second.mean"):
+        assert math.isnan(rows.loc[f, "servelab"]) and rows.loc[f, "within"] is None
+        assert rows.loc[f, "reason"].startswith("sampled report: 3 of the 40 requests the tool counted are stored: ")
+        assert rows.loc[f, "reason"].endswith("the tool's own figure is quoted")

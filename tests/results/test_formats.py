@@ -71,9 +71,15 @@ def test_the_wrong_tool_says_which_format_it_found(tmp_path):
         read(FILES["guidellm"], "aiperf")
 
 
-def test_aiperfs_summary_alone_points_at_the_export_beside_it():
-    with pytest.raises(ImportFormatError, match="import the profile_export.jsonl beside it"):
+def test_aiperfs_summary_alone_points_at_the_export_beside_it(tmp_path):
+    with pytest.raises(ImportFormatError) as e:
         read(IMPORTS / "aiperf-c1" / "profile_export_aiperf.json")
+    assert str(e.value).endswith(f"holds no per-request data: import {IMPORTS / 'aiperf-c1' / 'profile_export.jsonl'} "
+                                 "beside it")
+    alone = tmp_path / "profile_export_aiperf.json"
+    alone.write_text((IMPORTS / "aiperf-c1" / "profile_export_aiperf.json").read_text())
+    with pytest.raises(ImportFormatError, match="import the profile_export.jsonl AIPerf wrote beside it$"):
+        read(alone)
 
 
 def test_a_vllm_result_without_details_says_what_cannot_be_recomputed(tmp_path):
@@ -82,7 +88,8 @@ def test_a_vllm_result_without_details_says_what_cannot_be_recomputed(tmp_path):
         res.pop(k, None)
     p = tmp_path / "summary-only.json"
     p.write_text(json.dumps(res))
-    with pytest.raises(ImportFormatError, match="--save-detailed.*none of TTFT, e2e, TPOT, ITL or tokens"):
+    with pytest.raises(ImportFormatError, match="without per-request data \\(12 requests, summary only\\): run it again "
+                                                "with --save-result --save-detailed"):
         read(p)
 
 
@@ -106,3 +113,31 @@ def test_guidellms_yaml_report_reads_as_its_json(tmp_path):
     assert detect(p) == "guidellm"
     assert [r["ttft_s"] for r in a[0].rows] == [r["ttft_s"] for r in b[0].rows]
     assert a[0].reported == b[0].reported
+
+
+@pytest.mark.parametrize("what", ["folder", "records.jsonl", "run.json", "study"])
+def test_a_servelab_run_folder_points_at_compare(tmp_path, what):
+    import shutil
+
+    run = IMPORTS / "servelab-c4"
+    if what == "study":
+        shutil.copytree(run, tmp_path / "study" / "data" / "servelab-c4")
+        p = tmp_path / "study"
+    else:
+        p = run if what == "folder" else run / what
+    with pytest.raises(ImportFormatError) as e:
+        read(p)
+    assert str(e.value) == (f"{p}: a servelab run folder: it needs no import; compare it with another run or study "
+                            "with `servelab compare A B`")
+
+
+def test_a_csv_is_refused_as_a_table_not_as_broken_json(tmp_path):
+    p = tmp_path / "benchmarks.csv"
+    p.write_text("Run Info,Run Info,Benchmark\nRun ID,Run Index,Type\nabc,0,generative_benchmark\n")
+    with pytest.raises(ImportFormatError, match="a GuideLLM CSV summary holds no per-request data: import its JSON"):
+        read(p)
+    q = tmp_path / "table.txt"
+    q.write_text("a,b,c\n1,2,3\n")
+    with pytest.raises(ImportFormatError) as e:
+        read(q)
+    assert "a CSV table, not a per-request result" in str(e.value) and "truncated" not in str(e.value)

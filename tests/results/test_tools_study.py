@@ -58,4 +58,19 @@ def test_the_page_gives_every_reason_and_passes_the_lint():
     text = h.unescape(html)
     for reason in reasons:
         assert reason in text, reason
-    assert "unexplained" not in text
+    assert "unexplained:" not in text  # no reason of a figure is (the prose says what the word would mean)
+
+
+def test_the_import_section_lists_each_files_tool_version_format_window_and_sample():
+    from servelab.results.formats import SCHEMAS
+    from servelab.results.pages import imported_table
+
+    t = imported_table({tool: RunFolder(STUDY / "imports" / tool) for tool in TOOLS}).set_index("tool")
+    assert list(t.index) == ["AIPerf", "GuideLLM", "vllm bench serve"]  # servelab's own run was not imported
+    assert list(t["version"]) == ["0.13.0", "0.8.1", "not stated"]
+    assert list(t["format recognised"]) == [SCHEMAS["aiperf-0.2"], SCHEMAS["guidellm-v2"], SCHEMAS["vllm-bench"]]
+    assert (t["sample"] == "36 of 36 requests stored").all() and t["measurement window"].str.endswith("none outside it").all()
+    import html as h
+
+    text = h.unescape((STUDY / "index.html").read_text())
+    assert "What was imported" in text and all(x in text for x in t["format recognised"])

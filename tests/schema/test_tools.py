@@ -26,6 +26,8 @@ def test_the_shipped_table_loads():
     (lambda d: d["tools"][0]["figures"][0].update(colour="red"), "colour"),
     (lambda d: d["tools"][0]["figures"][0].update(metric="ttft_ms"), "ttft_ms"),
     (lambda d: d["tools"][1]["figures"][0].pop("why"), "must say why"),
+    (lambda d: d["tools"][1]["figures"][0].pop("differs"), "name the difference"),
+    (lambda d: d["tools"][0]["figures"][0].update(by_tool={"window": "tomorrow"}), "window"),
     (lambda d: d["tools"][1].update(percentiles="nearest"), "percentiles"),
     (lambda d: d["tools"][1]["not_recomputable"].update(itl_ms="x"), "itl_ms"),
 ])

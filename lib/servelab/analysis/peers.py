@@ -113,6 +113,8 @@ def vllm_bench_rows(res: dict[str, Any], *, config: str, bucket_label: str | Non
             "ttft_s": ttft, "e2e_s": e2e, "prompt_tokens": ins[i], "output_tokens": out,
             **_per_request(out, ttft, e2e), "chunk_times_s": chunk_times, "start_s": start, "end_s": end,
             "tool": VLLM_BENCH, "times_reconstructed": reconstructed,
+            # vLLM's own per-request definitions (its TTFT at the first chunk with a choice, for chat the role chunk)
+            "tool_ttft_s": ttft, "tool_tpot_s": _per_request(out, ttft, e2e)["tpot_s"],
         })
     return rows
 
@@ -166,9 +168,44 @@ def _strategy(bench: dict[str, Any]) -> dict[str, Any]:
     return {}
 
 
+def guidellm_window(bench: dict[str, Any]) -> tuple[float, float] | None:
+    """GuideLLM's measurement window of one benchmark, (start, end) in wall-clock seconds, where its
+    report stores requests outside it: from 0.4 on every request is stored (warm-up and cool-down
+    too) and its metrics count those that overlap the window (`get_within_range`: ended at or after
+    its start and started at or before its end); the benchmark's `start_time` / `end_time` are the
+    window. None for 0.2-0.3 reports (`run_stats`), which drop warm-up and cool-down requests as they
+    collect them: what is stored is the window."""
+    if "run_stats" in bench or bench.get("start_time") is None or bench.get("end_time") is None:
+        return None
+    if not any(k in bench for k in ("scheduler_metrics", "scheduler_state", "config")):
+        return None
+    return float(bench["start_time"]), float(bench["end_time"])
+
+
+def _outside(start: float | None, end: float | None, window: tuple[float, float] | None) -> str | None:
+    """Why GuideLLM left a request out of its window (None: inside)."""
+    if window is None:
+        return None
+    lo, hi = window
+    if end is not None and end < lo:
+        return "warm-up"
+    if start is not None and start > hi:
+        return "cool-down"
+    if start is None and end is not None and end > hi:
+        return "cool-down"
+    if start is None and end is None:
+        return "cancelled before it started"
+    return None
+
+
 def guidellm_rows(bench: dict[str, Any], *, config: str, bucket_label: str | None = None, round_: int = 0,
                   seq0: int = 0) -> list[dict[str, Any]]:
-    """Records of one GuideLLM benchmark (one strategy / rate) of a `benchmarks.json` report."""
+    """Records of one GuideLLM benchmark (one strategy / rate) of a `benchmarks.json` report. A request
+    outside its measurement window (`guidellm_window`) is kept, flagged `warmup` and `excluded`
+    (warm-up, cool-down), as GuideLLM leaves it out of its metrics. Beside servelab's fields each row
+    keeps GuideLLM's own per-request definitions, computed from its timings: `tool_itl_s` = (last
+    token - first token) / (output - 1), `tool_tpot_s` = request latency / output, and `last_token_s`
+    (wall clock)."""
     reqs = bench.get("requests") or {}
     items = [(r, True) for r in reqs.get("successful") or []]
     items += [(r, False) for k in ("incomplete", "errored") for r in reqs.get(k) or []]
@@ -176,6 +213,7 @@ def guidellm_rows(bench: dict[str, Any], *, config: str, bucket_label: str | Non
     kind = str(st.get("type_", st.get("type", "")))
     rate = float(st["rate"]) if kind in ("constant", "poisson", "async") and st.get("rate") else 0.0
     conc = int(st.get("streams") or st.get("max_concurrency") or (1 if kind == "synchronous" else 0)) or len(items)
+    window = guidellm_window(bench)
     ok_reqs = [r for r, ok in items if ok]
     tin = int(np.median([r.get("prompt_tokens") or 0 for r in ok_reqs] or [0]))
     tout = int(np.median([r.get("output_tokens") or 0 for r in ok_reqs] or [0]))
@@ -192,17 +230,23 @@ def guidellm_rows(bench: dict[str, Any], *, config: str, bucket_label: str | Non
         per = _per_request(out if ok else None, ttft if ok else None, e2e if ok else None)
         if ok and itl_ms:
             per["tpot_s"], per["decode_tps"] = itl_ms / 1000, 1000 / itl_ms
+        tool_itl = ((t["last"] - t["first"]) / (out - 1) if ok and t["first"] and t["last"] and out and out > 1
+                    else (itl_ms / 1000 if ok and itl_ms is not None else None))
+        tool_tpot = e2e / out if ok and e2e and out else None
+        excluded = _outside(start, end, window)
         rows.append({
             "config": config, "bucket": _bucket(bucket_label, tin, tout), "target_input_tokens": tin,
-            "target_output_tokens": tout, "concurrency": conc, "rate_rps": rate, "round": round_, "warmup": False,
-            "seq": seq0 + i, "ok": ok, "error_kind": None if ok else "peer_error",
+            "target_output_tokens": tout, "concurrency": conc, "rate_rps": rate, "round": round_,
+            "warmup": excluded is not None, "excluded": excluded, "seq": seq0 + i, "ok": ok,
+            "error_kind": None if ok else "peer_error",
             "error_detail": None if ok else str(r.get("error") or (r.get("info") or {}).get("error") or "")[:600],
             "ttft_s": ttft if ok else None, "e2e_s": e2e if ok else None, "prompt_tokens": r.get("prompt_tokens"),
             "output_tokens": out if ok else None, **per,
             # GuideLLM keeps first and last token times only: no per-chunk gaps
             "chunk_times_s": [ttft] if ok and ttft is not None else [],
-            "start_s": float(start or 0.0), "end_s": float(end or 0.0), "tool": GUIDELLM,
-            "times_reconstructed": False,
+            "start_s": float(start or end or 0.0), "end_s": float(end or start or 0.0), "tool": GUIDELLM,
+            "times_reconstructed": False, "tool_itl_s": tool_itl, "tool_tpot_s": tool_tpot,
+            "last_token_s": float(t["last"]) if ok and t["last"] else None,
         })
     return rows
 

@@ -6,7 +6,9 @@ A and B are run folders (records.jsonl) or study folders (a published `reports/<
 `data/`, or `runs/<study>`): two studies are compared configuration by configuration (the ids both
 have). Each run folder is one engine start; every start beside it in its study (the study's A/A
 repeats) joins the between-start estimate, so a comparison carries the variance between engine
-starts that its own two starts cannot measure alone. A setting is the engine's settings together
+starts that its own two starts cannot measure alone. A and B in two different studies (two runs of
+one study, on two days or from two fresh clones) also carry the variance between runs
+(`results.across`): measured from every setting both runs have, or given (`--between-run-sd-pct`). A setting is the engine's settings together
 with the packages (run.json `packages`) and the model revision: A and B of one setting are an A/A
 pair (the family-wise 5 % over its levels, as in a study). What differs is listed first: packages,
 engine settings, engine version, model, workload; then the quality check's answers (`quality.json`,
@@ -27,6 +29,7 @@ from ..analysis.compare import DEFAULT_DIFF_IGNORE, config_diff, flatten
 from ..errors import UserError
 from ..runfolder import QUALITY_JSON, RECORDS, RunFolder, read_json
 from ..summary import round_throughput
+from . import across
 
 
 @dataclass
@@ -47,6 +50,7 @@ class Pair:
     quality: dict[str, Any] | None
     between: dict[str, dict[str, Any]]
     aa: bool
+    between_runs: dict[str, dict[str, Any]] = field(default_factory=dict)  # across two runs: the run term
 
 
 @dataclass
@@ -63,6 +67,9 @@ class CompareResult:
             out.append(head)
             for what, x, y in p.differences or [("nothing differs", "", "")]:
                 out.append(f"  differs: {what}: {fmt(x)} -> {fmt(y)}" if x != "" else f"  {what}")
+            rt = p.between_runs.get(v.PRIMARY)
+            if rt:
+                out.append(f"  {run_term_text(rt)}")
             rows = p.verdicts[p.verdicts["metric"] == v.PRIMARY] if len(p.verdicts) else p.verdicts
             if not len(rows):
                 out.append("  no level measured by both")
@@ -73,7 +80,28 @@ class CompareResult:
                 q = p.quality
                 out.append(f"  quality: {q['identical']}/{q['total']} answers identical, score "
                            f"{q['baseline_score'][0]}/{q['baseline_score'][1]} -> {q['score'][0]}/{q['score'][1]}")
+        flagged, total = self.aa_flagged()
+        if total:
+            out.append(f"A/A (one setting on both sides): {flagged} of {total} levels faster or slower")
         return out
+
+    def aa_flagged(self) -> tuple[int, int]:
+        """(levels of identical-setting pairs called faster or slower, levels of such pairs) on the primary
+        metric: each is a false alarm."""
+        rows = [r for p in self.pairs if p.aa and len(p.verdicts)
+                for r in p.verdicts[p.verdicts["metric"] == v.PRIMARY].itertuples()]
+        return sum(r.verdict in (v.FASTER, v.SLOWER) for r in rows), len(rows)
+
+
+def run_term_text(t: dict[str, Any]) -> str:
+    """The variance between runs in words."""
+    if t.get("source") == "runs":
+        return (f"variance between runs (aggregate tok/s): sd {t['sd_pct']:.1f} % from {t['pairs']} level "
+                f"differences of the {len(t['settings'])} settings both runs measured")
+    if t.get("source") == "given":
+        return f"variance between runs (aggregate tok/s): sd {t['sd_pct']:.1f} %, given (--between-run-sd-pct)"
+    return ("variance between runs: not measured (no setting in both runs, none given with --between-run-sd-pct): "
+            "the intervals carry the variance between starts and rounds only")
 
 
 def fmt(x: Any) -> str:
@@ -176,8 +204,9 @@ def _starts(ctxs: list[Context]) -> tuple[pd.DataFrame, dict[str, dict[str, Any]
 
 
 def compare_pair(ctx_a: Context, cfg_a: str, ctx_b: Context, cfg_b: str,
-                 between_sd_pct: float | None = None) -> Pair:
-    """B's configuration against A's, level by level (analysis.verdicts)."""
+                 between_sd_pct: float | None = None, between_run_sd_pct: float | None = None) -> Pair:
+    """B's configuration against A's, level by level (analysis.verdicts; across two runs
+    results.across, which adds the variance between runs)."""
     if ctx_b.root == ctx_a.root:  # two runs of one study: one set of starts
         ctxs = [ctx_a]
     else:
@@ -192,14 +221,21 @@ def compare_pair(ctx_a: Context, cfg_a: str, ctx_b: Context, cfg_b: str,
         raise UserError(f"{cfg_a}: A and B are the same run folder")
     aa = b in groups.get(a, (a,))
     cmp_ = v.Comparison(b, a, (b,), (a,), aa)
-    rows, betweens = v.verdict_rows(rounds, [cmp_], groups.values(), given_sd_pct=between_sd_pct)
+    terms: dict[str, across.RunTerm] = {}
+    if len(ctxs) == 1:
+        rows, betweens = v.verdict_rows(rounds, [cmp_], groups.values(), given_sd_pct=between_sd_pct)
+    else:
+        run_of = {s: c.label for c in ctxs for s in (f"{c.label}:{cid}" for cid in c.runs)}
+        rows, betweens, terms = across.verdict_rows(rounds, [cmp_], list(dict.fromkeys(groups.values())), run_of,
+                                                    given_sd_pct=between_sd_pct, given_run_sd_pct=between_run_sd_pct)
     ra, rb = ctx_a.runs[cfg_a], ctx_b.runs[cfg_b]
     return Pair(cfg_a, cfg_b, differences(ra, rb), rows, _quality(ra, rb),
                 {m: {"source": x.source, "sd_pct": x.sd_pct, "df": x.df, "starts": [list(g) for g in x.starts]}
-                 for m, x in betweens.items()}, aa)
+                 for m, x in betweens.items()}, aa, {m: across.term_json(t) for m, t in terms.items()})
 
 
-def compare(path_a: str | Path, path_b: str | Path, *, between_sd_pct: float | None = None) -> CompareResult:
+def compare(path_a: str | Path, path_b: str | Path, *, between_sd_pct: float | None = None,
+            between_run_sd_pct: float | None = None) -> CompareResult:
     """Two run folders, or two study folders configuration by configuration (the ids both have)."""
     ctx_a, ids_a = load(path_a)
     ctx_b, ids_b = load(path_b)
@@ -213,8 +249,9 @@ def compare(path_a: str | Path, path_b: str | Path, *, between_sd_pct: float | N
         raise UserError("compare two run folders, or two study folders (configuration by configuration)")
     res = CompareResult(str(path_a), str(path_b))
     for ca, cb in pairs:
-        res.pairs.append(compare_pair(ctx_a, ca, ctx_b, cb, between_sd_pct))
+        res.pairs.append(compare_pair(ctx_a, ca, ctx_b, cb, between_sd_pct, between_run_sd_pct))
     return res
 
 
-__all__ = ["CompareResult", "Context", "Pair", "compare", "compare_pair", "differences", "load", "setting"]
+__all__ = ["CompareResult", "Context", "Pair", "compare", "compare_pair", "differences", "load", "run_term_text",
+           "setting"]

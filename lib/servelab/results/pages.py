@@ -24,7 +24,8 @@ from ..report import html as rh
 from ..report import plots
 from ..runfolder import RunFolder, read_json
 from ..summary import summarize
-from .compare import CompareResult, fmt, pct, signed
+from .compare import CompareResult, fmt, pct, run_term_text, signed
+from .formats import SCHEMAS
 from .importer import HARMONISED
 
 IMPORTS = "imports"  # a tools study's run folders, one per tool: reports/<study>/imports/<tool>/
@@ -70,8 +71,10 @@ def compare_page(res: CompareResult, out: str | Path, title: str | None = None) 
                  "(engine start × rounds): **faster**, **slower** or **no detectable change**, with the change's "
                  "95 % interval and the minimum detectable effect (MDE: the change this comparison finds with "
                  "80 % power). A run folder is one engine start; the variance between starts comes from the "
-                 "repeated starts (A/A) of the studies they belong to. Two runs of one setting (the engine's "
-                 "settings, packages and model) are an A/A pair, judged at a family-wise 5 % over their levels.")]
+                 "repeated starts (A/A) of the studies they belong to; A and B from two different studies (two "
+                 "runs, two days) also carry the variance between runs, measured from every setting both runs "
+                 "have. Two runs of one setting (the engine's settings, packages and model) are an A/A pair, judged "
+                 "at a family-wise 5 % over their levels.")]
     for p in res.pairs:
         head = f"## {p.config_a} → {p.config_b}" + (" (A/A: one setting)" if p.aa else "")
         cells.append(_md(head))
@@ -80,7 +83,8 @@ def compare_page(res: CompareResult, out: str | Path, title: str | None = None) 
             cells.append(_out(rh.table(diff, "What differs between the two runs (packages and engine settings first)")))
         else:
             cells.append(_md("Nothing differs between the two runs' packages, engine settings, model and workload."))
-        cells.append(_md(_between_text(p.between)))
+        cells.append(_md(_between_text(p.between) + (f" The {run_term_text(p.between_runs[v.PRIMARY])}."
+                                                       if p.between_runs.get(v.PRIMARY) else "")))
         if len(p.verdicts):
             t = pd.DataFrame([{
                 "level": r.level, "metric": _METRIC_NAMES.get(r.metric, r.metric), "change": signed(r.effect),
@@ -165,12 +169,44 @@ def condensed(h: pd.DataFrame) -> pd.DataFrame:
         d = g["diff_pct"].astype(float)
         worst = d.abs().idxmax() if d.notna().any() else None
         reasons = [r for r in g["reason"] if isinstance(r, str)]
+        by_tool = g["servelab_tool_def"] if "servelab_tool_def" in g else g["servelab_tool_stat"]
         out.append({"tool": tool, "figure": g["label"].iloc[0], "c": int(conc), "runs": len(g),
                     "tool's figure": _mean(g["tool_value"]), "servelab": _mean(g["servelab"]),
-                    "servelab, tool's percentile": _mean(g["servelab_tool_stat"]),
+                    "servelab, tool's definition": _mean(by_tool),
                     "largest difference %": float(d[worst]) if worst is not None else math.nan,
                     "same definition": "yes" if bool(g["same"].iloc[0]) else "no",
                     "why they differ": reasons[0] if reasons else ""})
+    return pd.DataFrame(out)
+
+
+def imported_table(runs: Mapping[str, RunFolder]) -> pd.DataFrame:
+    """What each imported tool's files were, as run.json says: the tool and the version its files
+    state, the format they were recognised by, the measurement window the tool drew and how many
+    requests of it each file stores of those the tool counted (one row per tool and format)."""
+    out = []
+    for tool, rf in runs.items():
+        imp = rf.run.get("imported") or {}
+        if not imp:
+            continue
+        per = imp.get("runs") or []
+        for schema in dict.fromkeys(r.get("schema") for r in per) or [imp.get("schema")]:
+            rs = [r for r in per if r.get("schema") == schema]
+            excl: dict[str, int] = {}
+            for r in rs:
+                for k, n in (r.get("excluded") or {}).items():
+                    excl[k] = excl.get(k, 0) + n
+            stored, counted = sum(r.get("measured") or 0 for r in rs), [r.get("counted") for r in rs]
+            window = (rs[0].get("window_rule") if rs else "") + (
+                "; outside it, kept and flagged: " + ", ".join(f"{n} {k}" for k, n in excl.items()) if excl
+                else "; none outside it")
+            sample = (f"{stored} of {sum(counted)} requests stored" if all(c is not None for c in counted) and counted
+                      else f"{stored} requests (the file states no count)")
+            if any(r.get("sampled") for r in rs):
+                sample += " (a sampled report)"
+            out.append({"tool": imp.get("name") or tool, "version": imp.get("version") or "not stated",
+                        "format recognised": SCHEMAS.get(schema or "", schema or "–"),
+                        "files (runs)": f"{len(imp.get('files') or [])} ({len(rs)})", "measurement window": window,
+                        "sample": sample})
     return pd.DataFrame(out)
 
 
@@ -275,6 +311,14 @@ def tools_page(study: str | Path, out: str | Path | None = None, *, title: str |
                  "has its definitional reason in the table"
                  + (f" — except {len(unexpl)} flagged unexplained." if len(unexpl) else ".")),
              _md("## The tools side by side, by servelab's definitions")]
+    imp = imported_table(runs)
+    if len(imp):
+        cells[1:1] = [_md("## What was imported\n\nEach tool's files as `servelab import` read them: the version "
+                          "they state, the format they were recognised by, the tool's measurement window (requests "
+                          "it left out are kept in the run folder, flagged, and left out of every figure here as "
+                          "the tool left them out) and how many requests of that window the files store of those "
+                          "the tool counted."),
+                      _out(rh.table(imp, "The imported files: tool, version, format, window and sample size"))]
     cols = {"config": "tool", "concurrency": "c", "sent": "requests", "ttft_p50_s": "TTFT p50 (s)",
             "tpot_p50_s": "TPOT p50 (s)", "decode_tps_p50": "decode tok/s p50", "itl_p50_s": "ITL p50 (s)",
             "e2e_p50_s": "e2e p50 (s)", "aggregate_output_tps": "aggregate tok/s", "rounds": "runs"}
@@ -307,10 +351,12 @@ def tools_page(study: str | Path, out: str | Path | None = None, *, title: str |
     if len(cond):
         cells.append(_md("## Each tool's own figures beside servelab's recomputation\n\n"
                          "*servelab* is the recomputation from the tool's own per-request data with servelab's "
-                         "definition and statistic (linear percentiles); *servelab, tool's percentile* uses the "
-                         "tool's way of taking a percentile on the same values, which shows where only the "
-                         "statistic differs. A difference above 2 % needs a reason: the last column gives it from "
-                         "the definitions table."))
+                         "definition and statistic (linear percentiles); *servelab, tool's definition* "
+                         "recomputes the same requests the tool's way (its percentile, its per-request values where "
+                         "the records keep them, its weights and its duration window). A difference above 2 % needs "
+                         "a reason: it is *definitional* only where the definition that differs is named and the "
+                         "recomputation by the tool's definition agrees with the tool (*not checked* where the "
+                         "records do not keep the tool's own values); otherwise *unexplained*, with the numbers."))
         cells.append(_out(rh.table(cond, "Tool's figure and servelab's recomputation (mean over the tool's runs; "
                                          "largest difference of one run)",
                                    formats={"largest difference %": "{:+.2f}"},
@@ -323,7 +369,7 @@ def tools_page(study: str | Path, out: str | Path | None = None, *, title: str |
         cells.append(_out(rh.table(pd.DataFrame(nr, columns=["tool", "metric", "why it cannot be recomputed"]),
                                    "What a tool's per-request data cannot give")))
     d = definitions()
-    rows = [(t.name, f.label, f.metric, f.definition, "yes" if f.same else "no") for t in d.tools
+    rows = [(t.name, f.label, f.metric, f.definition, "yes" if f.same else f"no: {f.differs}") for t in d.tools
             if t.tool in runs for f in t.figures]
     cells.append(_md("## The definitions\n\nservelab's: " + "; ".join(f"`{k}`: {x}" for k, x in d.servelab.items())
                      + ". The tools' (`lib/servelab/data/tool_definitions.yaml`):"))
@@ -344,4 +390,4 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-__all__ = ["compare_page", "condensed", "harmonised", "side_by_side", "tools_page"]
+__all__ = ["compare_page", "condensed", "harmonised", "imported_table", "side_by_side", "tools_page"]

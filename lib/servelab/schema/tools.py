@@ -1,8 +1,9 @@
 """The definitions table of other benchmark tools (`data/tool_definitions.yaml`): for each tool whose
 results servelab imports, the headline figures it reports, each with the servelab metric it stands
 for, the statistic, the tool's own definition and whether it matches servelab's; where it does
-not, why (what the page prints beside a difference); and which of servelab's metrics its
-per-request data cannot give. Validated like params: an unknown key is an error, every metric must
+not, the definition that differs, named (`differs`: duration window, percentile method, ...), why,
+and how servelab recomputes the figure by the tool's definition (`by_tool`) to check that the named
+difference is the whole difference; and which of servelab's metrics its per-request data cannot give. Validated like params: an unknown key is an error, every metric must
 be one the table's `servelab:` block defines (analysis.harmonise holds that block to
 `summary.DEFINED_METRICS`), and a figure that differs must say why."""
 
@@ -22,6 +23,20 @@ TOOL_DEFINITIONS_PATH = Path(__file__).resolve().parents[1] / "data" / "tool_def
 Stat = Literal["p50", "p95", "mean", "value"]
 
 
+class ByTool(Strict):
+    """How servelab recomputes a figure by the tool's own definition from the imported records."""
+
+    values: str | None = Field(None, description="the record column holding the tool's per-request value "
+                               "(default: the servelab metric's); `itl_s+role_gap`: servelab's pooled gaps and "
+                               "the role-chunk gap vLLM counts; `none`: the file does not keep it (not checked)")
+    weights: Literal["output_tokens", "output_tokens-1"] | None = Field(
+        None, description="the tool weights each request's value by its tokens (GuideLLM 0.4+)")
+    window: Literal["successful", "token_span"] | None = Field(
+        None, description="a run's throughput over the tool's window: `successful` (first successful request -> "
+        "last successful response, AIPerf), `token_span` (first token -> last token of the measured requests, "
+        "GuideLLM)")
+
+
 class Figure(Strict):
     metric: str = Field(..., description="the servelab metric it stands for (a key of `servelab:`)")
     field: str = Field(..., description="where the tool's summary holds it (as the importer names it)")
@@ -29,15 +44,19 @@ class Figure(Strict):
     stat: Stat = Field(..., description="the statistic: p50, p95, mean, or value (one number per run)")
     definition: str = Field(..., description="the tool's definition, in its own terms")
     same: bool = Field(..., description="true: the definition is servelab's, so the numbers must agree")
+    differs: str | None = Field(None, description="the definition that differs, named (required unless same): "
+                                "duration window, percentile method, stream end, role chunk, TPOT vs ITL, ...")
     why: str | None = Field(None, description="what differs from servelab's definition (required unless same)")
+    by_tool: ByTool = Field(default_factory=ByTool, description="how servelab recomputes it by the tool's definition")
     tolerance_pct: float = Field(2.0, gt=0, description="a larger difference is flagged (same definitions)")
     no_decode_why: str | None = Field(None, description="why the figure differs where a request had no decode time "
                                       "(its whole output in one chunk): how the tool counts such a request")
 
     @model_validator(mode="after")
     def _check(self) -> "Figure":
-        if not self.same and not self.why:
-            raise ValueError(f"{self.field}: a figure whose definition differs must say why")
+        if not self.same and not (self.why and self.differs):
+            raise ValueError(f"{self.field}: a figure whose definition differs must say why and name the "
+                             "difference (differs: duration window, percentile method, ...)")
         return self
 
 
@@ -91,4 +110,4 @@ def load_tool_definitions(path: str | None = None) -> ToolDefinitions:
     return parse_tool_definitions(yaml.safe_load(p.read_text(encoding="utf-8")), str(p))
 
 
-__all__ = ["Figure", "Tool", "ToolDefinitions", "load_tool_definitions", "parse_tool_definitions"]
+__all__ = ["ByTool", "Figure", "Tool", "ToolDefinitions", "load_tool_definitions", "parse_tool_definitions"]
