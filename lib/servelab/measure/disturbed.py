@@ -3,7 +3,7 @@ run, judged after each pass, and which of them to measure again.
 
 An attempt is `ok`, `suspect` (far slower than its start's other rounds: `measure.outliers.suspect`;
 it is measured again, and counts as disturbed only when the new attempt is not as slow), `disturbed`
-(other processes or the hypervisor took `machine.FOREIGN_CPU` cores or more while it ran, or a
+(other processes or the hypervisor took `machine.FOREIGN_CPU` cores more than they do all along while it ran, or a
 suspect whose new attempt was faster), or `reproduced` (a suspect whose new attempt was as slow:
 what its prompt does, kept with the new attempt beside it). Disturbed attempts stay in the run
 folder (their records carry `disturbed`, their level line lists them) and are left out of every
@@ -61,8 +61,12 @@ class Attempt:
 class Disturbances:
     """The attempts of one level, in the order they ran."""
 
-    def __init__(self) -> None:
+    def __init__(self, background: float = 0.0) -> None:
+        """`background`: the cores other processes use all along (`Interleaved`: a low quantile of the
+        run's rounds so far); a round is disturbed when they take `FOREIGN_CPU` more than that, so a
+        machine shared throughout (another test worker in CI) is not re-measured round after round."""
         self.attempts: list[Attempt] = []
+        self.background = background
 
     def add(self, a: Attempt) -> Attempt:
         self.attempts.append(a)
@@ -74,7 +78,7 @@ class Disturbances:
     def judge(self) -> None:
         """Mark what the machine and the statistics say of every attempt not judged yet."""
         for a in self.attempts:
-            if a.status == OK and busy(a.stats) >= FOREIGN_CPU:
+            if a.status == OK and busy(a.stats) >= self.background + FOREIGN_CPU:
                 a.status, a.reason = DISTURBED, _machine_reason(a.stats)
         for sid in dict.fromkeys(a.sid for a in self.attempts):
             mine = [a for a in self.attempts if a.sid == sid and a.status in (OK, REPRODUCED)]
@@ -112,7 +116,7 @@ class Disturbances:
 
     def busy_now(self) -> bool:
         """Whether the machine was busy with other processes during the last attempt."""
-        return bool(self.attempts) and busy(self.attempts[-1].stats) >= FOREIGN_CPU
+        return bool(self.attempts) and busy(self.attempts[-1].stats) >= self.background + FOREIGN_CPU
 
     def kept(self, sid: str) -> list[dict[str, Any]]:
         """The records of a start's attempts that results are computed from (all but disturbed)."""

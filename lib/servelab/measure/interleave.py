@@ -34,7 +34,7 @@ import pandas as pd
 
 from ..summary import round_throughput
 from .disturbed import Attempt, Disturbances
-from .machine import MachineMeter, wait_quiet
+from .machine import MachineMeter, busy, wait_quiet
 from .rounds import PoolLost
 from .runner import STOP_SIGNALS, LevelRunner, RunAborted
 
@@ -88,6 +88,7 @@ class Interleaved:
         self.log = log or first.log
         self.sampling: list[LevelSampling] = []
         self.marks: dict[str, dict[tuple[int, int, int], str]] = {}  # start -> its disturbed attempts
+        self.busy_seen: list[float] = []  # other processes' cores during every round so far
         # the levels' sampling ends before the deadline: the rest is kept for re-measuring
         self.sampling_deadline = (deadline - RESERVE * max(0.0, deadline - time.monotonic())
                                   if deadline is not None else None)
@@ -112,6 +113,7 @@ class Interleaved:
                 for r in self.runners.values():
                     await stack.enter_async_context(r.session())
                     _pause(r, True)  # an engine is sampled only while it is measured
+                await self._quiet_window()
                 try:
                     for i, (li, _) in enumerate(next(iter(self.runners.values())).plan):
                         await self._level(li, levels_left=len(self.grid) - i)
@@ -136,7 +138,11 @@ class Interleaved:
             recs = await r.level_round(states[sid], rnd, meter=meter, attempt=attempt)
         finally:
             _pause(r, True)
-        return dist.add(Attempt(sid, rnd, attempt, recs, getattr(meter, "result", {})))
+        a = dist.add(Attempt(sid, rnd, attempt, recs, getattr(meter, "result", {})))
+        if "foreign_cpu" in a.stats or "steal_cpu" in a.stats:
+            self.busy_seen.append(busy(a.stats))
+            dist.background = self._background()
+        return a
 
     async def _round(self, states: dict[str, Any], starts: Sequence[str], rnd: int, dist: Disturbances) -> None:
         order = list(starts) if rnd % 2 == 0 else list(reversed(starts))  # A B C, C B A, ...
@@ -160,6 +166,11 @@ class Interleaved:
                          f"(last second: {load:.2f} cores)")
             for sid, rnd in todo:
                 tries = dist.of(sid, rnd)
+                # without a budget, measuring again may take at most half as long as the level so far
+                spent, level = time.monotonic() - t0, t0 - self._level_t0
+                if self.deadline is None and spent > 0.5 * level:
+                    log.remeasure_s += spent
+                    return
                 if self.deadline is not None and time.monotonic() + max(a.wall_s for a in tries) > self.deadline:
                     log.remeasure_s += time.monotonic() - t0
                     return
@@ -168,16 +179,32 @@ class Interleaved:
                 dist.settle(await self._send(states, sid, rnd, dist, attempt=len(tries)))
         log.remeasure_s += time.monotonic() - t0
 
+    async def _quiet_window(self, seconds: float = 1.0) -> None:
+        """What other processes use before the first round: the first reading of the background."""
+        w = self.meter.window()
+        w.start()
+        await asyncio.sleep(seconds)
+        r = w.stop()
+        if "foreign_cpu" in r or "steal_cpu" in r:
+            self.busy_seen.append(busy(r))
+
+    def _background(self) -> float:
+        """Cores other processes use all along: the lower quartile over the run's rounds so far and a
+        window before the first (0 where the machine-wide figures are not measured)."""
+        vals = sorted(self.busy_seen)
+        return vals[len(vals) // 4] if vals else 0.0
+
     def _rounds_table(self, dist: Disturbances) -> pd.DataFrame:
         recs = [r for sid in self.runners for r in dist.kept(sid)]
         return round_throughput(pd.DataFrame(recs)) if recs else pd.DataFrame()
 
     async def _level(self, li: int, levels_left: int) -> None:
         wl, t0 = self.wl, time.monotonic()
+        self._level_t0 = t0
         starts = list(self.runners)
         lv = self.grid[li]
         states = {sid: await r.level_begin(li, lv) for sid, r in self.runners.items()}
-        dist = Disturbances()
+        dist = Disturbances(self._background())
         log = LevelSampling(lv.label, {}, "fixed", 0.0)
         for rnd in range(wl.warmup_rounds):  # unmeasured, right before the level's measured rounds
             await self._round(states, starts, rnd, Disturbances())

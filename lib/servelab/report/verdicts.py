@@ -65,7 +65,7 @@ def _plan(d: dict[str, Any], groups: dict[str, tuple[str, ...]], rows: pd.DataFr
     start of each setting (the mean over its starts) and one start's round at each level; None for
     a study measured without design.json's timings (one at a time, or before it existed)."""
     took = (d.get("launch") or {}).get("per_config_s") or {}
-    levels = [x for x in d.get("levels", []) if x.get("rounds") and x.get("seconds")]
+    levels = [x for x in d.get("levels", []) if x.get("rounds") and sum(x["rounds"].values()) and x.get("seconds")]
     if not took or not levels:
         return None
     settings = list(dict.fromkeys(g for c, g in groups.items() if c in took))  # study order: the same sums
