@@ -52,7 +52,7 @@ def _model_reference(a: argparse.Namespace) -> int:
     d = make_model(a.preset)
     qp = load_study(Path(a.params)).quality
     chosen = selected_prompts(qp.sets, qp.prompts_per_set)
-    ref = reference_answers(d, [(f"{s}/{p.id}", p.chat()) for s, p in chosen], qp.max_tokens)
+    ref = reference_answers(d, [(f"{s}/{p.id}", p.chat()) for s, p in chosen], qp.max_tokens, shipped=not a.ship)
     print(f"{len(ref['answers'])} answers at most {ref['max_tokens']} tokens ({ref['implementation']}, "
           f"{ref['computed_on']}, {ref['computed_at']})")
     if a.ship:

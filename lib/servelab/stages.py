@@ -270,15 +270,17 @@ def quality(plan: ConfigPlan, rdir: Path) -> dict[str, Any] | None:
     return q
 
 
-def against_reference(q: dict[str, Any], rdir: Path, qp: Any) -> dict[str, Any]:
+def against_reference(q: dict[str, Any], rdir: Path, qp: Any, model_dir: Path | None = None) -> dict[str, Any]:
     """The configuration's answers held against the model's own (`models.reference`: transformers,
     float32, greedy), with where and how those were made; {"available": False, "reason"} when the
-    model directory is not on this machine or the reference could not be made."""
+    model directory is not on this machine (`model_dir` names it for a published run folder) or the
+    reference could not be made."""
     from .analysis.quality import compare
     from .measure.quality import selected_prompts
     from .models.reference import cpu_name, reference_answers
 
-    model_dir = read_json(rdir / HOST_JSON).get("model_dir") if (rdir / HOST_JSON).exists() else None
+    if model_dir is None:
+        model_dir = read_json(rdir / HOST_JSON).get("model_dir") if (rdir / HOST_JSON).exists() else None
     if not model_dir or not Path(model_dir).is_dir():
         return {"available": False, "reason": "the model directory is not on this machine"}
     chosen = selected_prompts(qp.sets, qp.prompts_per_set)

@@ -47,8 +47,8 @@ def cpu_name() -> str:
     return f"{name} ({'with' if bf16 else 'without'} avx512_bf16)"
 
 
-def reference_answers(model_dir: Path, prompts: Sequence[tuple[str, list[dict[str, Any]]]], max_tokens: int
-                      ) -> dict[str, Any]:
+def reference_answers(model_dir: Path, prompts: Sequence[tuple[str, list[dict[str, Any]]]], max_tokens: int,
+                      *, shipped: bool = True) -> dict[str, Any]:
     """{"answers": {prompt id: {"output_text", "output_token_ids"}}, how and when they were made}: the
     model's greedy answers to `prompts` ((id, chat messages), in order), at most `max_tokens` each,
     from transformers in float32 on the CPU. Read from the model directory when made before for the
@@ -59,9 +59,9 @@ def reference_answers(model_dir: Path, prompts: Sequence[tuple[str, list[dict[st
     cached = json.loads(path.read_text()) if path.exists() else {}
     if key in cached:
         return cached[key]
-    shipped = _shipped(model_dir)
-    if key in shipped:
-        return shipped[key]
+    ready = _shipped(model_dir) if shipped else {}
+    if key in ready:
+        return ready[key]
     import torch
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -69,17 +69,13 @@ def reference_answers(model_dir: Path, prompts: Sequence[tuple[str, list[dict[st
     t0 = time.monotonic()
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    gen_eos = getattr(model.generation_config, "eos_token_id", None)
-    eos = {tok.eos_token_id, *(gen_eos if isinstance(gen_eos, (list, tuple)) else [gen_eos])} - {None}
     answers = {}
     for pid, messages in prompts:
         ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
                                       return_dict=True)["input_ids"]
         with torch.no_grad():
             out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False)
-        new = [int(t) for t in out[0, ids.shape[1]:]]
-        if new and new[-1] in eos:  # the engines report the answer without its end-of-sequence token
-            new = new[:-1]
+        new = [int(t) for t in out[0, ids.shape[1]:]]  # with the end-of-sequence token, as vLLM reports it
         answers[pid] = {"output_text": tok.decode(new, skip_special_tokens=True), "output_token_ids": new}
     ref = {"answers": answers, "max_tokens": max_tokens, "dtype": "float32", "decoding": "greedy",
            "implementation": f"transformers {transformers.__version__}, torch {torch.__version__}",

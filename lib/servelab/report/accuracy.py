@@ -85,8 +85,9 @@ def quality_goodput(sd: StudyData, t: pd.DataFrame | None = None) -> str:
         return ""
     chk = slo_check(s, sd.study.slo)
     held = {(r.config, r.bucket, r.concurrency): r.quality for r in t.itertuples()} if len(t) else {}
-    ok = chk[chk["meets_slo"] & [held.get((c, b, int(k)), "holds" if int(k) == 1 else "untested") == "holds"
-                                 for c, b, k in zip(chk["config"], chk["bucket"], chk["concurrency"])]]
+    holds = pd.Series([held.get((c, b, int(k)), "holds" if int(k) == 1 else "untested") == "holds"
+                       for c, b, k in zip(chk["config"], chk["bucket"], chk["concurrency"])], index=chk.index)
+    ok = chk[chk["meets_slo"].astype(bool) & holds]
     if ok.empty or not ok["aggregate_output_tps"].notna().any():
         return sd.w("accuracy.no_goodput")
     r = ok.loc[ok["aggregate_output_tps"].idxmax()]
