@@ -32,6 +32,7 @@ nv=$(ls "$co"/.gpu/parts/v[0-9][0-9] | wc -l); ns=$(ls "$co"/.gpu/parts/s[0-9][0
 cat > "$co/.gpu/bin/hold.env" <<EOF
 STUDY=$study
 SEQUENCE=${SEQUENCE:-}
+STEPS="${STEPS:-}"
 HOLD_S=$hold
 START_S=${START_S:-90}
 MARGIN_S=${MARGIN_S:-100}

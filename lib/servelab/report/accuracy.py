@@ -33,8 +33,9 @@ def reference_text(sd: StudyData) -> str:
                     token=d.get("token_index", rh.MISSING), first=d.get("id", rh.MISSING))
 
     machines = sorted({r.get("this_machine") or "" for r in refs.values()})
-    return sd.w("story.reference", impl=first.get("implementation", ""), made_on=first.get("computed_on", ""),
-                date=first.get("computed_at", ""), tokens=first.get("max_tokens", ""), machine=", ".join(machines),
+    return sd.w("story.reference", impl=first.get("implementation", ""),
+                made_on=rh.quote_md(first.get("computed_on", ""), sd.language), date=first.get("computed_at", ""),
+                tokens=first.get("max_tokens", ""), machine=rh.quote_md(", ".join(machines), sd.language),
                 answers=sd.w("story.list_sep").join(one(c, r) for c, r in refs.items()))
 
 
