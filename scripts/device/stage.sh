@@ -7,7 +7,8 @@
 #   .gpu/parts   the packed streams split to fit: 64 MiB per call minus the checkout's working tree,
 #                .gpu/bin and .gpu/code (and the boot wheel in the first call), minus a margin
 # Usage: scripts/device/stage.sh CHECKOUT STUDY HOLD_S [PROMPTS_DIR]
-#   (the streams: scripts/device/pack.py .gpu/packed --stream v ... --stream s ..., made first)
+#   (the streams: scripts/device/pack.py .gpu/packed --stream v ... --stream s ..., made first;
+#   ORDER=v for a hold without SGLang)
 set -euo pipefail
 wt=$(cd "$(dirname "$0")/../.." && pwd)
 co=${1:?CHECKOUT}; study=${2:?STUDY}; hold=${3:?HOLD_S}; prompts=${4:-$wt/lib/servelab/data/prompts}
@@ -26,9 +27,9 @@ boot_b=$(du -cb "$co/.gpu/boot" | tail -1 | cut -f1)
 part_mib=$(python3 -c "print(int((64 * 2**20 - $tree_b - $extra_b - ${MARGIN_MIB:-4} * 2**20) / 2**20))")
 first_mib=$(python3 -c "print(int((64 * 2**20 - $tree_b - $extra_b - $boot_b - ${MARGIN_MIB:-4} * 2**20) / 2**20))")
 echo "working tree $((tree_b / 1048576)) MiB, bin+code $((extra_b / 1024)) KiB, boot $((boot_b / 1024)) KiB -> parts of $part_mib MiB (first $first_mib)"
-python3 "$wt/scripts/device/pack.py" "$wt/.gpu/packed" --split "$part_mib" --first-mib "$first_mib" --order v,s > /dev/null
+python3 "$wt/scripts/device/pack.py" "$wt/.gpu/packed" --split "$part_mib" --first-mib "$first_mib" --order "${ORDER:-v,s}" > /dev/null
 ln "$wt"/.gpu/packed/parts/* "$co/.gpu/parts/" 2>/dev/null || cp "$wt"/.gpu/packed/parts/* "$co/.gpu/parts/"
-nv=$(ls "$co"/.gpu/parts/v[0-9][0-9] | wc -l); ns=$(ls "$co"/.gpu/parts/s[0-9][0-9] | wc -l)
+nv=$(find "$co/.gpu/parts" -name 'v[0-9][0-9]' | wc -l); ns=$(find "$co/.gpu/parts" -name 's[0-9][0-9]' | wc -l)
 cat > "$co/.gpu/bin/hold.env" <<EOF
 STUDY=$study
 SEQUENCE=${SEQUENCE:-}

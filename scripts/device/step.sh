@@ -122,7 +122,7 @@ print('servelab env ok: vllm', md.version('vllm'), 'papermill', papermill.__vers
 step() {
   take_parts
   have_all v "$NPARTS_V" && background install-v
-  have_all s "$NPARTS_S" && background install-s
+  [ "$NPARTS_S" -gt 0 ] && have_all s "$NPARTS_S" && background install-s
   start_drive
   for n in install-v install-s; do
     [ -f "$R/$n.rc" ] && say "$n rc=$(cat $R/$n.rc): $(tail -n 1 $R/$n.log)"
