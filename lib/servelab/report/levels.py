@@ -215,12 +215,12 @@ def budget_text(sd: StudyData, quality_s: float) -> str:
         return ""
     launch, bench = float(d["launch"]["wall_s"]), float(d.get("benchmark_s") or 0.0)
     def level(x: dict[str, Any]) -> str:
-        text = sd.w("timing.level", level=x["label"], rounds=max(x["rounds"].values()), s=minutes(sd, x["seconds"]),
+        extra = [e for e in (sd.w("timing.warmup", s=minutes(sd, x["warmup_s"])) if x.get("warmup_s") else "",
+                             sd.w("timing.again", n=x["remeasured"], s=minutes(sd, x.get("remeasure_s") or 0.0))
+                             if x.get("remeasured") else "") if e]
+        return sd.w("timing.level", level=x["label"], rounds=max(x["rounds"].values()), s=minutes(sd, x["seconds"]),
+                    extra=f" ({sd.w('story.list_sep').join(extra)})" if extra else "",
                     why=sd.w(f"verdicts.stopped.{x['stopped']}"))
-        extra = [sd.w("timing.warmup", s=minutes(sd, x["warmup_s"])) if x.get("warmup_s") else "",
-                 sd.w("timing.again", n=x["remeasured"], s=minutes(sd, x.get("remeasure_s") or 0.0))
-                 if x.get("remeasured") else ""]
-        return text + "".join(f" ({e})" for e in extra if e)
 
     levels = sd.w("story.list_sep").join(level(x) for x in d.get("levels", []))
     total = launch + quality_s + bench
