@@ -20,7 +20,7 @@ import pandas as pd
 from .engines.smoke import smoke_check
 from .hosts.attach import serve, stop_served
 from .hosts.process import RssWatcher
-from .measure.runinfo import base_record, engine_gpu_devices, model_record
+from .measure.runinfo import base_record, engine_gpu_devices, layout_record, model_record
 from .measure.runner import RunResult, run_workload
 from .models import model_facts
 from .plan import ConfigPlan
@@ -71,6 +71,7 @@ def _run_record(plan: ConfigPlan, h: dict[str, Any], rdir: Path, hardware: dict[
     rec = base_record(study.study, config_id)
     rec["configuration"] = plan.config.model_dump()
     rec["engine_params"] = eng.model_dump()
+    rec["layout"] = layout_record(plan.profile, eng, (h.get("info") or {}).get("env"))
     rec["model"] = model_record(h.get("tokenizer_dir"), eng.load_format)
     gpus = engine_gpu_devices(eng.env)
     if gpus is not None:
