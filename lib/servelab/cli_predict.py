@@ -19,8 +19,11 @@ def _csv(s: str) -> list[str]:
 
 
 def cmd_calibrate_hw(a: argparse.Namespace) -> int:
-    from .calibrate_hw import calibrate_hw, moe_prefill_from
+    from .calibrate_hw import calibrate_collectives, calibrate_hw, moe_prefill_from
 
+    if a.collectives:
+        calibrate_collectives(a.add_to)
+        return 0
     if a.moe_prefill_from:
         if not a.add_to:
             raise UserError("calibrate-hw --moe-prefill-from STUDY_DIR needs --add-to ID (the entry it goes into)")
@@ -245,6 +248,10 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--moe-prefill-from", metavar="STUDY_DIR",
                    help="fit the engine's MoE prefill term from a published TTFT sweep (MoE and dense shapes at "
                         "c=1, several prompt lengths) into the entry --add-to names; measures nothing")
+    c.add_argument("--collectives", action="store_true",
+                   help="time all-reduce and all-to-all between this machine's GPUs (NCCL; 2 or more GPUs) for the "
+                        "model's tensor- and expert-parallel terms, into the entry --add-to names (default: the newest "
+                        "entry of this GPU); measures nothing else")
     c.add_argument("--concurrent", type=int, help="servers started at once (default: all on a GPU, 1 on a CPU)")
     c.add_argument("--port-base", type=int, default=8600)
     c.add_argument("--id", help="entry id (default <machine>-<date>)")
