@@ -301,6 +301,30 @@ PRESETS: dict[str, dict[str, Any]] = {
         "torch_dtype": "bfloat16",
         "vocab_size": 50304,
     },
+    # Qwen2.5-32B's shape (Qwen/Qwen2.5-32B config.json, as tests/fixtures keeps it): 64 layers, 40 query and 8 KV
+    # heads of 128, QKV bias (the architecture's), 32.8 B parameters, 65.5 GB in bf16: big enough that TP=2 matters.
+    "qwen2.5-32b": {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_act": "silu",
+        "hidden_size": 5120,
+        "intermediate_size": 27648,
+        "num_hidden_layers": 64,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 131072,
+        "max_window_layers": 64,
+        "use_sliding_window": False,
+        "sliding_window": 131072,
+        "attention_dropout": 0.0,
+        "rope_theta": 1000000.0,
+        "rms_norm_eps": 1e-5,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "vocab_size": 152064,
+    },
 }
 
 # Trained tokenizer vocabulary per preset (special tokens included). Large
@@ -315,6 +339,7 @@ PRESET_TOKENIZER_VOCAB_SIZE: dict[str, int] = {
     "deepseek-v2-lite": 32000,
     "qwen1.5-moe-a2.7b": 32000,
     "olmoe-1b-7b": 32000,
+    "qwen2.5-32b": 32000,
 }
 
 # Calibration models (`servelab calibrate-hw`, analysis.perfmodel): one per layer kind, width and
