@@ -65,7 +65,7 @@ from ..engines.flags import get_flag
 from ..models.facts import kv_bytes_per_token, kv_read_bytes_per_token
 from . import perfmodel_terms as terms
 from .calibration import Machine, machine_for
-from .perfmodel_parallel import Parallel, replica_counts
+from .perfmodel_parallel import Parallel, distinct_experts, parallel_for, replicas_tpot
 from .roofline import decode_weight_bytes, prefill_matmul_params
 
 # 2: prefills in waves (closed loops of one forced length); 3: model facts from the library (any architecture
@@ -78,14 +78,6 @@ ESTIMATE, BOUND = "estimate", "bound"
 
 
 # -- the model ----------------------------------------------------------------------------------
-
-def distinct_experts(E: float, k: float, tokens: float) -> float:
-    """Expected distinct experts of E that `tokens` tokens touch, each routed to k of them uniformly
-    and independently: E * (1 - (1 - k/E)^tokens)."""
-    if tokens <= 0:
-        return 0.0
-    return E * (1.0 - (1.0 - k / E) ** tokens)
-
 
 def layer_counts(facts: Mapping[str, Any]) -> dict[str, int]:
     """How many layers of each calibrated kind the model has; a latent-attention layer with a
@@ -250,7 +242,7 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
     base a term is fitted on). `layout` (`engines.Layout`; else `n_gpus` tensor-parallel GPUs): how the
     engine spreads over GPUs (`perfmodel_parallel`); the figures are per replica but for TPOT at c (the
     concurrency split over the replicas), the KV-limited concurrency and the capacity (all replicas)."""
-    par = _parallel(layout, n_gpus, m)
+    par = parallel_for(layout, n_gpus, m.collective)
     n_gpus, reps = (par.tp, par.replicas) if par else (1, 1)
     slo = dict(slo or {})
     mode = mode_of(engine, args)
@@ -281,7 +273,7 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
         ["MoE prefill: the engine's expert GEMMs at prefill batch sizes are not calibrated (the touched experts' "
          "bytes at the decode bandwidth; a lower bound)"] if facts.get("num_experts") and not moe_pre else [])
     cs = sorted({int(c) for c in concurrency} | {1})
-    tp = {str(c): _replicas_tpot(reps, c, lambda x: tpot(m, engine, mode, facts, x, n_in, n_out, kv_bpt, identical,
+    tp = {str(c): replicas_tpot(reps, c, lambda x: tpot(m, engine, mode, facts, x, n_in, n_out, kv_bpt, identical,
                                                             n_gpus, waves, extra, par)) for c in cs}
     t_pre = prefill_time(m, engine, mode, facts, n_in, n_gpus, par=par)
     per_request = n_in + n_out
@@ -367,24 +359,6 @@ def _capacity_one(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], 
         return {"capacity_rps": 0.0, "capacity_concurrency": 0, "capacity_binding": binding}
     c, t, ttft = best
     return {"capacity_rps": c / (ttft + n_out * t), "capacity_concurrency": c, "capacity_binding": binding}
-
-
-def _parallel(layout: Any, n_gpus: int, m: Machine) -> Parallel | None:
-    """The layout's terms (`perfmodel_parallel.Parallel`; `n_gpus` > 1 without a layout: that many
-    tensor-parallel GPUs), or None on one GPU (the single-GPU arithmetic, unchanged)."""
-    from ..engines.base import Layout
-
-    layout = layout if layout is not None else Layout(tp=max(1, int(n_gpus)))
-    return Parallel.of(layout, m.collective) if layout.gpus > 1 else None
-
-
-def _replicas_tpot(replicas: int, c: int, one: Any) -> float:
-    """The mean TPOT of a request at concurrency c spread over the replicas (`one(x)`: a replica's TPOT at
-    x requests), each request weighted alike."""
-    if replicas <= 1:
-        return one(c)
-    counts = [x for x in replica_counts(c, replicas) if x > 0]
-    return sum(x * one(x) for x in counts) / sum(counts)
 
 
 def identical_requests(workload: Any) -> bool:

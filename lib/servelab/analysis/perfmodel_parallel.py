@@ -119,6 +119,32 @@ class Parallel:
         ]
 
 
+def distinct_experts(E: float, k: float, tokens: float) -> float:
+    """Expected distinct experts of E that `tokens` tokens touch, each routed to k of them uniformly
+    and independently: E * (1 - (1 - k/E)^tokens)."""
+    if tokens <= 0:
+        return 0.0
+    return E * (1.0 - (1.0 - k / E) ** tokens)
+
+
+def parallel_for(layout: Any, n_gpus: int, collective: Any) -> Parallel | None:
+    """The layout's terms (`n_gpus` > 1 without a layout: that many tensor-parallel GPUs), or None on one GPU
+    (the single-GPU arithmetic, unchanged)."""
+    from ..engines.base import Layout
+
+    layout = layout if layout is not None else Layout(tp=max(1, int(n_gpus)))
+    return Parallel.of(layout, collective) if layout.gpus > 1 else None
+
+
+def replicas_tpot(replicas: int, c: int, one: Any) -> float:
+    """The mean TPOT of a request at concurrency c spread over the replicas (`one(x)`: a replica's TPOT at
+    x requests), each request weighted alike."""
+    if replicas <= 1:
+        return one(c)
+    counts = [x for x in replica_counts(c, replicas) if x > 0]
+    return sum(x * one(x) for x in counts) / sum(counts)
+
+
 def collective_s(ab: tuple[float, float], nbytes: float) -> float:
     """One collective of `nbytes` per GPU: alpha + bytes / beta."""
     return ab[0] + nbytes / ab[1]
@@ -126,8 +152,6 @@ def collective_s(ab: tuple[float, float], nbytes: float) -> float:
 
 def expert_bytes(facts: Mapping[str, Any], *, touched: bool, distinct: float = 1.0) -> float:
     """Bytes of the routed experts: those `distinct` tokens touch (`touched`), or all of them."""
-    from .perfmodel import distinct_experts
-
     E, k, active = facts.get("num_experts"), facts.get("num_active_experts"), facts.get("active_param_count")
     if not (E and k and active) or E <= k:
         return 0.0
@@ -142,4 +166,5 @@ def replica_counts(c: int, replicas: int) -> list[int]:
     return [q + 1] * r + [q] * (replicas - r)
 
 
-__all__ = ["ALL_REDUCE", "ALL_TO_ALL", "Parallel", "collective_s", "expert_bytes", "replica_counts"]
+__all__ = ["ALL_REDUCE", "ALL_TO_ALL", "Parallel", "collective_s", "distinct_experts", "expert_bytes",
+           "parallel_for", "replica_counts", "replicas_tpot"]
