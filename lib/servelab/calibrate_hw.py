@@ -335,6 +335,40 @@ def moe_prefill_from(study_dir: Path | str, add_to: str, engine: str = "vllm") -
     return entry
 
 
+def calibrate_collectives(add_to: str | None = None) -> dict[str, Any]:
+    """`calibrate-hw --collectives`: all-reduce and all-to-all timed between this machine's GPUs
+    (`measure.collectives`), fitted as alpha + bytes / beta per op and GPU count
+    (`analysis.calibration.fit_collective`) and stored as `micro.collectives` of calibration entry `add_to`
+    (default: the newest entry of this GPU). UserError (one line) with fewer than 2 GPUs."""
+    from .analysis.calibration import CALIBRATIONS, calibration_for, fit_collective
+    from .measure import collectives
+
+    try:
+        raw = collectives.run()
+    except ValueError as e:
+        raise UserError(f"--collectives: {e}") from None
+    if add_to is None:
+        entry, own = calibration_for("gpu", raw["gpu"])
+        if entry is None or not own:
+            raise UserError(f"--collectives: no calibration entry of {raw['gpu']} to add to: run "
+                            "calibrate-hw first (or give --add-to ID)")
+        add_to = str(entry["id"])
+    target = CALIBRATIONS / f"{add_to}.yaml"
+    if not target.is_file():
+        raise UserError(f"--collectives: no calibration entry {target}")
+    data = yaml.safe_load(target.read_text())
+    fitted = {n: {op: fit_collective(pts) for op, pts in per.items()} for n, per in raw["points"].items()}
+    data.setdefault("micro", {})["collectives"] = {**fitted, "nccl_env": raw["nccl_env"],
+                                                   "measured_at": raw["measured_at"],
+                                                   "source": "torch.distributed NCCL (calibrate-hw --collectives)"}
+    target.write_text(yaml.safe_dump(data, sort_keys=False, width=120), encoding="utf-8")
+    for n, per in fitted.items():
+        for op, f in per.items():
+            progress_line(f"calibrate-hw: {op} over {n} GPUs: {f['alpha_s'] * 1e6:.1f} us + bytes / "
+                          f"{f['beta_Bps'] / 1e9:.1f} GB/s (max error {f['max_rel_err'] * 100:.0f} %) into {target}")
+    return data
+
+
 def _engine_version(folder: Path) -> str | None:
     import json
 
@@ -345,4 +379,4 @@ def _engine_version(folder: Path) -> str | None:
     return None
 
 
-__all__ = ["calibrate_hw", "fit", "merge", "moe_prefill_from", "plan", "run_sweep"]
+__all__ = ["calibrate_collectives", "calibrate_hw", "fit", "merge", "moe_prefill_from", "plan", "run_sweep"]

@@ -7,8 +7,6 @@ answer, before renting or running anything. The commands' words only: `calibrate
 from __future__ import annotations
 
 import argparse
-import math
-from types import SimpleNamespace
 from typing import Any
 
 from .errors import UserError
@@ -19,8 +17,11 @@ def _csv(s: str) -> list[str]:
 
 
 def cmd_calibrate_hw(a: argparse.Namespace) -> int:
-    from .calibrate_hw import calibrate_hw, moe_prefill_from
+    from .calibrate_hw import calibrate_collectives, calibrate_hw, moe_prefill_from
 
+    if a.collectives:
+        calibrate_collectives(a.add_to)
+        return 0
     if a.moe_prefill_from:
         if not a.add_to:
             raise UserError("calibrate-hw --moe-prefill-from STUDY_DIR needs --add-to ID (the entry it goes into)")
@@ -35,37 +36,6 @@ def cmd_calibrate_hw(a: argparse.Namespace) -> int:
                         add_to=a.add_to)
 
 
-def _machine_record(study: Any, hardware: str | None) -> tuple[dict[str, Any], str]:
-    """A run record's machine fields for the prediction: the GPU named (or the study's), else this CPU."""
-    from .analysis.calibration import calibrations
-
-    from .hosts import get as host_class
-
-    name = hardware
-    if name is None and (study.device is not None or not host_class(study.host.kind).engine_here):
-        gpus = [c for c in calibrations() if c["machine"]["kind"] == "gpu"]
-        if not gpus:
-            raise UserError("no GPU calibration entry (data/calibrations/): give --hardware or run calibrate-hw")
-        name = gpus[-1]["machine"]["name"]
-    if name and name.lower() != "cpu":
-        from .analysis.calibration import calibration_for
-
-        entry, own = calibration_for("gpu", name)
-        mem = (entry or {}).get("machine", {}).get("memory_bytes") if own else None
-        return {"gpus_used": [{"name": name, "memory": f"{mem / 2**20:.0f} MiB" if mem else ""}]}, name
-    from .measure.probe import measure_cpu_bandwidth
-
-    probe = measure_cpu_bandwidth(seconds=1.0)
-    return {"hardware_measured": probe}, f"this CPU ({probe.get('cpu_model')}, {probe.get('cpu_count')} cores)"
-
-
-def _fmt(v: Any, scale: float = 1.0, unit: str = "") -> str:
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "-"
-    x = float(v) * scale
-    return f"{x:,.3g}{unit}" if abs(x) < 1000 else f"{x:,.0f}{unit}"
-
-
 def cmd_predict(a: argparse.Namespace) -> int:
     if (a.params is None) == (a.model is None):
         raise UserError("give a params file or --model DIR_OR_CONFIG_JSON (one of them)")
@@ -73,44 +43,18 @@ def cmd_predict(a: argparse.Namespace) -> int:
         return predict_model(a)
     if a.hardware is None and a.gpu is not None:
         a.hardware = a.gpu
-    from .analysis.perfmodel import predict_configuration
-    from .hosts.local import model_dir_for
-    from .models import model_facts
-    from .runfolder import now_iso
     from .schema import load_study
-    from .stages import bucket_lengths
+    from .stages import prediction_lines, prediction_machine
 
     study = load_study(a.params)
-    machine, where = _machine_record(study, a.hardware)
+    machine, where = prediction_machine(study, a.hardware)
     ids = a.config or [c.id for c in study.configurations]
     unknown = sorted(set(ids) - {c.id for c in study.configurations})
     if unknown:
         raise UserError(f"{a.params}: no configuration {', '.join(unknown)}")
     print(f"{study.study}: predicted on {where}, before any request (servelab's performance model)")
     for cid in ids:
-        eng = study.engine_for(cid)
-        wl = study.workload_for(cid)
-        mdir = model_dir_for(eng)
-        rec = {"study": study.study, "config": cid, "engine_params": eng.model_dump(), **machine,
-               "model": {"facts": model_facts(mdir)}}
-        server = SimpleNamespace(base_url="http://127.0.0.1:9", model=mdir, headers={}, tokenizer_dir=mdir)
-        pred = predict_configuration(rec, wl, study.slo.model_dump(), bucket_lengths(wl, server), now_iso())
-        if pred.get("not_predictable"):
-            print(f"{cid}: not predictable: {pred['not_predictable']}")
-            continue
-        mach = pred.get("machine") or {}
-        cal = (f"calibration {mach['calibration']} ({mach['name']}, measured {str(mach['measured_at'])[:10]})"
-               if mach.get("calibration") else f"roofline bounds ({mach.get('why')})")
-        print(f"{cid}: {cal}")
-        for label, p in pred["buckets"].items():
-            kinds = p.get("kinds") or {}
-            tp = ", ".join(f"c={c} {_fmt(v, 1000, ' ms')}" for c, v in sorted(p["tpot_s"].items(), key=lambda x: int(x[0])))
-            print(f"  {label}: TPOT {tp} ({kinds.get('tpot_s')}); TTFT c=1 {_fmt(p['ttft_c1_s'], 1000, ' ms')}; "
-                  f"prefill {_fmt(p['prefill_tok_s'])} tok/s; KV-limited concurrency {_fmt(p['kv_limited_concurrency'])}"
-                  f"; capacity at SLO {_fmt(p.get('capacity_rps'))} req/s (c={p.get('capacity_concurrency')}, "
-                  f"{p.get('capacity_binding')})")
-            for why in p.get("bound_because") or []:
-                print(f"    bound: {why}")
+        print("\n".join(prediction_lines(study, cid, machine)))
     return 0
 
 
@@ -199,6 +143,8 @@ def yaml_scalar(v: str) -> Any:
 
 def _print_model(name: str, f: dict[str, Any], a: argparse.Namespace, gpu: dict[str, Any], how: str,
                  pred: dict[str, Any], label: str, kv_dtype: str) -> None:
+    from .stages import fmt_value as _fmt
+
     moe = (f"; {f['num_experts']} routed experts per MoE layer ({f['num_moe_layers']} of {f['num_layers']} layers), "
            f"{f['num_active_experts']} per token, {f['num_shared_experts']} shared; "
            f"{f['active_param_count'] / 1e9:.2f} B active") if f.get("num_experts") else ""
@@ -245,6 +191,10 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--moe-prefill-from", metavar="STUDY_DIR",
                    help="fit the engine's MoE prefill term from a published TTFT sweep (MoE and dense shapes at "
                         "c=1, several prompt lengths) into the entry --add-to names; measures nothing")
+    c.add_argument("--collectives", action="store_true",
+                   help="time all-reduce and all-to-all between this machine's GPUs (NCCL; 2 or more GPUs) for the "
+                        "model's tensor- and expert-parallel terms, into the entry --add-to names (default: the newest "
+                        "entry of this GPU); measures nothing else")
     c.add_argument("--concurrent", type=int, help="servers started at once (default: all on a GPU, 1 on a CPU)")
     c.add_argument("--port-base", type=int, default=8600)
     c.add_argument("--id", help="entry id (default <machine>-<date>)")

@@ -65,12 +65,38 @@ def describe(study: Study) -> str:
             lines += stages.launch_plan(plan, python="python").splitlines()
             if eng.env:
                 lines.append(f"[{cid}] env " + " ".join(shlex.quote(f"{k}={v}") for k, v in eng.env.items()))
+        lines += layout_lines(study, plan)
     lines += next(iter(plans.values())).host.plan_lines({cid: p.engine for cid, p in plans.items()})
+    lines += prediction_lines(study)
     from .measure.capacity import study_worst_case_lines
 
     lines += study_worst_case_lines(study)
     lines += cost_estimate_lines(study)
     return "\n".join(lines)
+
+
+def layout_lines(study: Study, plan: ConfigPlan) -> list[str]:
+    """The dry run's line on a configuration's parallel layout: its name, the GPUs it takes and, on the
+    device machine, the CUDA_VISIBLE_DEVICES it is started with (`schema.device_gpus`)."""
+    from .schema import device_gpus
+
+    lay = plan.profile.layout(plan.engine.args)
+    visible = device_gpus(study).get(plan.config_id) or plan.engine.env.get("CUDA_VISIBLE_DEVICES")
+    where = f", CUDA_VISIBLE_DEVICES={visible}" if visible else ""
+    return [f"[{plan.config_id}] layout {lay.label()}: {lay.gpus} GPU{'s' if lay.gpus > 1 else ''}{where}"]
+
+
+def prediction_lines(study: Study) -> list[str]:
+    """The dry run's predictions of a device study (on the newest calibrated GPU; `servelab predict` for
+    another machine), per configuration, each figure an estimate or a bound and why; [] for other studies
+    (a local study's machine is probed when it runs)."""
+    if study.device is None:
+        return []
+    machine, where = stages.prediction_machine(study, None)
+    out = [f"predicted on {where}, before any request (servelab's performance model):"]
+    for c in study.configurations:
+        out += stages.prediction_lines(study, c.id, machine)
+    return out
 
 
 def run_config(plan: ConfigPlan, params_path: Path, rdir: Path, *, notebooks: bool,

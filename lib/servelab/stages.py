@@ -20,7 +20,7 @@ import pandas as pd
 from .engines.smoke import smoke_check
 from .hosts.attach import serve, stop_served
 from .hosts.process import RssWatcher
-from .measure.runinfo import base_record, engine_gpu_devices, model_record
+from .measure.runinfo import base_record, engine_gpu_devices, layout_record, model_record
 from .measure.runner import RunResult, run_workload
 from .models import model_facts
 from .plan import ConfigPlan
@@ -71,6 +71,7 @@ def _run_record(plan: ConfigPlan, h: dict[str, Any], rdir: Path, hardware: dict[
     rec = base_record(study.study, config_id)
     rec["configuration"] = plan.config.model_dump()
     rec["engine_params"] = eng.model_dump()
+    rec["layout"] = layout_record(plan.profile, eng, (h.get("info") or {}).get("env"))
     rec["model"] = model_record(h.get("tokenizer_dir"), eng.load_format)
     gpus = engine_gpu_devices(eng.env)
     if gpus is not None:
@@ -219,6 +220,72 @@ def _prediction(study: Any, config_id: str, rec: dict[str, Any], server: Any = N
     except Exception as e:  # noqa: BLE001 - said so in the file instead
         return {"stored_at": now_iso(), "stored_before_measurement": True,
                 "not_predictable": f"the model failed: {type(e).__name__}: {e}"}
+
+
+def prediction_machine(study: Any, hardware: str | None) -> tuple[dict[str, Any], str]:
+    """A run record's machine fields for a prediction before anything runs (`servelab predict`, the dry run):
+    the GPU named (or the study's: a device study or a remote host, the newest calibrated GPU), else this CPU."""
+    from .analysis.calibration import calibration_for, calibrations
+    from .errors import UserError
+    from .hosts import get as host_class
+
+    name = hardware
+    if name is None and (study.device is not None or not host_class(study.host.kind).engine_here):
+        gpus = [c for c in calibrations() if c["machine"]["kind"] == "gpu"]
+        if not gpus:
+            raise UserError("no GPU calibration entry (data/calibrations/): give --hardware or run calibrate-hw")
+        name = gpus[-1]["machine"]["name"]
+    if name and name.lower() != "cpu":
+        entry, own = calibration_for("gpu", name)
+        mem = (entry or {}).get("machine", {}).get("memory_bytes") if own else None
+        return {"gpus_used": [{"name": name, "memory": f"{mem / 2**20:.0f} MiB" if mem else ""}]}, name
+    from .measure.probe import measure_cpu_bandwidth
+
+    probe = measure_cpu_bandwidth(seconds=1.0)
+    return {"hardware_measured": probe}, f"this CPU ({probe.get('cpu_model')}, {probe.get('cpu_count')} cores)"
+
+
+def prediction_lines(study: Any, config_id: str, machine: dict[str, Any]) -> list[str]:
+    """A configuration's prediction in words (`servelab predict`, the dry run): the calibration it used, per
+    bucket TPOT at every concurrency with its kind (estimate or bound), TTFT, prefill, the KV-limited
+    concurrency and the capacity, and why a bound is one. Builds the model directory (offline) for its facts."""
+    from types import SimpleNamespace
+
+    from .analysis.perfmodel import predict_configuration
+    from .hosts.local import model_dir_for
+    from .runfolder import now_iso
+
+    eng, wl = study.engine_for(config_id), study.workload_for(config_id)
+    mdir = model_dir_for(eng)
+    rec = {"study": study.study, "config": config_id, "engine_params": eng.model_dump(), **machine,
+           "model": {"facts": model_facts(mdir)}}
+    server = SimpleNamespace(base_url="http://127.0.0.1:9", model=mdir, headers={}, tokenizer_dir=mdir)
+    pred = predict_configuration(rec, wl, study.slo.model_dump(), bucket_lengths(wl, server), now_iso())
+    if pred.get("not_predictable"):
+        return [f"{config_id}: not predictable: {pred['not_predictable']}"]
+    mach = pred.get("machine") or {}
+    out = [f"{config_id}: " + (f"calibration {mach['calibration']} ({mach['name']}, measured "
+                               f"{str(mach['measured_at'])[:10]})" if mach.get("calibration")
+                               else f"roofline bounds ({mach.get('why')})")]
+    for label, p in pred["buckets"].items():
+        kinds = p.get("kinds") or {}
+        tp = ", ".join(f"c={c} {fmt_value(v, 1000, ' ms')}" for c, v in sorted(p["tpot_s"].items(), key=lambda x: int(x[0])))
+        out.append(f"  {label}: TPOT {tp} ({kinds.get('tpot_s')}); TTFT c=1 {fmt_value(p['ttft_c1_s'], 1000, ' ms')}; "
+                   f"prefill {fmt_value(p['prefill_tok_s'])} tok/s; KV-limited concurrency "
+                   f"{fmt_value(p['kv_limited_concurrency'])}; capacity at SLO {fmt_value(p.get('capacity_rps'))} req/s "
+                   f"(c={p.get('capacity_concurrency')}, {p.get('capacity_binding')})")
+        out += [f"    bound: {why}" for why in p.get("bound_because") or []]
+    return out
+
+
+def fmt_value(v: Any, scale: float = 1.0, unit: str = "") -> str:
+    """A predicted figure for a terminal: 3 significant digits (thousands whole), "-" when unknown."""
+    import math
+
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    x = float(v) * scale
+    return f"{x:,.3g}{unit}" if abs(x) < 1000 else f"{x:,.0f}{unit}"
 
 
 def bucket_lengths(wl: Any, server: Any = None) -> dict[str, tuple[int | None, int | None]]:

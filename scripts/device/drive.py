@@ -5,7 +5,9 @@ runs/<study>/<config>/recorded/, measure it with `servelab run --config` (GPU te
 sampled by the benchmark stage wherever nvidia-smi exists), run the peer tools of
 `device.peers[config]` on the same server (`analysis.peers.peer_command`), stop the engine, next.
 Configurations whose resolved engine is identical share one server. Lanes run side by side, one
-GPU each; `device.all_gpus` configurations run after them on every GPU. With `device.groups`
+GPU each; `device.all_gpus` configurations run after them on every GPU, and so does every configuration
+whose parallel layout takes more than one GPU (`--tensor-parallel-size 2`, `--data-parallel-size 2`,
+SGLang `--tp-size 2`...: `CUDA_VISIBLE_DEVICES=0,1`, from `schema.device_gpus`). With `device.groups`
 instead, one GPU holds several servers: a group's servers start at once (`device.stagger_s`
 apart; port = engine.port + 10 x group number + place in the group), the group is measured one
 configuration at a time once every server answers (or failed), a server stops after its last
@@ -42,11 +44,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "lib"))
 
 from servelab.analysis.peers import peer_command
-from servelab.schema import load_study, resolve_profile
+from servelab.schema import device_gpus, device_lanes, load_study, resolve_profile
 
 PEER_ENGINE = {"vllm-bench": "vllm", "sglang-bench": "sglang"}
 SERVE_MIN_S = 240   # do not start a new engine with less time than this left
 RUN_MIN_S = 75      # do not start a measurement with less time than this left
+ALL = "all"         # run_lane's GPUs after the lanes: each configuration's own (schema.device_gpus)
 _lock = threading.Lock()
 
 
@@ -164,14 +167,16 @@ def run_lane(params: Path, configs: list[str], gpus: str, port: int, deadline: f
             if time.monotonic() > deadline - SERVE_MIN_S:
                 log(sid, f"[{cid}] not started: deadline ({deadline - time.monotonic():.0f} s left)")
                 continue
-            env = [f"CUDA_VISIBLE_DEVICES={gpus}"]
+            visible = gpus if gpus != ALL else (device_gpus(study).get(cid)  # the layout's GPUs
+                                                or ",".join(str(i) for i in range(study.device.gpus)))
+            env = [f"CUDA_VISIBLE_DEVICES={visible}"]
             env += [f"{k}={v}" for k, v in site_env(study.device.site.get(eng.kind)).items()]
             t0 = time.monotonic()
             args = [sys.executable, "-m", "servelab.cli", "serve", str(params), "--config", cid, "--port", str(port)]
             for e in env:
                 args += ["--env", e]
             r = sh(args, timeout=deadline - time.monotonic())
-            log(sid, f"[{cid}] serve {eng.kind} on GPU {gpus} port {port}: exit {r.returncode} in "
+            log(sid, f"[{cid}] serve {eng.kind} on GPU {visible} port {port}: exit {r.returncode} in "
                      f"{time.monotonic() - t0:.0f} s {r.stdout.strip()[-200:]} {r.stderr.strip()[-900:]}")
             if r.returncode != 0:
                 stop(params, cid)
@@ -350,9 +355,8 @@ def main() -> None:
     dev = study.device
     if dev is None:
         sys.exit(f"{a.params}: no device: block")
-    all_gpus = ",".join(str(i) for i in range(dev.gpus))
-    lanes = dev.lanes or [[c.id for c in study.configurations if c.id not in dev.all_gpus]]
-    log(study.study, f"drive start: {dev.gpus} GPU(s), lanes {lanes}, all GPUs {dev.all_gpus}, groups {dev.groups}, "
+    lanes, wide = device_lanes(study)
+    log(study.study, f"drive start: {dev.gpus} GPU(s), lanes {lanes}, after them {wide}, groups {dev.groups}, "
                      f"deadline {a.deadline_s:.0f} s, sites {dev.site}")
     if dev.groups and not a.only:
         pick = [int(x) for x in a.groups.split(",")] if a.groups else range(len(dev.groups))
@@ -360,7 +364,7 @@ def main() -> None:
         for i, g in enumerate(groups):
             g.run(a.reduced, groups[i + 1] if i + 1 < len(groups) else None)
     elif a.only:
-        run_lane(a.params, a.only.split(","), all_gpus, study.engine.port, deadline, a.reduced)
+        run_lane(a.params, a.only.split(","), ALL, study.engine.port, deadline, a.reduced)
     else:
         if len(lanes) > dev.gpus:
             log(study.study, f"only {dev.gpus} GPU(s): lanes {lanes[dev.gpus:]} not run")
@@ -372,8 +376,8 @@ def main() -> None:
             t.start()
         for t in threads:
             t.join()
-        if dev.all_gpus:
-            run_lane(a.params, dev.all_gpus, all_gpus, study.engine.port, deadline, a.reduced)
+        if wide:
+            run_lane(a.params, wide, ALL, study.engine.port, deadline, a.reduced)
     log(study.study, "drive end")
 
 

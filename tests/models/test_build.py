@@ -64,11 +64,11 @@ def meta_model_param_counts(cfg: dict) -> tuple[int, object]:
 
 def test_list_presets():
     names = mm.list_presets()
-    assert names[:9] == ["cpu-tiny", "llama-3.1-8b", "llama-2-7b", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite",
-                         "qwen1.5-moe-a2.7b", "olmoe-1b-7b", "smollm2-135m"]
+    assert names[:10] == ["cpu-tiny", "llama-3.1-8b", "llama-2-7b", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite",
+                          "qwen1.5-moe-a2.7b", "olmoe-1b-7b", "qwen2.5-32b", "smollm2-135m"]
     p = mm_presets
     calib = [p.calib_name(k, w, n) for k in p.CALIB_KINDS for w in p.CALIB_WIDTHS for n in p.CALIB_LAYERS]
-    assert names[9:] == calib and len(calib) == 36
+    assert names[10:] == calib and len(calib) == 36
     assert set(mm.PRESET_TOKENIZER_VOCAB_SIZE) == set(mm.PRESETS)
 
 

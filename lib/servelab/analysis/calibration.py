@@ -93,6 +93,23 @@ def fit_graph_costs(points: Sequence[Mapping[str, float]], bandwidth_Bps: float,
     return out
 
 
+def fit_collective(points: Sequence[Mapping[str, float]]) -> dict[str, Any]:
+    """A collective's cost as alpha + bytes / beta from timed sizes (`points` of bytes and seconds), fitted by
+    least squares on the relative error (1/seconds weights: the small sizes, a decode step's, count as much
+    as the large); alpha and 1/beta kept non-negative."""
+    import numpy as np
+
+    x = np.array([float(p["bytes"]) for p in points])
+    y = np.array([float(p["seconds"]) for p in points])
+    if len(set(x.tolist())) < 2:
+        raise ValueError("a collective's fit needs at least two sizes")
+    slope, alpha = np.polyfit(x, y, 1, w=1.0 / y)
+    slope, alpha = max(float(slope), 1e-18), max(float(alpha), 0.0)
+    rel = float(np.max(np.abs(alpha + x * slope - y) / y))
+    return {"alpha_s": alpha, "beta_Bps": 1.0 / slope, "max_rel_err": rel, "n": int(len(x)),
+            "points": [dict(p) for p in points]}
+
+
 def fit_engine_bandwidth(narrow: Mapping[str, Any], wide: Mapping[str, Any], narrow_bytes_per_layer: float,
                          wide_bytes_per_layer: float) -> float:
     """The engine's own decode bandwidth from two calibration widths of one kind: the slopes of
@@ -165,6 +182,12 @@ class Machine:
         used = precision if self.gemm.get(precision) else "bf16"
         return _interp_log(table, rows) / self.scale_fixed, f"{used} GEMM at {rows:g} rows (micro)"
 
+    def collective(self, op: str, n: int) -> tuple[float, float] | None:
+        """(alpha_s, beta_Bps) of collective `op` (all_reduce, all_to_all) across n GPUs of this machine, from
+        the entry's `micro.collectives` (`servelab calibrate-hw --collectives`), or None when not measured."""
+        c = (((self.entry.get("micro") or {}).get("collectives") or {}).get(str(n)) or {}).get(op)
+        return (float(c["alpha_s"]), float(c["beta_Bps"])) if c else None
+
     def fixed(self, engine: str, mode: str, counts: Mapping[str, int]) -> tuple[float | None, float, str, bool]:
         """(the engine's CPU-side time per step, its GPU fixed time per step, where from, whether it is
         the engine's own calibration in this mode). On the CPU engine everything is the first, added
@@ -232,5 +255,6 @@ def _same_cpu(entry: Mapping[str, Any], probe: Mapping[str, Any]) -> bool:
     return bool(0.8 <= ratio <= 1.25)
 
 
-__all__ = ["CALIBRATIONS", "Machine", "calibration_for", "calibrations", "fit_engine_bandwidth", "fit_fixed_costs",
+__all__ = ["CALIBRATIONS", "Machine", "calibration_for", "calibrations", "fit_collective", "fit_engine_bandwidth",
+           "fit_fixed_costs",
            "fit_graph_costs", "machine_for"]

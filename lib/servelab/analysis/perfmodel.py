@@ -41,8 +41,15 @@ calibration entry has one (a TTFT sweep, `perfmodel_terms.fit_moe_prefill`). TTF
 prefill, always a bound (the engine's prefill is not calibrated). The KV-limited concurrency and the
 capacity at the SLO follow (`predict`).
 
-What is not calibrated is a *bound* and labelled so: tensor parallelism (no all-reduce cost),
-speculative decoding (one token per step assumed), an engine or mode without its own calibration,
+Several GPUs (`perfmodel_parallel`, from the engine's `Layout`): tensor parallel splits the weights,
+the KV cache and the FLOPs over t GPUs and adds two all-reduces per layer of the step's activations at
+alpha + bytes / beta (measured by `calibrate-hw --collectives`); expert parallel splits the experts'
+bytes (an all-to-all when they span replicas); data parallel runs d independent replicas, each at c / d
+of the concurrency, their throughput added.
+
+What is not calibrated is a *bound* and labelled so: tensor parallelism without a measured all-reduce for
+its GPU count (costed at zero), expert parallelism (the mean GPU's share of the experts), pipeline
+parallelism and DP attention (not modelled), speculative decoding (one token per step assumed), an engine or mode without its own calibration,
 linear-attention or SSM layers (never calibrated), an engine term whose pool size is unknown.
 No I/O but reading the calibration entries; not for words (`report.capacity`).
 """
@@ -58,6 +65,7 @@ from ..engines.flags import get_flag
 from ..models.facts import kv_bytes_per_token, kv_read_bytes_per_token
 from . import perfmodel_terms as terms
 from .calibration import Machine, machine_for
+from .perfmodel_parallel import Parallel, distinct_experts, parallel_for, replicas_tpot
 from .roofline import decode_weight_bytes, prefill_matmul_params
 
 # 2: prefills in waves (closed loops of one forced length); 3: model facts from the library (any architecture
@@ -70,14 +78,6 @@ ESTIMATE, BOUND = "estimate", "bound"
 
 
 # -- the model ----------------------------------------------------------------------------------
-
-def distinct_experts(E: float, k: float, tokens: float) -> float:
-    """Expected distinct experts of E that `tokens` tokens touch, each routed to k of them uniformly
-    and independently: E * (1 - (1 - k/E)^tokens)."""
-    if tokens <= 0:
-        return 0.0
-    return E * (1.0 - (1.0 - k / E) ** tokens)
-
 
 def layer_counts(facts: Mapping[str, Any]) -> dict[str, int]:
     """How many layers of each calibrated kind the model has; a latent-attention layer with a
@@ -109,11 +109,13 @@ def weight_bytes(facts: Mapping[str, Any], distinct_tokens: float) -> float:
 
 def step_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], *, batch: int, ctx: float,
               kv_bpt: float, distinct: float, n_gpus: int = 1, prefill_tokens: float = 0.0,
-              extra_s: float = 0.0) -> dict[str, Any]:
+              extra_s: float = 0.0, par: Parallel | None = None) -> dict[str, Any]:
     """One decode step of `batch` sequences (and, when `prefill_tokens`, a prefill riding in it);
-    `extra_s`: the engine terms this configuration pays per step (GPU work, `perfmodel_terms`)."""
+    `extra_s`: the engine terms this configuration pays per step (GPU work, `perfmodel_terms`); `par`: a
+    layout of several GPUs (its per-GPU weight bytes and its collectives; `n_gpus` its TP size)."""
     bw, _ = m.bandwidth(engine, batch)
-    wbytes = weight_bytes(facts, distinct) / n_gpus
+    wbytes = par.weight_bytes(facts, distinct) if par else weight_bytes(facts, distinct) / n_gpus
+    comm = par.comm_s(facts, batch + prefill_tokens) if par else 0.0
     kvbytes = batch * ctx * kv_bpt
     mm = prefill_matmul_params(facts)
     prec = _precision(facts)
@@ -125,11 +127,11 @@ def step_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], *, b
         t_cmp += prefill_flops(facts, prefill_tokens) / n_gpus / f_pre
     cpu, gpu, _, _ = m.fixed(engine, mode, layer_counts(facts))
     if m.kind == "cpu":  # the CPU engine computes on the cores that also run its steps: everything adds up
-        total = max(t_mem, t_cmp) + (cpu or 0.0) + gpu + extra_s
+        total = max(t_mem, t_cmp) + (cpu or 0.0) + gpu + extra_s + comm
     else:  # the GPU runs its kernels while the CPU side prepares the next step: the longer of the two
-        total = max(cpu or 0.0, max(t_mem, t_cmp) + gpu + extra_s)
+        total = max(cpu or 0.0, max(t_mem, t_cmp) + gpu + extra_s + comm)
     return {"memory_s": t_mem, "compute_s": t_cmp, "cpu_s": cpu or 0.0, "gpu_fixed_s": gpu, "terms_s": extra_s,
-            "total_s": total}
+            "comm_s": comm, "total_s": total}
 
 
 def prefill_flops(facts: Mapping[str, Any], n: float, seqs: float = 1.0) -> float:
@@ -158,7 +160,7 @@ def expert_split(facts: Mapping[str, Any], n: float) -> tuple[float, float]:
 
 
 def prefill_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n: float, n_gpus: int = 1,
-                 seqs: float = 1.0) -> float:
+                 seqs: float = 1.0, par: Parallel | None = None) -> float:
     """One prefill step of n tokens (in `seqs` prompts): the weights its tokens touch over the
     bandwidth, or its FLOPs (a MoE's expert GEMMs at their own few rows each, the rest at n rows),
     plus the fixed costs and, when the calibration entry has one, the engine's MoE prefill term."""
@@ -166,7 +168,8 @@ def prefill_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n
     prec = _precision(facts)
     f, _ = m.flops(prec, n)
     cpu, gpu, _, _ = m.fixed(engine, mode, layer_counts(facts))
-    t_mem = weight_bytes(facts, n) / n_gpus / bw
+    t_mem = (par.weight_bytes(facts, n) if par else weight_bytes(facts, n) / n_gpus) / bw
+    comm = par.comm_s(facts, n) if par else 0.0
     expert_params, rows = expert_split(facts, n)
     if f == f:
         f_exp, _ = m.flops(prec, rows)
@@ -176,12 +179,13 @@ def prefill_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n
     moe = terms.moe_prefill(m.entry, engine) if facts.get("num_experts") else None
     t_moe = terms.moe_prefill_seconds(moe, int(facts.get("num_moe_layers") or 0), n) / n_gpus if moe else 0.0
     if m.kind == "cpu":
-        return max(t_mem, t_cmp) + (cpu or 0.0) + gpu + t_moe
-    return max(cpu or 0.0, max(t_mem, t_cmp) + gpu + t_moe)
+        return max(t_mem, t_cmp) + (cpu or 0.0) + gpu + t_moe + comm
+    return max(cpu or 0.0, max(t_mem, t_cmp) + gpu + t_moe + comm)
 
 
 def tpot(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], c: int, n_in: float, n_out: float,
-         kv_bpt: float, identical: bool, n_gpus: int = 1, waves: bool = False, extra_s: float = 0.0) -> float:
+         kv_bpt: float, identical: bool, n_gpus: int = 1, waves: bool = False, extra_s: float = 0.0,
+         par: Parallel | None = None) -> float:
     """Mean time per output token of a request at concurrency c: decode steps at batch c plus the
     other requests' prefills; `waves`: the c requests start together (a closed loop of one forced
     length) and a request's decode waits, on average, for half of the wave's c prefills; else a share
@@ -189,20 +193,20 @@ def tpot(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], c: int, n
     ctx = n_in + n_out / 2.0
     distinct = 1 if identical else c
     plain = step_time(m, engine, mode, facts, batch=c, ctx=ctx, kv_bpt=kv_bpt, distinct=distinct, n_gpus=n_gpus,
-                      extra_s=extra_s)
+                      extra_s=extra_s, par=par)
     if c <= 1 or n_out <= 1:
         return plain["total_s"]
     if waves:
-        wave = prefill_time(m, engine, mode, facts, c * n_in, n_gpus, seqs=c)
+        wave = prefill_time(m, engine, mode, facts, c * n_in, n_gpus, seqs=c, par=par)
         return plain["total_s"] + wave / 2.0 / (n_out - 1)
     mixed = step_time(m, engine, mode, facts, batch=c, ctx=ctx, kv_bpt=kv_bpt, distinct=distinct + n_in,
-                      n_gpus=n_gpus, prefill_tokens=n_in, extra_s=extra_s)  # the prompt's tokens route to experts too
+                      n_gpus=n_gpus, prefill_tokens=n_in, extra_s=extra_s, par=par)  # the prompt's tokens route to experts too
     share = min(1.0, (c - 1) / n_out)
     return (1 - share) * plain["total_s"] + share * mixed["total_s"]
 
 
 def kv_tokens(engine: str, facts: Mapping[str, Any], args: Mapping[str, Any], m: Machine | None, n_gpus: int,
-              kv_dtype: str) -> tuple[float, str]:
+              kv_dtype: str, par: Parallel | None = None) -> tuple[float, str]:
     """KV-cache tokens the flags allow (SGLang's max-total-tokens, vLLM's forced blocks or byte
     budget), else the memory share left after the weights (an upper bound: activations and graphs
     take some of it)."""
@@ -222,7 +226,8 @@ def kv_tokens(engine: str, facts: Mapping[str, Any], args: Mapping[str, Any], m:
     if m is not None and m.memory_bytes:
         util = float(get_flag(args, "gpu-memory-utilization") or get_flag(args, "mem-fraction-static")
                      or DEFAULT_GPU_MEMORY_UTILIZATION)
-        free = util * float(m.memory_bytes) - float(facts["weight_bytes"]) / n_gpus
+        held = par.static_weight_bytes(facts) if par else float(facts["weight_bytes"]) / n_gpus
+        free = util * float(m.memory_bytes) - held
         return float(max(0.0, free) // (bpt * block) * block), "memory share after the weights (upper bound)"
     return math.nan, "unknown"
 
@@ -230,11 +235,15 @@ def kv_tokens(engine: str, facts: Mapping[str, Any], args: Mapping[str, Any], m:
 def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: Machine, *, input_tokens: int,
             output_tokens: int, concurrency: Sequence[int], slo: Mapping[str, Any] | None = None,
             identical: bool = False, n_gpus: int = 1, speculative: bool = False, waves: bool = False,
-            ties: str | None = None, engine_terms: bool = True) -> dict[str, Any]:
+            ties: str | None = None, engine_terms: bool = True, layout: Any = None) -> dict[str, Any]:
     """Every prediction for one request shape: c=1 TPOT, TPOT at each concurrency, prefill tok/s,
     TTFT at c=1, the KV-limited concurrency and the capacity at the SLO, each labelled estimate or
     bound, with the inputs it used and the engine terms it paid (`engine_terms=False`: none, the
-    base a term is fitted on)."""
+    base a term is fitted on). `layout` (`engines.Layout`; else `n_gpus` tensor-parallel GPUs): how the
+    engine spreads over GPUs (`perfmodel_parallel`); the figures are per replica but for TPOT at c (the
+    concurrency split over the replicas), the KV-limited concurrency and the capacity (all replicas)."""
+    par = parallel_for(layout, n_gpus, m.collective)
+    n_gpus, reps = (par.tp, par.replicas) if par else (1, 1)
     slo = dict(slo or {})
     mode = mode_of(engine, args)
     counts = layer_counts(facts)
@@ -243,17 +252,18 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
     n_in, n_out = float(input_tokens), float(output_tokens)
     kv_bpt = float(kv_read_bytes_per_token(facts, n_in + n_out / 2.0, kv_dtype, n_gpus))  # what a step reads
     fixed, gpu_fixed, fixed_src, own_fixed = m.fixed(engine, mode, counts)
-    kv_tok, kv_from = kv_tokens(engine, facts, args, m, n_gpus, kv_dtype)
+    kv_tok, kv_from = kv_tokens(engine, facts, args, m, n_gpus, kv_dtype, par)
     paid = (terms.step_terms(engine, args, facts, m.entry["machine"].get("name"), kv_tok, kv_dtype)
             if engine_terms else [])
     extra = sum(t["seconds"] for t in paid if t["seconds"] == t["seconds"])
     moe_pre = terms.moe_prefill(m.entry, engine) if facts.get("num_experts") else None
-    kind = ESTIMATE if (own_fixed and n_gpus == 1 and not speculative and fixed is not None) else BOUND
+    par_why = par.bound_because(facts) if par else []
+    kind = ESTIMATE if (own_fixed and not par_why and not speculative and fixed is not None) else BOUND
     kind = kind if m.own and all(t["seconds"] == t["seconds"] for t in paid) else BOUND
     why_bound = [w for w, cond in (
         (f"calibrated on another machine of this kind ({m.label})", not m.own),
         (f"{fixed_src}: not {engine}'s own {mode} calibration", not own_fixed),
-        ("tensor parallel: the all-reduce cost is not calibrated", n_gpus > 1),
+        *((w, True) for w in par_why),
         ("speculative decoding is not modelled (one token per step)", speculative),
         ("linear-attention / SSM layers are not calibrated (costed as attention layers)",
          bool((facts.get("kv_layers") or {}).get("linear_attention"))),
@@ -263,14 +273,17 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
         ["MoE prefill: the engine's expert GEMMs at prefill batch sizes are not calibrated (the touched experts' "
          "bytes at the decode bandwidth; a lower bound)"] if facts.get("num_experts") and not moe_pre else [])
     cs = sorted({int(c) for c in concurrency} | {1})
-    tp = {str(c): tpot(m, engine, mode, facts, c, n_in, n_out, kv_bpt, identical, n_gpus, waves, extra) for c in cs}
-    t_pre = prefill_time(m, engine, mode, facts, n_in, n_gpus)
+    tp = {str(c): replicas_tpot(reps, c, lambda x: tpot(m, engine, mode, facts, x, n_in, n_out, kv_bpt, identical,
+                                                            n_gpus, waves, extra, par)) for c in cs}
+    t_pre = prefill_time(m, engine, mode, facts, n_in, n_gpus, par=par)
     per_request = n_in + n_out
     c_kv = kv_tok / per_request if kv_tok == kv_tok else math.nan
+    if reps > 1:  # every replica its own KV pool
+        kv_tok, c_kv = kv_tok * reps, c_kv * reps
     seqs = get_flag(args, "max-num-seqs") or get_flag(args, "max-running-requests")
-    limits = {"kv": math.floor(c_kv) if c_kv == c_kv else 4096, "max-num-seqs": int(seqs) if seqs else 4096}
+    limits = {"kv": math.floor(c_kv / reps) if c_kv == c_kv else 4096, "max-num-seqs": int(seqs) if seqs else 4096}
     cap = _capacity(m, engine, mode, facts, n_in, n_out, kv_bpt, identical, n_gpus, min(limits.values()), slo, t_pre,
-                    extra)
+                    extra, par)
     bw1, bw_src = m.bandwidth(engine, 1)
     f_pre, f_src = m.flops(_precision(facts), n_in)
     inputs = [
@@ -281,7 +294,7 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
         {"name": "GPU fixed time per decode step (s)", "value": gpu_fixed,
          "source": "CUDA-graph calibration models deep enough to rise above the CPU side's floor"},
         {"name": "layers by kind", "value": counts, "source": "model facts (config.json)"},
-        {"name": "weight bytes read at c=1", "value": weight_bytes(facts, 1) / n_gpus,
+        {"name": "weight bytes read at c=1", "value": par.weight_bytes(facts, 1) if par else weight_bytes(facts, 1),
          "source": "model facts: non-expert weights + the experts one token touches"},
         {"name": "KV bytes read per token of context", "value": kv_bpt, "source": f"model facts, kv-cache-dtype {kv_dtype}"},
         {"name": "engine terms per decode step (s)", "value": extra,
@@ -292,10 +305,11 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
         {"name": "identical requests (route as one token)", "value": identical,
          "source": ties or "workload: the same prompt for every request, decoded deterministically (temperature 0 "
                            "or a fixed seed)"},
-        {"name": "GPUs", "value": n_gpus, "source": "tensor x pipeline parallel flags"},
+        {"name": "GPUs", "value": par.gpus if par else 1, "source": "tensor x pipeline parallel flags"},
         {"name": "requests in waves (their prefills at a wave's start)", "value": waves,
          "source": "workload: a closed loop whose requests all have one forced length (ignore_eos) start and end "
                    "together; otherwise each prefill rides in the running requests' decode steps"},
+        *(par.inputs() if par else []),
     ]
     return {
         "input_tokens": int(input_tokens), "output_tokens": int(output_tokens), "mode": mode,
@@ -312,18 +326,30 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
 
 def _capacity(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n_in: float, n_out: float, kv_bpt: float,
               identical: bool, n_gpus: int, c_max: int, slo: Mapping[str, Any], t_pre: float,
-              extra: float = 0.0) -> dict[str, Any]:
+              extra: float = 0.0, par: Parallel | None = None) -> dict[str, Any]:
     """The most concurrent requests whose TPOT and TTFT (one prefill after the running step) meet
-    the SLO, as a request rate by Little's law."""
+    the SLO, as a request rate by Little's law (`c_max` and the search per replica; the rate and the
+    concurrency of all replicas)."""
+    one = _capacity_one(m, engine, mode, facts, n_in, n_out, kv_bpt, identical, n_gpus, c_max, slo, t_pre, extra, par)
+    reps = par.replicas if par else 1
+    if reps > 1 and one["capacity_concurrency"] is not None:
+        one.update(capacity_rps=one["capacity_rps"] * reps, capacity_concurrency=one["capacity_concurrency"] * reps)
+    return one
+
+
+def _capacity_one(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n_in: float, n_out: float,
+                  kv_bpt: float, identical: bool, n_gpus: int, c_max: int, slo: Mapping[str, Any], t_pre: float,
+                  extra: float, par: Parallel | None) -> dict[str, Any]:
+    """`_capacity` of one replica."""
     tpot_t, ttft_t = slo.get("tpot_p95_s"), slo.get("ttft_p95_s")
     if not (tpot_t or ttft_t):
         return {"capacity_rps": math.nan, "capacity_concurrency": None, "capacity_binding": "no SLO"}
     best, binding = None, "kv" if c_max < 4096 else "search limit"
     c = 1
     while c <= max(1, c_max):
-        t = tpot(m, engine, mode, facts, c, n_in, n_out, kv_bpt, identical, n_gpus, extra_s=extra)
+        t = tpot(m, engine, mode, facts, c, n_in, n_out, kv_bpt, identical, n_gpus, extra_s=extra, par=par)
         ttft = t_pre + step_time(m, engine, mode, facts, batch=c, ctx=n_in + n_out / 2, kv_bpt=kv_bpt,
-                                 distinct=1 if identical else c, n_gpus=n_gpus, extra_s=extra)["total_s"]
+                                 distinct=1 if identical else c, n_gpus=n_gpus, extra_s=extra, par=par)["total_s"]
         if (tpot_t and t > tpot_t) or (ttft_t and ttft > ttft_t):
             binding = "tpot" if tpot_t and t > tpot_t else "ttft"
             break
@@ -400,13 +426,13 @@ def predict_configuration(run: Mapping[str, Any], workload: Any, slo: Mapping[st
         engine = ep.get("kind", "vllm")
         args = engine_args(ep.get("args"))
         prof = profile(engine)
-        n_gpus, spec = max(1, prof.gpu_count(args)), prof.speculative(args)
+        layout, spec = prof.layout(args), prof.speculative(args)
         ties = router_ties(run)
         ident = identical_requests(workload) or bool(ties)
         out = {**base, "machine": {"calibration": m.entry.get("id"), "name": m.entry["machine"]["name"],
                                    "measured_at": m.entry.get("measured_at"), "own": m.own},
                "buckets": {label: predict(facts, engine, args, m, input_tokens=n_in, output_tokens=n_out,
-                                          concurrency=conc, slo=slo, identical=ident, n_gpus=n_gpus, speculative=spec,
+                                          concurrency=conc, slo=slo, identical=ident, layout=layout, speculative=spec,
                                           waves=in_waves(workload), ties=ties, engine_terms=engine_terms)
                            for label, (n_in, n_out) in known.items()}}
     if missing:

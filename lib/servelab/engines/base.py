@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import shutil
 import sys
 from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -23,6 +25,48 @@ from .prom import ServerSample, Series
 
 if TYPE_CHECKING:  # a profile takes schema.EngineParams; schema validates flags through the profiles
     from ..schema import EngineParams
+
+
+#: engine flags that set how the GPUs talk to each other (all-reduce, NCCL, all-to-all, fusions): recorded
+COMM_FLAG = re.compile(r"all-?reduce|nccl|nvls|a2a|all2all|expert-parallel|dp-attention|ep-size|moe-.*backend")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one engine spreads over GPUs: tensor (tp), pipeline (pp) and data (dp) parallel sizes, the
+    GPUs its experts are split over (ep, 1 = every GPU of a replica's TP group holds a slice of every
+    expert) and whether the DP ranks only split the attention inside the TP group (SGLang's DP
+    attention: no extra GPUs). `gpus` is what the engine occupies and what per-GPU figures divide by."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    ep: int = 1
+    dp_attention: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * (1 if self.dp_attention else self.dp)
+
+    @property
+    def replicas(self) -> int:
+        """Independent copies of the model behind the endpoint (DP without DP attention)."""
+        return 1 if self.dp_attention else self.dp
+
+    def label(self) -> str:
+        """"TP=2", "DP=2", "TP=2, EP=2", "TP=1" (one GPU): the report's and the dry run's name."""
+        parts = [f"{k}={v}" for k, v in (("TP", self.tp), ("PP", self.pp), ("DP", self.dp), ("EP", self.ep))
+                 if v > 1]
+        parts += ["DP attention"] if self.dp_attention else []
+        return ", ".join(parts) or "TP=1"
+
+    def record(self) -> dict[str, Any]:
+        return {**asdict(self), "gpus": self.gpus, "label": self.label()}
+
+
+def _size(args: dict[str, Any], *names: str) -> int:
+    """The first of these flags that is set, as an int (1 when none is)."""
+    return int(next((v for v in (get_flag(args, f) for f in names) if v is not None and v is not False), 1))
 
 
 class EngineProfile:
@@ -94,7 +138,7 @@ class EngineProfile:
                 continue
             seen[ident] = key
             errors += check_value(t.flags[canon], key, val, auto_ok=canon in self.auto_flags)
-        return errors + self.conflicts(args, concurrency)
+        return errors + self.conflicts(args, concurrency) + self.layout_problems(args)
 
     def conflicts(self, args: dict[str, Any], concurrency: Iterable[int] | None) -> list[str]:
         return []
@@ -144,13 +188,30 @@ class EngineProfile:
         start-ups, which a study launching engines side by side starts first."""
         return False
 
+    def layout(self, args: dict[str, Any]) -> Layout:
+        """The parallel layout these flags start (sizes from the tensor, pipeline and data parallel flags;
+        an engine's own expert-parallel rule in its profile)."""
+        return Layout(tp=_size(args, "tensor-parallel-size", "tp-size", "tp"),
+                      pp=_size(args, "pipeline-parallel-size", "pp-size", "pp"),
+                      dp=_size(args, "data-parallel-size", "dp-size", "dp"))
+
     def gpu_count(self, args: dict[str, Any]) -> int:
-        """GPUs one engine occupies: tensor x pipeline x data parallel size."""
-        n = 1
-        for names in (("tensor-parallel-size", "tp-size", "tp"), ("pipeline-parallel-size", "pp-size", "pp"),
-                      ("data-parallel-size", "dp-size", "dp")):
-            n *= int(next((v for v in (get_flag(args, f) for f in names) if v is not None), 1))
-        return n
+        """GPUs one engine occupies (`layout(args).gpus`)."""
+        return self.layout(args).gpus
+
+    def layout_problems(self, args: dict[str, Any]) -> list[str]:
+        """A layout the engine would refuse or that means nothing, one line each."""
+        try:
+            lay = self.layout(args)
+        except (TypeError, ValueError):
+            return []  # a size that is not an integer: the value check says so
+        bad = [f"{k}={v}" for k, v in (("TP", lay.tp), ("PP", lay.pp), ("DP", lay.dp), ("EP", lay.ep)) if v < 1]
+        return [f"parallel sizes must be at least 1, got {', '.join(bad)}"] if bad else []
+
+    def comm_settings(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The flags that set how the GPUs communicate (all-reduce, NCCL, all-to-all, their fusions), as
+        given; run.json records them with the NCCL_* environment."""
+        return {norm(k): v for k, v in args.items() if COMM_FLAG.search(norm(k))}
 
     def describe(self, args: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
         """What a report says about a configuration: graph mode, speculative k, prefix cache, parsers."""
@@ -210,4 +271,4 @@ def has_gpu() -> bool:
     return bool(shutil.which("nvidia-smi")) or bool(os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
-__all__ = ["EngineProfile", "flag_on", "get_flag", "python_executable", "has_gpu"]
+__all__ = ["COMM_FLAG", "EngineProfile", "Layout", "flag_on", "get_flag", "python_executable", "has_gpu"]

@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .base import EngineProfile, python_executable
+from .base import EngineProfile, Layout, python_executable
 from .flags import AUTO, flag_on, get_flag, norm
 from .prom import (
     ServerSample,
@@ -171,6 +171,21 @@ class SglangProfile(EngineProfile):
 
     def conflicts(self, args: dict[str, Any], concurrency: Iterable[int] | None) -> list[str]:
         return _sglang_conflicts(args, concurrency)
+
+    def layout(self, args: dict[str, Any]) -> Layout:
+        """SGLang's experts split over ep-size GPUs of the TP group; with enable-dp-attention the DP
+        ranks split the attention inside the TP group (no extra GPUs), else each is a replica of tp-size GPUs."""
+        lay = super().layout(args)
+        ep = get_flag(args, "ep-size")
+        return Layout(lay.tp, lay.pp, lay.dp, int(ep) if ep else 1, flag_on(args, "enable-dp-attention"))
+
+    def layout_problems(self, args: dict[str, Any]) -> list[str]:
+        out = super().layout_problems(args)
+        lay = self.layout(args) if not out else None
+        if lay and lay.dp_attention and lay.tp % lay.dp:
+            out.append(f"enable-dp-attention: dp-size {lay.dp} must divide tp-size {lay.tp} (the DP ranks share the TP "
+                       "group's GPUs)")
+        return out
 
     def spec_tokens(self, args: dict[str, Any]) -> int:
         return sglang_spec_tokens(args)

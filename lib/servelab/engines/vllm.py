@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .base import EngineProfile, has_gpu, python_executable
+from .base import EngineProfile, Layout, has_gpu, python_executable
 from .flags import AUTO, flag_on, get_flag, json_value, load_table, norm
 from .prom import ServerSample, by_label, counter_names, first_series, histogram, to_int, label_int, mean_of, Series, sum_of
 
@@ -222,6 +222,25 @@ class VllmProfile(EngineProfile):
 
     def compiles_at_startup(self, args: dict[str, Any]) -> bool:
         return not flag_on(args, "enforce-eager")
+
+    def layout(self, args: dict[str, Any]) -> Layout:
+        """vLLM's experts with --enable-expert-parallel: split over every GPU of the TP x DP ranks."""
+        lay = super().layout(args)
+        return Layout(lay.tp, lay.pp, lay.dp, lay.tp * lay.dp if flag_on(args, "enable-expert-parallel") else 1)
+
+    def layout_problems(self, args: dict[str, Any]) -> list[str]:
+        out = super().layout_problems(args)
+        lay = super().layout(args) if not out else None
+        if lay and flag_on(args, "enable-expert-parallel") and lay.tp * lay.dp == 1:
+            out.append("enable-expert-parallel on one GPU (tensor-parallel-size x data-parallel-size = 1): "
+                       "no experts to split")
+        return out
+
+    def comm_settings(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The communication flags, and compilation-config.pass_config (its all-reduce fusions)."""
+        out = super().comm_settings(args)
+        pc = compilation_config(args).get("pass_config")
+        return {**out, "compilation-config.pass_config": pc} if pc else out
 
     def spec_tokens(self, args: dict[str, Any]) -> int:
         return vllm_spec_tokens(args)

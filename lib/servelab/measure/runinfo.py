@@ -83,6 +83,25 @@ def engine_gpu_devices(engine_env: dict[str, str] | None = None) -> list[dict[st
     return [g for g in all_gpus if str(g["index"]) in want] or all_gpus
 
 
+def comm_env(*envs: dict[str, Any] | None) -> dict[str, str]:
+    """The NCCL_* variables of the first of `envs` that sets each (the engine's own environment as launched, its
+    params' `engine.env`, this process's: the device machine sets NCCL_NVLS_ENABLE=0 for every process)."""
+    out: dict[str, str] = {}
+    for env in envs:
+        for k, v in (env or {}).items():
+            if k.startswith("NCCL_"):
+                out.setdefault(k, str(v))
+    return dict(sorted(out.items()))
+
+
+def layout_record(profile: Any, engine: Any, launched_env: dict[str, Any] | None = None) -> dict[str, Any]:
+    """run.json's `layout`: the parallel layout the engine's flags start (TP, PP, DP, EP, the GPUs it takes, its
+    label), the flags that set how its GPUs communicate (all-reduce, NCCL, all-to-all, their fusions) and the
+    NCCL_* environment (`comm_env`)."""
+    return {**profile.layout(engine.args).record(), "comm_flags": profile.comm_settings(engine.args),
+            "nccl_env": comm_env(launched_env, engine.env, dict(os.environ))}
+
+
 def host_info() -> dict[str, Any]:
     try:
         import psutil

@@ -301,6 +301,24 @@ PRESETS: dict[str, dict[str, Any]] = {
         "torch_dtype": "bfloat16",
         "vocab_size": 50304,
     },
+    # Qwen2.5-32B's dimensions (Qwen/Qwen2.5-32B config.json, as tests/fixtures keeps it: 64 layers, hidden 5120,
+    # MLP 27648, 40 query and 8 KV heads of 128, rope theta 1e6) on the Llama architecture with attention bias
+    # (Qwen2's QKV bias; Llama's adds an o_proj bias too, 0.3 M parameters): the same kernels in vLLM and SGLang,
+    # and the offline tokenizer works as it does for every Llama preset (Qwen2's tokenizer class adds a token).
+    # 32.8 B parameters, 65.5 GB in bf16: big enough that TP=2 matters.
+    "qwen2.5-32b": {
+        **_LLAMA_COMMON,
+        "attention_bias": True,
+        "hidden_size": 5120,
+        "intermediate_size": 27648,
+        "num_hidden_layers": 64,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 131072,
+        "rope_theta": 1000000.0,
+        "vocab_size": 152064,
+    },
 }
 
 # Trained tokenizer vocabulary per preset (special tokens included). Large
@@ -315,6 +333,7 @@ PRESET_TOKENIZER_VOCAB_SIZE: dict[str, int] = {
     "deepseek-v2-lite": 32000,
     "qwen1.5-moe-a2.7b": 32000,
     "olmoe-1b-7b": 32000,
+    "qwen2.5-32b": 32000,
 }
 
 # Calibration models (`servelab calibrate-hw`, analysis.perfmodel): one per layer kind, width and

@@ -101,10 +101,15 @@ def load_study_data(study_dir: str | Path) -> StudyData:
     return StudyData(root=root, study=study, folders=folders, meta=meta)
 
 
-def engine_gpus(sd: StudyData, config_id: str) -> int:
-    """GPUs the configuration's engine spanned (TP x PP x DP of the args it ran with)."""
+def engine_layout(sd: StudyData, config_id: str) -> Any:
+    """The parallel layout the configuration's engine ran with (`engines.Layout`, from the args it ran with)."""
     ep = sd.engine_params(config_id)
-    return engine_profile(ep.get("kind", "vllm")).gpu_count(ep.get("args") or {})
+    return engine_profile(ep.get("kind", "vllm")).layout(ep.get("args") or {})
+
+
+def engine_gpus(sd: StudyData, config_id: str) -> int:
+    """GPUs the configuration's engine spanned (its layout's: TP x PP x DP, DP attention inside the TP group)."""
+    return engine_layout(sd, config_id).gpus
 
 
 def baselines(sd: StudyData, piv: pd.DataFrame | None = None) -> dict[str, str]:

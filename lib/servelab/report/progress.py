@@ -24,7 +24,7 @@ from ..runfolder import ENGINE_LOG, read_json
 from . import html as rh
 from . import verdicts as rv
 from . import workload
-from .load import StudyData, baselines
+from .load import StudyData, baselines, engine_layout
 from .fmt import _open_loop, in_flight, link, num, pct, quality, slo_parts  # noqa: F401  (re-exported)
 
 
@@ -65,11 +65,27 @@ def _value(v: Any) -> str:
 
 
 def change_text(sd: StudyData, cid: str, base: str) -> str:
-    """What changed from the baseline, one lever per item ("args.enforce-eager: True → –")."""
+    """What changed from the baseline, one lever per item ("args.enforce-eager: True → –"), the parallel
+    layout named first when it changed ("layout: TP=1 (1 GPU) → TP=2 (2 GPUs)")."""
     diffs = settings_changed(sd, cid, base)
     if not diffs:
         return sd.w("configs.no_change")
-    return "; ".join(f"{k}: {_value(a)} → {_value(b)}" for k, a, b in diffs)
+    return "; ".join(layout_change(sd, cid, base) + [f"{k}: {_value(a)} → {_value(b)}" for k, a, b in diffs])
+
+
+def layout_change(sd: StudyData, cid: str, base: str) -> list[str]:
+    """["layout: TP=1 (1 GPU) → TP=2 (2 GPUs)"] when the configuration's layout differs from its baseline's, else []."""
+    a, b = engine_layout(sd, base), engine_layout(sd, cid)
+    if a == b:
+        return []
+    return [sd.w("configs.layout_change", before=layout_name(sd, a), after=layout_name(sd, b))]
+
+
+def layout_name(sd: StudyData, lay: Any) -> str:
+    """"TP=2 (2 GPUs)": a layout's label and its GPU count in the page's language."""
+    if lay.gpus == 1:
+        return sd.w("configs.layout.one", label=lay.label())
+    return sd.w("configs.layout.many", label=lay.label(), n=lay.gpus)
 
 
 def method_text_prompt_sets(sd: StudyData) -> str:

@@ -16,7 +16,7 @@ from ..schema.runfiles import RunInfo
 from ..summary import DEFINED_METRICS
 from . import html as rh
 from .fmt import anchor, dash_note, link, num, pct, slo_parts, span  # noqa: F401  (the notebooks' sec.anchor etc.)
-from .load import StudyData, baselines, engine_gpus
+from .load import StudyData, baselines, engine_gpus, engine_layout
 from .workload import extra_definitions
 
 
@@ -207,6 +207,12 @@ def _hardware(sd: StudyData, cid: str) -> str:
     return sd.w("repro.cpu", model=host.cpu_model, count=host.cpu_count)
 
 
+def _layout(sd: StudyData, cid: str) -> str:
+    from .progress import layout_name
+
+    return layout_name(sd, engine_layout(sd, cid))
+
+
 def _card_rows(sd: StudyData, cid: str) -> dict[str, str]:
     """The card's short fields, each named in the page's language."""
     r = sd.info(cid)
@@ -224,7 +230,7 @@ def _card_rows(sd: StudyData, cid: str) -> dict[str, str]:
         w("repro.field.engine"): f"{r.engine_kind} {srv.version or w('repro.version_not_recorded')}",
         w("repro.field.hardware"): _hardware(sd, cid),
         w("repro.field.precision"): f"{args.get('dtype', 'auto')} / {args.get('kv-cache-dtype', 'auto')}",
-        w("repro.field.parallel"): f"TP={args.get('tensor-parallel-size', args.get('tp-size', 1))}",
+        w("repro.field.parallel"): _layout(sd, cid),
         w("repro.field.startup"): w("repro.startup", s=srv.startup_s) if srv.startup_s
         else w("repro.not_recorded"),
         w("repro.field.run"): f"{r.started_at} → {r.finished_at}",

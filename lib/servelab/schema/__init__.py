@@ -139,7 +139,7 @@ class Study(Strict):
                 raise ValueError(f"tune.objective {self.tune.objective!r} needs a capacity: block (study or {base})")
         if isinstance(self.host, LocalHostParams) and self.engine.model is None:
             raise ValueError("a local host needs engine.model (preset or path)")
-        errs = validate_engines(self)
+        errs = validate_engines(self) + device_layout_problems(self)
         if errs:
             raise ValueError("\n".join(errs))
         return self
@@ -197,6 +197,63 @@ def validate_engines(study: "Study") -> list[str]:
             if f"engine: {e}" not in base:
                 out.append(f"configurations[{i}] ({c.id}): engine: {e}")
     return out
+
+def layout_of(study: "Study", config_id: str) -> Any:
+    """The configuration's parallel layout (`engines.Layout`: TP, PP, DP, EP and the GPUs it takes)."""
+    from ..engines import get
+
+    eng = study.engine_for(config_id)
+    return get(eng.kind).layout(eng.args)
+
+
+def device_layout_problems(study: "Study") -> list[str]:
+    """A configuration whose layout needs more GPUs than `device.gpus`, or more than the one GPU a lane
+    or a group gives it, one line each ([] = fine; no device block: nothing to hold it against)."""
+    dev = study.device
+    if dev is None:
+        return []
+    one = {c for lane in dev.lanes for c in lane} | {c for g in dev.groups for c in g}
+    out = []
+    for i, c in enumerate(study.configurations):
+        try:
+            lay = layout_of(study, c.id)
+        except (TypeError, ValueError):
+            continue  # a size that is not an integer: the engine's value check says so
+        where = f"configurations[{i}] ({c.id}): layout {lay.label()} needs {lay.gpus} GPUs"
+        if lay.gpus > dev.gpus:
+            out.append(f"{where}, device.gpus is {dev.gpus}")
+        elif lay.gpus > 1 and c.id in one:
+            out.append(f"{where}; a lane or a group gives it one (list it in device.all_gpus)")
+    return out
+
+
+def device_gpus(study: "Study") -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES of each configuration on the device machine (scripts/device/drive.py): a lane's
+    configurations the lane's GPU (lanes side by side, GPU i for lane i), a group's GPU 0, device.all_gpus every GPU,
+    a layout of more than one GPU not listed there the first GPUs it takes (after the lanes)."""
+    dev = study.device
+    if dev is None:
+        return {}
+    out = {c: "0" for g in dev.groups for c in g}
+    for i, lane in enumerate(device_lanes(study)[0]):
+        out.update({c: str(i) for c in lane})
+    for c in device_lanes(study)[1]:
+        n = dev.gpus if c in dev.all_gpus else layout_of(study, c).gpus
+        out[c] = ",".join(str(g) for g in range(n))
+    return out
+
+
+def device_lanes(study: "Study") -> tuple[list[list[str]], list[str]]:
+    """(the lanes, one GPU each, and the configurations run after them on their layout's GPUs): as
+    `device.lanes` / `device.all_gpus` say, a configuration of more than one GPU always among the latter;
+    without lanes one lane of every one-GPU configuration. ([], []) with device.groups."""
+    dev = study.device
+    if dev is None or dev.groups:
+        return [], []
+    wide = [c.id for c in study.configurations if c.id in dev.all_gpus or layout_of(study, c.id).gpus > 1]
+    lanes = dev.lanes or [[c.id for c in study.configurations if c.id not in wide]]
+    return [lane for lane in lanes if lane], wide
+
 
 def resolve_profile(study: "Study", config_id: str) -> "EngineParams":
     """The configuration's EngineParams with the profile's derived values applied (what launches)."""
@@ -352,6 +409,7 @@ def study_from_dict(data: dict[str, Any], source: str = "<params>") -> Study:
 
 
 __all__ = ["Study", "Design", "ParamsError", "FORMAT_VERSION", "load_study", "study_from_dict", "upgrade", "format_errors", "validate_engines",
+           "device_gpus", "device_lanes", "device_layout_problems", "layout_of",
            "resolve_profile", "resolve_engine", "GPU_AMI_PARAMETER", "HOST_KINDS", "HOURS_PER_MONTH", "AttachHostParams",
            "AttachParams", "AwsEcsHostParams", "AwsInstanceHostParams", "AwsParams", "Bucket", "Configuration",
            "CostParams", "DeviceParams", "PeerRun", "StudyTexts", "QualityParams", "EngineParams", "HostParams", "LocalHostParams", "ModelRef", "Slo", "Strict", "Workload",

@@ -291,7 +291,9 @@ class DeviceParams(Strict):
     lanes: list[list[str]] = Field(default_factory=list, description="configuration ids measured one after another "
                                    "on one GPU each; lanes run side by side (default: one lane of every configuration "
                                    "not in all_gpus)")
-    all_gpus: list[str] = Field(default_factory=list, description="configurations that use every GPU, after the lanes")
+    all_gpus: list[str] = Field(default_factory=list, description="configurations that use every GPU, after the lanes "
+                                   "(a layout of more than one GPU runs after the lanes on the GPUs it takes, "
+                                   "listed here or not)")
     groups: list[list[str]] = Field(default_factory=list, description="one GPU shared by several servers: each group's "
                                     "servers start at once (port = engine.port + place in the group), then are measured "
                                     "one at a time in this order, each stopped once measured; groups run one after "

@@ -212,6 +212,8 @@ class RunInfo(Open):
     client_limited_levels: list[dict[str, Any]] = Field(default_factory=list)
     configuration: dict[str, Any] | None = None
     engine_params: EngineRecord | None = None
+    #: the parallel layout (TP, PP, DP, EP, gpus, label), its communication flags and NCCL_* environment
+    layout: dict[str, Any] | None = None
     model: ModelRecord | None = None
     gpus_used: list[dict[str, Any]] | None = None
     hardware_measured: dict[str, Any] | None = None
