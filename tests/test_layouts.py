@@ -66,8 +66,8 @@ def test_per_gpu_figures_and_the_price_divide_by_the_layouts_gpus():
     assert [engine_gpus(sd, c) for c in ("tp1", "dp2", "sg")] == [1, 2, 2]
     sd.study = SimpleNamespace(cost=CostParams(instance_type="p5en.48xlarge", gpus_used=1))
     price = SimpleNamespace(usd_per_hour=64.0, instance_type="p5en.48xlarge")
-    assert money._hourly(sd, "dp2", price) == (pytest.approx(16.0), "2/8 GPUs")
-    assert money._hourly(sd, "tp1", price) == (pytest.approx(8.0), "1/8 GPUs")
+    assert money.hourly_share(sd, "dp2", price) == (pytest.approx(16.0), "2/8 GPUs")
+    assert money.hourly_share(sd, "tp1", price) == (pytest.approx(8.0), "1/8 GPUs")
 
 
 def test_what_changes_names_the_layout_first():

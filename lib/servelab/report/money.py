@@ -24,7 +24,7 @@ def _best_levels(sd: StudyData) -> pd.DataFrame:
     return s.loc[s.groupby("config", sort=False)["aggregate_output_tps"].idxmax()]
 
 
-def _hourly(sd: StudyData, cid: str, price: Any) -> tuple[float, str | None]:
+def hourly_share(sd: StudyData, cid: str, price: Any) -> tuple[float, str | None]:
     """The hourly price charged to one configuration: its share of the instance's GPUs
     (the engine's TP x PP x DP, at least cost.gpus_used) when the study prices per GPU."""
     cost = sd.study.cost
@@ -48,7 +48,7 @@ def cost_rows(sd: StudyData) -> tuple[pd.DataFrame, str]:
     managed = resolve_managed(cost.managed)
     rows = []
     for cid, b in _best_levels(sd).groupby("config", sort=False):
-        hourly, share = _hourly(sd, cid, price)
+        hourly, share = hourly_share(sd, cid, price)
         t = cost_table(b, hourly, managed, hours=cost.hours_per_month, utilization=cost.utilization,
                        fixed_monthly_usd=sum(cost.fixed_monthly_usd.values()), always_on=cost.always_on,
                        cached_input_fraction=cost.cached_input_fraction)

@@ -208,9 +208,11 @@ def _hardware(sd: StudyData, cid: str) -> str:
 
 
 def _layout(sd: StudyData, cid: str) -> str:
+    """The parallel layout, with its GPU count where the run had GPUs ("TP=1" alone on a CPU)."""
     from .progress import layout_name
 
-    return layout_name(sd, engine_layout(sd, cid))
+    run, lay = sd.info(cid), engine_layout(sd, cid)
+    return layout_name(sd, lay) if run.gpus_used or run.client_host.gpus else lay.label()
 
 
 def _card_rows(sd: StudyData, cid: str) -> dict[str, str]:
