@@ -12,6 +12,7 @@ an AWS host is the plan's `Host` (`servelab.hosts`). Not for diagnosis or the wr
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -280,8 +281,6 @@ def prediction_lines(study: Any, config_id: str, machine: dict[str, Any]) -> lis
 
 def fmt_value(v: Any, scale: float = 1.0, unit: str = "") -> str:
     """A predicted figure for a terminal: 3 significant digits (thousands whole), "-" when unknown."""
-    import math
-
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
     x = float(v) * scale

@@ -278,10 +278,10 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
     t_pre = prefill_time(m, engine, mode, facts, n_in, n_gpus, par=par)
     per_request = n_in + n_out
     c_kv = kv_tok / per_request if kv_tok == kv_tok else math.nan
+    seqs = get_flag(args, "max-num-seqs") or get_flag(args, "max-running-requests")
+    limits = {"kv": math.floor(c_kv) if c_kv == c_kv else 4096, "max-num-seqs": int(seqs) if seqs else 4096}  # a replica's
     if reps > 1:  # every replica its own KV pool
         kv_tok, c_kv = kv_tok * reps, c_kv * reps
-    seqs = get_flag(args, "max-num-seqs") or get_flag(args, "max-running-requests")
-    limits = {"kv": math.floor(c_kv / reps) if c_kv == c_kv else 4096, "max-num-seqs": int(seqs) if seqs else 4096}
     cap = _capacity(m, engine, mode, facts, n_in, n_out, kv_bpt, identical, n_gpus, min(limits.values()), slo, t_pre,
                     extra, par)
     bw1, bw_src = m.bandwidth(engine, 1)

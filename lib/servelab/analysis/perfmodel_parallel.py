@@ -62,19 +62,20 @@ class Parallel:
     def weight_bytes(self, facts: Mapping[str, Any], distinct: float) -> float:
         """Weight bytes one GPU of the replica reads in a step of `distinct` distinct tokens: the
         non-expert part over tp, the touched experts over ep (over tp without expert parallel)."""
-        total = decode_weight_bytes(facts, max(1, int(round(distinct))))
-        if self.ep <= 1 or self.ep == self.tp:
-            return total / self.tp
-        experts = expert_bytes(facts, touched=True, distinct=distinct)
-        return (total - experts) / self.tp + experts / self.ep
+        return self._per_gpu(decode_weight_bytes(facts, max(1, int(round(distinct)))),
+                             lambda: expert_bytes(facts, touched=True, distinct=distinct))
 
     def static_weight_bytes(self, facts: Mapping[str, Any]) -> float:
         """The weights one GPU holds (what the KV cache's memory share is left after)."""
-        total = float(facts["weight_bytes"])
+        return self._per_gpu(float(facts["weight_bytes"]), lambda: expert_bytes(facts, touched=False))
+
+    def _per_gpu(self, total: float, experts: Any) -> float:
+        """One GPU's share of `total` weight bytes: all of it over tp, or, with the experts (`experts()`
+        bytes) split over ep GPUs other than the TP group, the rest over tp and the experts over ep."""
         if self.ep <= 1 or self.ep == self.tp:
             return total / self.tp
-        experts = expert_bytes(facts, touched=False)
-        return (total - experts) / self.tp + experts / self.ep
+        e = experts()
+        return (total - e) / self.tp + e / self.ep
 
     # -- communication ----------------------------------------------------------------------------
     def comm_s(self, facts: Mapping[str, Any], rows: float) -> float:

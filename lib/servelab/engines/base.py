@@ -53,10 +53,13 @@ class Layout:
         """Independent copies of the model behind the endpoint (DP without DP attention)."""
         return 1 if self.dp_attention else self.dp
 
+    def sizes(self) -> tuple[tuple[str, int], ...]:
+        """(name, size) of each parallel dimension: TP, PP, DP, EP."""
+        return ("TP", self.tp), ("PP", self.pp), ("DP", self.dp), ("EP", self.ep)
+
     def label(self) -> str:
         """"TP=2", "DP=2", "TP=2, EP=2", "TP=1" (one GPU): the report's and the dry run's name."""
-        parts = [f"{k}={v}" for k, v in (("TP", self.tp), ("PP", self.pp), ("DP", self.dp), ("EP", self.ep))
-                 if v > 1]
+        parts = [f"{k}={v}" for k, v in self.sizes() if v > 1]
         parts += ["DP attention"] if self.dp_attention else []
         return ", ".join(parts) or "TP=1"
 
@@ -205,7 +208,7 @@ class EngineProfile:
             lay = self.layout(args)
         except (TypeError, ValueError):
             return []  # a size that is not an integer: the value check says so
-        bad = [f"{k}={v}" for k, v in (("TP", lay.tp), ("PP", lay.pp), ("DP", lay.dp), ("EP", lay.ep)) if v < 1]
+        bad = [f"{k}={v}" for k, v in lay.sizes() if v < 1]
         return [f"parallel sizes must be at least 1, got {', '.join(bad)}"] if bad else []
 
     def comm_settings(self, args: dict[str, Any]) -> dict[str, Any]:
