@@ -7,12 +7,13 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 .venv/bin/servelab validate params/*.yaml
 .venv/bin/ruff check lib tests benchmarks scripts notebooks  # [tool.ruff] in pyproject.toml
-# Two passes: the tests without an engine on two workers (pytest-xdist, work-stealing: 300 s against
-# 325 s one file per worker), then those that start the real vLLM CPU server on one. Two engine tests side by side on two
+# Two passes: the tests without an engine on two workers (pytest-xdist, one test file per worker at a
+# time: work-stealing saved 25 s but split a file's tests, such as the Ray pool's, over both workers, and a
+# Ray worker then started 1 s late in a test that allows 50 ms), then those that start the real vLLM CPU server on one. Two engine tests side by side on two
 # cores slowed each other 4-5x (two reduced KV studies at once: 460 s each, 92 s alone; each saw the
 # other as a disturbance and measured rounds again), so the engine pass on two workers took 9 min 34 s
 # and on one 7 min 51 s (2026-12-04). Exit 5 is "no test selected" (a path given to `make test` may
 # hold tests of one kind only).
 run_pass() { .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || { rc=$?; [ $rc -eq 5 ] || exit $rc; }; }
-run_pass -m "not engine" -n 2 --dist worksteal --durations=10 "$@"
+run_pass -m "not engine" -n 2 --dist loadfile --durations=10 "$@"
 run_pass -m engine -n 1 --durations=15 "$@"
