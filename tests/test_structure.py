@@ -49,6 +49,52 @@ def test_engine_and_host_kinds_are_decided_in_their_registries():
     assert found == []
 
 
+def _strings(node: ast.AST) -> set[str]:
+    """The string constants a comparison operand holds (a literal, or a tuple/list/set of them)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return set().union(*(_strings(e) for e in node.elts)) if node.elts else set()
+    return set()
+
+
+def engine_kind_branches(tree: ast.AST, kinds: set[str]) -> list[int]:
+    """Lines that decide on an engine kind by its value, whatever the variable is called: a comparison
+    (==, !=, in) with one of the registry's kinds, a `case "vllm":`, a startswith/endswith on one, or a
+    dict keyed by them."""
+    lines = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Compare):
+            hit = any(_strings(x) & kinds for x in (n.left, *n.comparators))
+        elif isinstance(n, ast.MatchValue):
+            hit = bool(_strings(n.value) & kinds)
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("startswith", "endswith"):
+            hit = any(_strings(a) & kinds for a in n.args)
+        elif isinstance(n, ast.Dict):
+            hit = any(k is not None and _strings(k) & kinds for k in n.keys)
+        else:
+            hit = False
+        if hit:
+            lines.append(n.lineno)
+    return lines
+
+
+def test_no_engine_kind_branches_outside_engines():
+    """The engine registry's kinds, found by value: nothing outside engines/ compares or matches them."""
+    from servelab.engines import KINDS
+
+    found = [f"{p.relative_to(LIB)}:{line}" for p in _modules() if p.relative_to(LIB).parts[0] != "engines"
+             for line in engine_kind_branches(ast.parse(p.read_text()), set(KINDS))]
+    assert found == []
+
+
+def test_the_engine_kind_scan_finds_a_branch_by_value():
+    code = ("def f(engine, k, d):\n    if engine == 'sglang': pass\n    x = k in ('vllm', 'other')\n"
+            "    match d:\n        case 'vllm': pass\n    return {'sglang': 1}, d.startswith('vllm')\n")
+    assert sorted(engine_kind_branches(ast.parse(code), {"vllm", "sglang"})) == [2, 3, 5, 6, 6]
+    assert engine_kind_branches(ast.parse("x = a == 'local'"), {"vllm", "sglang"}) == []
+
+
 def test_the_schema_imports_no_pandas():
     code = ("import sys; import servelab.schema; "
             "print(sorted(m for m in ('pandas', 'boto3', 'matplotlib', 'httpx') if m in sys.modules))")

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from .engines import get as engine_profile
 from .errors import UserError
 from .log import progress_line
 
@@ -55,14 +56,7 @@ def plan(kinds: list[str], widths: list[int], layers: list[int], modes: list[str
 def _engine_params(item: dict[str, Any], engine: str, port: int, gpu: bool) -> Any:
     from .schema import EngineParams
 
-    args: dict[str, Any] = {"max-model-len": 1024, "max-num-seqs": 4, "dtype": "bfloat16"}
-    if engine == "vllm":
-        args.update({"kv-cache-memory-bytes": "512M" if gpu else "64M", "enforce-eager": item["mode"] == "eager"})
-        if gpu:
-            args["gpu-memory-utilization"] = 0.05
-    else:  # sglang
-        args = {"context-length": 1024, "max-running-requests": 4, "max-total-tokens": 16384,
-                "mem-fraction-static": 0.05, "disable-cuda-graph": item["mode"] == "eager"}
+    args = engine_profile(engine).calibration_args(eager=item["mode"] == "eager", gpu=gpu)
     return EngineParams(kind=engine, model={"preset": item["preset"]}, port=port, args=args, load_format="dummy",
                         entrypoint="api_server", startup_timeout_s=900)
 

@@ -61,6 +61,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import engines
 from ..engines.flags import get_flag
 from ..models.facts import kv_bytes_per_token, kv_read_bytes_per_token
 from . import perfmodel_terms as terms
@@ -93,9 +94,7 @@ def mode_of(engine: str, args: Mapping[str, Any]) -> str:
     """graphs or eager: how the engine runs its decode steps with these flags (on the CPU engine
     "graphs" is torch.compile's compiled mode; only its eager mode is calibrated there, so a compiled
     configuration's prediction uses the eager costs and is labelled a bound)."""
-    if engine == "sglang":
-        return "eager" if get_flag(args, "disable-cuda-graph") else "graphs"
-    return "eager" if get_flag(args, "enforce-eager") else "graphs"
+    return engines.get(engine).decode_mode(args)
 
 
 def _precision(facts: Mapping[str, Any]) -> str:
@@ -213,8 +212,9 @@ def kv_tokens(engine: str, facts: Mapping[str, Any], args: Mapping[str, Any], m:
     from .predict import DEFAULT_GPU_MEMORY_UTILIZATION
     from .kv import parse_size_bytes
 
-    if engine == "sglang" and get_flag(args, "max-total-tokens"):
-        return float(get_flag(args, "max-total-tokens")), "max-total-tokens"
+    forced = engines.get(engine).forced_kv_tokens(args)
+    if forced:
+        return forced
     bpt = kv_bytes_per_token(facts, kv_dtype, n_gpus)
     block = int(get_flag(args, "block-size") or get_flag(args, "page-size") or 16)
     blocks = get_flag(args, "num-gpu-blocks-override")
@@ -370,25 +370,15 @@ def identical_requests(workload: Any) -> bool:
 
 
 def router_ties(run: Mapping[str, Any]) -> str | None:
-    """Why every token of a batch routes to the same experts whatever the requests, or None.
-    vLLM 0.26 takes DeepSeek-V2's top-k (grouped_topk, softmax scoring, no correction bias) on a
-    bf16 softmax of bf16 router logits; with dummy weights (every tensor, norms included, drawn from
-    U(-1e-3, 1e-3)) the logits are ~1e-5, every probability rounds to the same 1/E in bf16 and the
-    top-k ties to the same experts for every token (read in vLLM 0.26.0's grouped_topk_router.py; vLLM
-    0.32 sends one-group routing to the fp32 top-k kernel instead). Qwen3 and Mixtral route through
-    that fp32 kernel in 0.26 too, so their tokens spread."""
+    """Why every token of a batch routes to the same experts whatever the requests, or None: a run
+    with dummy weights on an engine version whose router ties them (`EngineProfile.dummy_router_ties`)."""
     ep = run.get("engine_params") or {}
+    if ep.get("load_format") != "dummy":
+        return None
     cfg = (run.get("model") or {}).get("config") or {}
-    if ep.get("kind", "vllm") != "vllm" or ep.get("load_format") != "dummy" or cfg.get("model_type") != "deepseek_v2":
-        return None
-    if str(cfg.get("scoring_func", "softmax")) != "softmax" or cfg.get("topk_method") == "noaux_tc":
-        return None
-    version = (run.get("server") or {}).get("version") or (run.get("packages") or {}).get("vllm") or ""
-    parts = [int(x) for x in str(version).split(".")[:2] if x.isdigit()]
-    if len(parts) < 2 or tuple(parts) > (0, 26):
-        return None
-    return (f"vLLM {version} ranks DeepSeek-V2's experts on a bf16 softmax; with dummy weights every probability "
-            "rounds to the same value and every token takes the same experts")
+    kind = ep.get("kind", "vllm")
+    version = (run.get("server") or {}).get("version") or (run.get("packages") or {}).get(kind) or ""
+    return engines.get(kind).dummy_router_ties(cfg, version)
 
 
 def in_waves(workload: Any) -> bool:

@@ -84,6 +84,7 @@ class EngineProfile:
     auto_flags: tuple[str, ...] = ()  # flags whose value may be `auto` (derived)
     info_paths: tuple[str, ...] = ("/version",)  # server facts endpoints, first that answers
     base_env: dict[str, str] = {"HF_HUB_OFFLINE": "1"}
+    eager_flag: str = ""  # the flag that turns graphs off (decode_mode)
     #: every registered profile by kind (set by the registry, servelab.engines, through `register`)
     peers: Mapping[str, "EngineProfile"] = {}
 
@@ -185,6 +186,26 @@ class EngineProfile:
 
     def speculative(self, args: dict[str, Any]) -> bool:
         return False
+
+    def decode_mode(self, args: Mapping[str, Any]) -> str:
+        """"eager" or "graphs": how the engine runs its decode steps with these flags (CUDA graphs on a
+        GPU; on the CPU engine "graphs" is torch.compile's compiled mode)."""
+        return "eager" if get_flag(args, self.eager_flag) else "graphs"
+
+    def forced_kv_tokens(self, args: Mapping[str, Any]) -> tuple[float, str] | None:
+        """KV-cache tokens an engine-only flag fixes outright, with the flag's name; None when the
+        pool is sized the common way (blocks, a byte budget or a memory share)."""
+        return None
+
+    def calibration_args(self, eager: bool, gpu: bool) -> dict[str, Any]:
+        """The flags of a calibration model's server (`calibrate_hw`): a small context, 4 sequences, a
+        small KV pool, bf16, eager or graphs as asked."""
+        raise NotImplementedError(f"{self.kind}: no calibration flags")
+
+    def dummy_router_ties(self, config: Mapping[str, Any], version: str) -> str | None:
+        """Why every token of a batch routes to the same experts on this engine version when the
+        weights are dummy, or None (`analysis.perfmodel.router_ties`)."""
+        return None
 
     def compiles_at_startup(self, args: dict[str, Any]) -> bool:
         """Whether these flags make the engine compile (or capture graphs) while it starts: the long

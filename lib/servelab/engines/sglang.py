@@ -151,6 +151,7 @@ def parse_sglang_metrics(idx: Mapping[str, Series]) -> ServerSample:
 
 class SglangProfile(EngineProfile):
     kind = "sglang"
+    eager_flag = "disable-cuda-graph"
     label = "SGLang"
     metrics_prefix = "sglang:"
     env_prefix = "SGLANG_"
@@ -192,6 +193,14 @@ class SglangProfile(EngineProfile):
 
     def speculative(self, args: dict[str, Any]) -> bool:
         return flag_on(args, "speculative-algorithm")
+
+    def forced_kv_tokens(self, args: Mapping[str, Any]) -> tuple[float, str] | None:
+        tokens = get_flag(args, "max-total-tokens")
+        return (float(tokens), "max-total-tokens") if tokens else None
+
+    def calibration_args(self, eager: bool, gpu: bool) -> dict[str, Any]:
+        return {"context-length": 1024, "max-running-requests": 4, "max-total-tokens": 16384,
+                "mem-fraction-static": 0.05, "disable-cuda-graph": eager}
 
     def apply_derived(self, args: dict[str, Any], concurrency: Iterable[int]) -> dict[str, Any]:
         """cuda-graph-max-bs(-decode): auto -> max(c) (SGLang counts requests per decode batch and

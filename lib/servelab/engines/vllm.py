@@ -186,6 +186,7 @@ def parse_vllm_metrics(idx: Mapping[str, Series]) -> ServerSample:
 
 class VllmProfile(EngineProfile):
     kind = "vllm"
+    eager_flag = "enforce-eager"
     label = "vLLM"
     metrics_prefix = "vllm:"
     env_prefix = "VLLM_"
@@ -219,6 +220,30 @@ class VllmProfile(EngineProfile):
 
     def conflicts(self, args: dict[str, Any], concurrency: Iterable[int] | None) -> list[str]:
         return _vllm_conflicts(args, concurrency)
+
+    def calibration_args(self, eager: bool, gpu: bool) -> dict[str, Any]:
+        args: dict[str, Any] = {"max-model-len": 1024, "max-num-seqs": 4, "dtype": "bfloat16",
+                                "kv-cache-memory-bytes": "512M" if gpu else "64M", "enforce-eager": eager}
+        if gpu:
+            args["gpu-memory-utilization"] = 0.05
+        return args
+
+    def dummy_router_ties(self, config: Mapping[str, Any], version: str) -> str | None:
+        """vLLM 0.26 takes DeepSeek-V2's top-k (grouped_topk, softmax scoring, no correction bias) on a
+        bf16 softmax of bf16 router logits; with dummy weights (every tensor, norms included, drawn from
+        U(-1e-3, 1e-3)) the logits are ~1e-5, every probability rounds to the same 1/E in bf16 and the
+        top-k ties to the same experts for every token (read in vLLM 0.26.0's grouped_topk_router.py; vLLM
+        0.32 sends one-group routing to the fp32 top-k kernel instead). Qwen3 and Mixtral route through
+        that fp32 kernel in 0.26 too, so their tokens spread."""
+        if config.get("model_type") != "deepseek_v2":
+            return None
+        if str(config.get("scoring_func", "softmax")) != "softmax" or config.get("topk_method") == "noaux_tc":
+            return None
+        parts = [int(x) for x in str(version).split(".")[:2] if x.isdigit()]
+        if len(parts) < 2 or tuple(parts) > (0, 26):
+            return None
+        return (f"vLLM {version} ranks DeepSeek-V2's experts on a bf16 softmax; with dummy weights every probability "
+                "rounds to the same value and every token takes the same experts")
 
     def compiles_at_startup(self, args: dict[str, Any]) -> bool:
         return not flag_on(args, "enforce-eager")

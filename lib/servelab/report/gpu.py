@@ -18,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from .. import engines
 from ..measure.gpu import energy_per_level, load_gpu_samples
 from ..runfolder import GPU_METRICS
 
@@ -142,7 +143,7 @@ def engine_comparison_table(sd: Any, configs: list[str] | None = None, reference
     """vLLM against SGLang at the levels every compared configuration measured: one row per
     (bucket, concurrency, configuration) with aggregate output tok/s, TTFT p50, decode tok/s p50
     (per stream) and J per output token, and the aggregate tok/s relative to the reference
-    configuration (default: the first vLLM configuration). `configs` default: every
+    configuration (default: the first configuration of the registry's first engine, vLLM). `configs` default: every
     configuration of the main grid whose engine is vLLM or SGLang (saturation sweeps, whose
     levels are a subset, are left out unless named)."""
     summ = sd.summary
@@ -153,10 +154,10 @@ def engine_comparison_table(sd: Any, configs: list[str] | None = None, reference
                  for cid in sd.config_ids}
     if configs is None:
         biggest = max((len(v) for v in levels_of.values()), default=0)
-        configs = [c for c in sd.config_ids if kinds[c] in ("vllm", "sglang") and len(levels_of[c]) == biggest]
+        configs = [c for c in sd.config_ids if kinds[c] in engines.KINDS and len(levels_of[c]) == biggest]
     if len({kinds[c] for c in configs}) < 2:
         return pd.DataFrame(columns=COMPARE_COLUMNS)
-    reference = reference or next((c for c in configs if kinds[c] == "vllm"), configs[0])
+    reference = reference or next((c for c in configs if kinds[c] == engines.KINDS[0]), configs[0])
     shared = set.intersection(*(levels_of[c] for c in configs))
     energy = gpu_levels(sd)
     jpt = {(r.config, r.bucket, r.concurrency): r.j_per_output_token for r in energy.itertuples()}
