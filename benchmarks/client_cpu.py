@@ -66,15 +66,14 @@ async def one_aiohttp(session: Any, url: str, tokens: int) -> list[tuple[int, in
 
 
 async def one_aiohttp_parser(session: Any, url: str, tokens: int) -> list[tuple[int, int]]:
-    r = sc.Result()
     t0 = time.perf_counter_ns()
-    p = sc.StreamParser(r, t0)
+    p = sc.StreamParser(t0)
     async with session.post(url + "/v1/completions", json={**BODY, "max_tokens": tokens}) as resp:
         async for data in resp.content.iter_any():
             p.feed_bytes(data, time.perf_counter_ns())
             if p.done:
                 break
-    return [(int(t0 + t * 1e9), s) for t, s in zip(r.chunk_times_s, r.server_chunk_ns)]
+    return [(int(t0 + t * 1e9), s) for t, s in zip(p.chunk_times_s, p.server_chunk_ns)]
 
 
 async def one_servelab(http: Any, tokens: int) -> list[tuple[int, int]]:

@@ -1,4 +1,5 @@
-"""The shape of the library: layers enforced by import-linter, no module over 500 lines, and
+"""The shape of the library: layers enforced by import-linter, no module over 600 lines (a guard against a
+module holding two concepts, not the rule that decides where code lives: that is the concept), and
 engine- and host-specific decisions only inside their registries."""
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import pytest
 from paths import ROOT
 
 LIB = ROOT / "lib" / "servelab"
-MAX_LINES = 500
+MAX_LINES = 600
 
 
 def _modules() -> list[Path]:
     return sorted(p for p in LIB.rglob("*.py") if "__pycache__" not in p.parts)
 
 
-def test_no_module_over_500_lines():
+def test_no_module_over_600_lines():
     long = {str(p.relative_to(ROOT)): n for p in _modules() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}, f"modules over {MAX_LINES} lines: {long}"
 

@@ -26,7 +26,7 @@ from .errors import RunFileError
 from .paths import project_root, reports_root, resolve, runs_root  # noqa: F401  (the run folder's roots)
 from .secrets import scrub, secret_values
 from .engines.prom import LIST_FIELDS, SAMPLE_FIELDS
-from .schema.runfiles import RunInfo, check_line, versioned
+from .schema.runfiles import RequestRecord, RunInfo, check_line, versioned
 from .summary import summarize
 
 RECORDS = "records.jsonl"  # one line per request, appended as it ends
@@ -76,8 +76,11 @@ class JsonlWriter:
         self._f = open(self.path, "a", encoding="utf-8")
         self.count = 0
 
-    def write(self, rec: dict[str, Any], *, allow_nan: bool = True) -> None:
-        if self._typed:
+    def write(self, rec: dict[str, Any] | RequestRecord, *, allow_nan: bool = True) -> None:
+        """One line: a typed record as its `line()` (validated when it was built), a dict validated here."""
+        if isinstance(rec, RequestRecord):
+            rec = versioned(self._typed or RECORDS, rec.line())
+        elif self._typed:
             rec = versioned(self._typed, rec)
             checked(self._typed, rec, f"a line for {self.path}")
         line = json.dumps(rec, separators=(",", ":"), default=str, allow_nan=allow_nan)
@@ -281,7 +284,12 @@ class RunFolder:
 
     @cached_property
     def records(self) -> pd.DataFrame:
+        """records.jsonl as a frame: a column per key the lines carry (`RequestRecord`'s fields, a source's own)."""
         return load_records(self.path)
+
+    def request_records(self) -> list[RequestRecord]:
+        """records.jsonl as typed rows, every format version alike."""
+        return [RequestRecord.model_validate(d) for d in read_typed(self.path / RECORDS)]
 
     @cached_property
     def summary(self) -> pd.DataFrame:

@@ -8,14 +8,14 @@ import statistics
 import pytest
 
 from servelab.measure import client as sc
+from servelab.schema.runfiles import RequestOutcome
 
 
-def _parse(lines: list[tuple[str, float]]) -> sc.Result:
-    r = sc.Result()
-    p = sc.StreamParser(r, 0)
+def _parse(lines: list[tuple[str, float]]) -> tuple[RequestOutcome, sc.StreamParser]:
+    p = sc.StreamParser(0)
     for line, t in lines:
         p.feed(line, int(t * 1e9))
-    return r, p
+    return p.fill(RequestOutcome()), p
 
 
 def test_parser_skips_role_chunk_and_counts_text_chunks():
@@ -47,12 +47,12 @@ def test_parser_bytes_split_anywhere():
             "data: [DONE]").encode()
     cut = body.index("本".encode()) + 1  # inside a 3-byte character
     reads = [body[:cut], body[cut:cut + 40], body[cut + 40:]]
-    r = sc.Result()
-    p = sc.StreamParser(r, 0)
+    p = sc.StreamParser(0)
     for i, data in enumerate(reads):
         p.feed_bytes(data, (i + 1) * 10**9)
     assert not p.done  # "data: [DONE]" had no newline yet
     p.flush(9 * 10**9)
+    r = p.fill(RequestOutcome())
     assert p.done and r.end_s == 9.0
     assert r.n_text_chunks == 2 and r.ttft_s == 2.0  # first line completed by the second read
     assert r.output_chars == 3 and p.usage["completion_tokens"] == 2
@@ -70,11 +70,12 @@ def test_parser_rejects_malformed(line):
 
 
 def test_metrics_from_result():
-    r = sc.Result(ok=True, ttft_s=0.5, e2e_s=2.5, output_tokens=101)
-    d = r.to_dict()
-    assert d["decode_tps"] == pytest.approx(100 / 2.0)
-    assert d["e2e_output_tps"] == pytest.approx(101 / 2.5)
-    assert d["tpot_s"] == pytest.approx(2.0 / 100)
+    r = RequestOutcome(ok=True, ttft_s=0.5, e2e_s=2.5, output_tokens=101).with_rates()
+    assert r.decode_tps == pytest.approx(100 / 2.0)
+    assert r.e2e_output_tps == pytest.approx(101 / 2.5)
+    assert r.tpot_s == pytest.approx(2.0 / 100)
+    failed = RequestOutcome(ok=False, ttft_s=0.5, e2e_s=2.5, output_tokens=101).with_rates()
+    assert failed.decode_tps is None and failed.e2e_output_tps is None and failed.tpot_s is None
 
 
 def test_request_body_has_benchmark_fields():
@@ -110,7 +111,7 @@ def test_timing_matches_injected_delays(refserver, api):
         gaps = [b - a for a, b in zip(r.chunk_times_s, r.chunk_times_s[1:])]
         assert statistics.median(gaps) == pytest.approx(0.020, rel=0.25)
         assert r.e2e_s == pytest.approx(0.200 + 29 * 0.020, abs=0.05)
-        assert r.to_dict()["decode_tps"] == pytest.approx(1 / 0.020, rel=0.25)
+        assert r.decode_tps == pytest.approx(1 / 0.020, rel=0.25)
 
 
 def test_coalesced_chunks_use_usage_for_tokens(refserver):
@@ -143,24 +144,23 @@ def test_stream_without_usage_keeps_its_text_and_is_counted_on_the_client(refser
     (r,) = asyncio.run(_send_many(s.url, 1, 12))
     assert not r.ok and r.error_kind == sc.NO_USAGE and r.output_tokens is None
     assert r.output_text == " tok" * 12 and r.output_tokens_source is None
-    d = sc.count_on_client(r.to_dict(), lambda text: len(text.split()))
-    assert d["ok"] and d["error_kind"] is None and d["output_tokens"] == 12
-    assert d["output_tokens_source"] == "client" and d["output_text"] is None
-    assert d["e2e_s"] == pytest.approx(r.end_s - r.start_s) and d["e2e_s"] == pytest.approx(0.05 + 11 * 0.01, abs=0.05)
-    assert d["decode_tps"] == pytest.approx(11 / (d["e2e_s"] - d["ttft_s"]))  # recomputed from the count
-    assert d["start_s"] == r.start_s and d["end_s"] == pytest.approx(r.end_s)
+    d = sc.count_on_client(r, lambda text: len(text.split()))
+    assert d.ok and d.error_kind is None and d.output_tokens == 12
+    assert d.output_tokens_source == "client" and d.output_text is None
+    assert d.e2e_s == pytest.approx(r.end_s - r.start_s) and d.e2e_s == pytest.approx(0.05 + 11 * 0.01, abs=0.05)
+    assert d.decode_tps == pytest.approx(11 / (d.e2e_s - d.ttft_s))  # recomputed from the count
+    assert d.start_s == r.start_s and d.end_s == pytest.approx(r.end_s)
 
 
 def test_usage_marks_the_server_as_the_source_and_client_counting_leaves_it_alone(refserver):
     s = refserver(ttft_s=0.01, itl_s=0.001)
     (r,) = asyncio.run(_send_many(s.url, 1, 5))
     assert r.ok and r.output_tokens_source == "server" and r.output_text is None
-    d = r.to_dict()
-    assert sc.count_on_client(d, lambda text: 999) is d
+    assert sc.count_on_client(r, lambda text: 999) is r
 
 
 def test_client_count_of_zero_tokens_is_still_a_failure():
-    d = sc.Result(ok=False, error_kind=sc.NO_USAGE, error_detail="x", start_s=10.0, end_s=10.5, ttft_s=0.1,
-                  output_text="").to_dict()
+    d = RequestOutcome(ok=False, error_kind=sc.NO_USAGE, error_detail="x", start_s=10.0, end_s=10.5, ttft_s=0.1,
+                       output_text="")
     out = sc.count_on_client(d, lambda text: 0)
-    assert not out["ok"] and out["error_kind"] == sc.NO_TOKENS and out["end_s"] == pytest.approx(10.5)
+    assert not out.ok and out.error_kind == sc.NO_TOKENS and out.end_s == pytest.approx(10.5)

@@ -10,11 +10,13 @@ import time
 
 from servelab.measure.disturbed import DISTURBED, OK, REPRODUCED, SUSPECT, Attempt, Disturbances
 from servelab.measure.machine import FOREIGN_CPU, MachineMeter, machine_cpu
+from servelab.schema.runfiles import RequestRecord
 
 
-def _round(tps: float, tokens: int = 48, busy: float = 0.0) -> tuple[list[dict], dict]:
+def _round(tps: float, tokens: int = 48, busy: float = 0.0) -> tuple[list[RequestRecord], dict]:
     wall = tokens / tps
-    rec = {"ok": True, "start_s": 0.0, "end_s": wall, "output_tokens": tokens, "decode_tps": tps}
+    rec = RequestRecord(config="a", level=0, bucket="b", concurrency=1, round=0, warmup=False, seq=0, ok=True,
+                        start_s=0.0, end_s=wall, output_tokens=tokens, decode_tps=tps)
     return [rec], {"foreign_cpu": busy, "steal_cpu": 0.0, "t0_unix": 1000.0, "t1_unix": 1000.0 + wall}
 
 

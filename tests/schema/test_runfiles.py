@@ -11,12 +11,11 @@ import pytest
 from paths import ROOT
 
 from servelab.errors import RunFileError, UserError
-from servelab.measure.client import Result
 from servelab.measure.runinfo import base_record
 from servelab.runfolder import (ENGINE_JSON, LEVELS, RECORDS, RUN_JSON, RunFolder, read_checked, read_engine,
                                 read_typed, write_engine)
 from servelab.schema import FORMAT_VERSION
-from servelab.schema.runfiles import LINE_FORMAT, EngineHandle, LevelSummary, RequestRecord, RunInfo
+from servelab.schema.runfiles import LINE_FORMAT, EngineHandle, LevelSummary, RequestOutcome, RequestRecord, RunInfo
 
 # every tree where run folders are committed: published studies, benchmark results, test fixtures
 TREES = ("reports/*/data", "benchmarks/results", "tests/fixtures")
@@ -69,14 +68,14 @@ def test_every_published_report_reads_its_runs_typed():
 
 
 def _record(seq: int, ok: bool = True) -> dict:
-    """A request record as the runner writes it (measure.runner.LevelRunner._record)."""
-    res = Result(ok=ok, http_status=200, start_s=10.0 + seq, sent_unix_s=1.7e9 + seq, end_s=0.5, ttft_s=0.1,
+    """A request record's line as the runner writes it (measure.runner.LevelRunner.record)."""
+    res = RequestOutcome(ok=ok, http_status=200, start_s=10.0 + seq, sent_unix_s=1.7e9 + seq, end_s=0.5, ttft_s=0.1,
                  e2e_s=0.5, prompt_tokens=64, output_tokens=9, n_chunks=10, n_text_chunks=9,
                  chunk_times_s=[0.1 + 0.05 * i for i in range(9)], finish_reason="length", output_chars=40)
     return {"study": "s", "config": "c", "level": 0, "bucket": "b", "target_input_tokens": 64,
             "target_output_tokens": 9, "shared_prefix": False, "concurrency": 2, "rate_rps": 0.0,
             "arrival": "closed", "round": 0, "warmup": False, "seq": seq, "cache_salt": "x", "scheduled_s": None,
-            "send_lag_s": None, "source": "synthetic", **res.to_dict()}
+            "send_lag_s": None, "source": "synthetic", **res.with_rates().model_dump()}
 
 
 def test_records_and_levels_written_and_read_through_their_types(tmp_path):
@@ -102,6 +101,28 @@ def test_records_and_levels_written_and_read_through_their_types(tmp_path):
     lv = LevelSummary.model_validate(read_typed(tmp_path / LEVELS)[0])
     assert lv.sampling.measured_rounds == 2 and lv.counters["spec_accepted_per_pos_total"] == [1.0, 2.0]
     assert not rf.summary.empty
+
+
+def test_a_typed_record_is_written_as_its_line_and_read_back_typed(tmp_path):
+    """The runner's `RequestRecord` goes to disk as the dict line would (where it ran first, then the
+    client's outcome, then the source's keys) and comes back as the same typed row."""
+    rf = RunFolder(tmp_path)
+    line = {**_record(0), "prompt_id": "p1", "session_id": "L0-r0-s0"}
+    typed = RequestRecord.model_validate(line)
+    with rf.writer(RECORDS) as w:
+        w.write(typed)
+        w.write(line)
+    first, second = (json.loads(x) for x in (tmp_path / RECORDS).read_text().splitlines())
+    assert first == second and list(first)[:3] == ["format_version", "study", "config"]
+    assert list(first)[-1] == "session_id" and first["session_id"] == "L0-r0-s0"
+    back = rf.request_records()
+    assert back[0] == back[1] and back[0].decode_tps == pytest.approx(8 / 0.4) and back[0].prompt_id == "p1"
+
+
+def test_the_peer_columns_are_the_record_fields_every_importer_fills():
+    cols = RequestRecord.peer_columns()
+    assert cols[:2] == ["config", "bucket"] and {"ttft_s", "decode_tps", "chunk_times_s", "tool"} <= set(cols)
+    assert set(cols) <= set(RequestRecord.model_fields) and "output_text" not in cols
 
 
 def test_run_json_written_and_read_through_its_type(tmp_path):

@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import aiohttp
 import orjson
+
+from ..schema.runfiles import RequestOutcome
 
 BODY_EXCERPT_CHARS = 300
 
@@ -85,59 +87,6 @@ class RequestSpec:
         return b
 
 
-@dataclass
-class Result:
-    """One request's outcome. Times in seconds relative to `start_s` (client clock)."""
-
-    ok: bool = False
-    error_kind: str | None = None
-    error_detail: str | None = None
-    http_status: int | None = None
-    start_s: float = 0.0  # perf_counter seconds at send (absolute, same clock for all requests)
-    sent_unix_s: float = 0.0  # the wall clock at send (UTC seconds): orders a request against files and other tools
-    end_s: float = 0.0
-    ttft_s: float | None = None
-    e2e_s: float | None = None
-    prompt_tokens: int | None = None
-    output_tokens: int | None = None
-    cached_tokens: int | None = None
-    n_chunks: int = 0
-    n_text_chunks: int = 0
-    chunk_times_s: list[float] = field(default_factory=list)  # offsets of text chunks from start
-    finish_reason: str | None = None
-    output_chars: int = 0
-    server_chunk_ns: list[int] = field(default_factory=list)  # emission stamps (reference server only)
-    server_due_ns: list[int] = field(default_factory=list)  # their scheduled times (reference server only)
-    content_ttft_s: float | None = None  # first chunk carrying answer content (after any reasoning)
-    reasoning_chunks: int = 0  # chunks carrying reasoning_content / reasoning (a separate channel)
-    reasoning_tokens: int | None = None  # usage.completion_tokens_details.reasoning_tokens, when given
-    output_tokens_source: str | None = None  # "server" (usage) or "client" (counted with the tokenizer)
-    # the answer's content when RequestSpec.keep_text; all generated text when the stream carried no usage
-    output_text: str | None = None
-    # the answer's token ids when the server streams them (RequestSpec.keep_text with extra_body return_token_ids)
-    output_token_ids: list[int] | None = None
-
-    @property
-    def decode_tps(self) -> float | None:
-        if not self.ok or self.output_tokens is None or self.output_tokens < 2:
-            return None
-        dt = (self.e2e_s or 0) - (self.ttft_s or 0)
-        return (self.output_tokens - 1) / dt if dt > 0 else None
-
-    @property
-    def e2e_output_tps(self) -> float | None:
-        if not self.ok or not self.output_tokens or not self.e2e_s:
-            return None
-        return self.output_tokens / self.e2e_s
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["decode_tps"] = self.decode_tps
-        d["e2e_output_tps"] = self.e2e_output_tps
-        d["tpot_s"] = 1.0 / d["decode_tps"] if d["decode_tps"] else None
-        return d
-
-
 def _has_text(choice: dict[str, Any]) -> bool:
     delta = choice.get("delta")
     if isinstance(delta, dict):
@@ -146,11 +95,15 @@ def _has_text(choice: dict[str, Any]) -> bool:
     return bool(choice.get("text"))
 
 
+#: the outcome's fields the stream parser sets
+STREAM_FIELDS = ("n_chunks", "n_text_chunks", "output_chars", "reasoning_chunks", "end_s", "ttft_s", "content_ttft_s",
+                 "finish_reason", "chunk_times_s", "server_chunk_ns", "server_due_ns")
+
+
 class StreamParser:
     """Incremental parser of an OpenAI SSE stream; feed it lines with their arrival time."""
 
-    def __init__(self, result: Result, t0_ns: int) -> None:
-        self.r = result
+    def __init__(self, t0_ns: int) -> None:
         self.t0_ns = t0_ns
         self.done = False
         self.usage: dict[str, Any] | None = None
@@ -159,6 +112,22 @@ class StreamParser:
         self._tail = b""  # bytes after the last newline, waiting for the rest of their line
         self.keep_text = False
         self.token_ids: list[int] = []  # streamed token ids (vLLM's return_token_ids), kept with keep_text
+        # what the stream told so far (`STREAM_FIELDS` of the outcome), kept here as plain attributes: the
+        # hot path sets several per chunk, and a model's attribute costs ~10x a plain one
+        self.n_chunks = self.n_text_chunks = self.output_chars = self.reasoning_chunks = 0
+        self.end_s = 0.0
+        self.ttft_s: float | None = None
+        self.content_ttft_s: float | None = None
+        self.finish_reason: str | None = None
+        self.chunk_times_s: list[float] = []
+        self.server_chunk_ns: list[int] = []
+        self.server_due_ns: list[int] = []
+
+    def fill(self, r: RequestOutcome) -> RequestOutcome:
+        """`r` with what the stream told (times relative to the send)."""
+        for k in STREAM_FIELDS:
+            setattr(r, k, getattr(self, k))
+        return r
 
     def feed_bytes(self, data: bytes, t_ns: int) -> None:
         """Raw body bytes as they arrive: each line completed by `data` is parsed with `t_ns`
@@ -187,7 +156,7 @@ class StreamParser:
         data = line[5:].strip()
         if data == "[DONE]":
             self.done = True
-            self.r.end_s = (t_ns - self.t0_ns) / 1e9
+            self.end_s = (t_ns - self.t0_ns) / 1e9
             return
         obj = orjson.loads(data)  # ~3.5x faster than json.loads per chunk; same errors (ValueError)
         if not isinstance(obj, dict):
@@ -195,43 +164,43 @@ class StreamParser:
         if "error" in obj and "choices" not in obj:
             err = obj["error"]
             raise ValueError(f"server error in stream: {json.dumps(err)[:BODY_EXCERPT_CHARS]}")
-        self.r.n_chunks += 1
+        self.n_chunks += 1
         t_s = (t_ns - self.t0_ns) / 1e9
-        self.r.end_s = t_s
+        self.end_s = t_s
         for ch in obj.get("choices") or []:
             if self.keep_text and ch.get("token_ids"):
                 self.token_ids.extend(int(t) for t in ch["token_ids"])
             if _has_text(ch):
-                if self.r.ttft_s is None:
-                    self.r.ttft_s = t_s
-                self.r.n_text_chunks += 1
-                self.r.chunk_times_s.append(t_s)
+                if self.ttft_s is None:
+                    self.ttft_s = t_s
+                self.n_text_chunks += 1
+                self.chunk_times_s.append(t_s)
                 if "servelab_t_ns" in obj:
-                    self.r.server_chunk_ns.append(obj["servelab_t_ns"])
+                    self.server_chunk_ns.append(obj["servelab_t_ns"])
                     if "servelab_due_ns" in obj:
-                        self.r.server_due_ns.append(obj["servelab_due_ns"])
+                        self.server_due_ns.append(obj["servelab_due_ns"])
                 d = ch.get("delta") or {}
                 content = d.get("content") or ch.get("text") or ""
                 reasoning = d.get("reasoning_content") or d.get("reasoning") or ""
-                self.r.output_chars += len(content or reasoning)
+                self.output_chars += len(content or reasoning)
                 self.text.append(content or reasoning)
                 if reasoning:
-                    self.r.reasoning_chunks += 1
+                    self.reasoning_chunks += 1
                 if content:
-                    if self.r.content_ttft_s is None:
-                        self.r.content_ttft_s = t_s
+                    if self.content_ttft_s is None:
+                        self.content_ttft_s = t_s
                     if self.keep_text:
                         self.content.append(content)
             if ch.get("finish_reason"):
-                self.r.finish_reason = ch["finish_reason"]
+                self.finish_reason = ch["finish_reason"]
         if obj.get("usage"):
             self.usage = obj["usage"]
 
 
 async def send(client: "StreamClient", spec: RequestSpec, *, timeout_s: float,
-               headers: dict[str, str] | None = None) -> Result:
+               headers: dict[str, str] | None = None) -> RequestOutcome:
     """Send one streaming request and time it. Never raises for server or network faults."""
-    r = Result()
+    r = RequestOutcome()
     t0 = time.perf_counter_ns()
     r.start_s, r.sent_unix_s = t0 / 1e9, time.time()
     try:
@@ -248,7 +217,7 @@ async def send(client: "StreamClient", spec: RequestSpec, *, timeout_s: float,
         r.end_s = r.end_s or (time.perf_counter_ns() - t0) / 1e9
     # end_s becomes absolute like start_s
     r.end_s = r.start_s + r.end_s
-    return r
+    return r.with_rates()
 
 
 def _classify(e: aiohttp.ClientError) -> tuple[str, str]:
@@ -260,14 +229,14 @@ def _classify(e: aiohttp.ClientError) -> tuple[str, str]:
     return DISCONNECT, f"{type(e).__name__}: {e}"  # closed, reset or truncated by the server mid-request
 
 
-def _fail(r: Result, kind: str, detail: str) -> None:
+def _fail(r: RequestOutcome, kind: str, detail: str) -> None:
     if r.error_kind is None:
         r.ok = False
         r.error_kind = kind
         r.error_detail = detail[:BODY_EXCERPT_CHARS * 2]
 
 
-async def _stream(client: "StreamClient", spec: RequestSpec, r: Result, t0: int,
+async def _stream(client: "StreamClient", spec: RequestSpec, r: RequestOutcome, t0: int,
                   headers: dict[str, str] | None) -> None:
     async with client.session.post(client.base_url + spec.path(), data=orjson.dumps(spec.body()),
                                    headers={**JSON, **headers} if headers else JSON) as resp:
@@ -276,7 +245,7 @@ async def _stream(client: "StreamClient", spec: RequestSpec, r: Result, t0: int,
             body = (await resp.read()).decode("utf-8", "replace")
             _fail(r, HTTP_STATUS, f"HTTP {resp.status}: {body[:BODY_EXCERPT_CHARS]}")
             return
-        p = StreamParser(r, t0)
+        p = StreamParser(t0)
         p.keep_text = spec.keep_text
         try:
             async for data in resp.content.iter_any():  # whatever arrived, parsed by lines in feed_bytes
@@ -288,6 +257,8 @@ async def _stream(client: "StreamClient", spec: RequestSpec, r: Result, t0: int,
         except ValueError as e:  # malformed JSON, SSE or UTF-8
             _fail(r, MALFORMED, str(e))
             return
+        finally:  # a timeout or a disconnect keeps the chunks that came
+            p.fill(r)
     if not p.done:
         _fail(r, MALFORMED, "stream ended without [DONE]")
         return
@@ -308,7 +279,7 @@ async def _stream(client: "StreamClient", spec: RequestSpec, r: Result, t0: int,
     _finish(r)
 
 
-def _finish(r: Result) -> None:
+def _finish(r: RequestOutcome) -> None:
     """The checks of a stream with its output tokens known (ok, or why not)."""
     if r.output_tokens == 0:
         _fail(r, NO_TOKENS, "server reported 0 completion tokens")
@@ -325,19 +296,19 @@ def _finish(r: Result) -> None:
 SERVER, CLIENT = "server", "client"
 
 
-def count_on_client(d: dict[str, Any], count: Callable[[str], int]) -> dict[str, Any]:
-    """A `no_usage` record (`Result.to_dict()` with its `output_text`) with its output tokens
-    counted by `count(text)` (the model's tokenizer): ok, `output_tokens_source` "client", and
-    the rates recomputed. Other records come back unchanged. Raises what `count` raises."""
-    if d.get("error_kind") != NO_USAGE or d.get("output_text") is None:
-        return d
-    r = Result(**{k: v for k, v in d.items() if k in Result.__dataclass_fields__})
+def count_on_client(r: RequestOutcome, count: Callable[[str], int]) -> RequestOutcome:
+    """A `no_usage` outcome (with its `output_text`) with its output tokens counted by `count(text)` (the
+    model's tokenizer): ok, `output_tokens_source` "client", and the rates recomputed. Other outcomes
+    come back unchanged. Raises what `count` raises."""
+    if r.error_kind != NO_USAGE or r.output_text is None:
+        return r
+    r = r.model_copy()
     r.output_tokens, r.output_tokens_source = count(r.output_text or ""), CLIENT
     r.ok, r.error_kind, r.error_detail, r.output_text = False, None, None, None
     r.end_s -= r.start_s  # _finish works on times relative to the start, as the stream does
     _finish(r)
     r.end_s += r.start_s
-    return r.to_dict()
+    return r.with_rates()
 
 
 JSON = {"Content-Type": "application/json"}

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..schema.runfiles import RequestRecord
 from . import outliers
 from .machine import FOREIGN_CPU, busy
 
@@ -34,7 +35,7 @@ class Attempt:
     sid: str
     rnd: int
     attempt: int
-    records: list[dict[str, Any]]
+    records: list[RequestRecord]
     stats: dict[str, Any] = field(default_factory=dict)
     status: str = OK
     reason: str = ""
@@ -42,20 +43,20 @@ class Attempt:
     def value(self, metric: str) -> float:
         """The log of a judged per-round metric (`measure.outliers.JUDGED`); NaN when the round
         has none (every request failed)."""
-        ok = [r for r in self.records if r.get("ok")]
+        ok = [r for r in self.records if r.ok]
         if not ok:
             return math.nan
         if metric == "decode_tps_p50":
-            d = [float(r["decode_tps"]) for r in ok if r.get("decode_tps")]
+            d = [float(r.decode_tps) for r in ok if r.decode_tps]
             v = statistics.median(d) if d else math.nan
         else:
-            wall = max(r["end_s"] for r in self.records) - min(r["start_s"] for r in self.records)
-            v = sum(r.get("output_tokens") or 0 for r in ok) / wall if wall > 0 else math.nan
+            wall = self.wall_s
+            v = sum(r.output_tokens or 0 for r in ok) / wall if wall > 0 else math.nan
         return math.log(v) if v > 0 else math.nan
 
     @property
     def wall_s(self) -> float:
-        return (max(r["end_s"] for r in self.records) - min(r["start_s"] for r in self.records)) if self.records else 0.0
+        return (max(r.end_s for r in self.records) - min(r.start_s for r in self.records)) if self.records else 0.0
 
 
 class Disturbances:

@@ -196,7 +196,7 @@ class Interleaved:
 
     def _rounds_table(self, dist: Disturbances) -> pd.DataFrame:
         recs = [r for sid in self.runners for r in dist.kept(sid)]
-        return round_throughput(pd.DataFrame(recs)) if recs else pd.DataFrame()
+        return round_throughput(pd.DataFrame([r.line() for r in recs])) if recs else pd.DataFrame()
 
     async def _level(self, li: int, levels_left: int) -> None:
         wl, t0 = self.wl, time.monotonic()

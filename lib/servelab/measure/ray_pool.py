@@ -87,8 +87,8 @@ class ClientActor:
         self._ready.set()
         skew = self.skew_s
 
-        def emit(job: Job, res: sc.Result, lag: float | None) -> None:
-            d = res.to_dict()
+        def emit(job: Job, res: sc.RequestOutcome, lag: float | None) -> None:
+            d = res.model_dump()
             if skew:
                 d["start_s"] += skew
                 d["end_s"] += skew
@@ -314,9 +314,9 @@ class RayWorkerPool:
         detail = f"Ray client worker {w.index} on {w.info.get('node_ip')} lost: {w.lost}"
         end_s = time.perf_counter()
         for seq in sorted(pending):
-            r = sc.Result(ok=False, error_kind=WORKER_LOST, error_detail=detail[:REASON_CHARS], start_s=start_at_s,
-                          end_s=end_s)
-            on_result(by_seq[seq], r.to_dict(), None)
+            r = sc.RequestOutcome(ok=False, error_kind=WORKER_LOST, error_detail=detail[:REASON_CHARS], start_s=start_at_s,
+                                    end_s=end_s)
+            on_result(by_seq[seq], r.model_dump(), None)
         pending.clear()
         try:
             ray.kill(w.actor, no_restart=True)

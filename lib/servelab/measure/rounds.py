@@ -61,7 +61,7 @@ class LoopMonitor:
 
 
 async def run_round(http: sc.StreamClient, jobs: Any, concurrency: int, timeout_s: float,
-                    on_result: Callable[[Job, sc.Result, float | None], None], stop: asyncio.Event,
+                    on_result: Callable[[Job, sc.RequestOutcome, float | None], None], stop: asyncio.Event,
                     budget: Callable[[], bool] | None = None, duration_s: float | None = None,
                     ramp_s: float = 0.0) -> dict[str, Any]:
     """Send `jobs`: closed loop with `concurrency` workers, or at their scheduled times (at_s).

@@ -31,6 +31,7 @@ from ..hosts.base import Server
 from ..runfolder import CLIENT_STATS, GPU_METRICS, LEVELS, RECORDS, SERVER_METRICS, JsonlWriter, RunFolder, now_iso
 from .runfiles import ResumeState, finalize, open_run_folder
 from ..schema import Workload
+from ..schema.runfiles import RequestOutcome, RequestRecord
 from . import client as sc
 from ..errors import ServelabError
 from .grid import Level, cache_counters, arrival_offsets, levels, make_sources, requests_per_round
@@ -173,21 +174,25 @@ class LevelRunner:
         while True:
             yield from self._jobs(li, lv, rnd, max(1, lv.concurrency))
 
-    def _record(self, li: int, lv: Level, rnd: int, warm: bool, job: Job, res: Any, lag: float | None,
-                attempt: int = 0) -> dict[str, Any]:
-        d = res if isinstance(res, dict) else res.to_dict()
-        if self.counter is not None and d.get("error_kind") == sc.NO_USAGE:
-            d = sc.count_on_client(d, self.counter.count_text)
-        if not job.spec.keep_text:
-            d.pop("output_text", None)
-        if d.get("output_token_ids") is None:
-            d.pop("output_token_ids", None)
-        return {"study": self.study, "config": self.config_id, "level": li, "bucket": lv.bucket.label,
-                "target_input_tokens": lv.bucket.input_tokens or 0, "target_output_tokens": lv.bucket.output_tokens or 0,
-                "shared_prefix": lv.bucket.shared_prefix, "concurrency": lv.concurrency, "rate_rps": lv.rate_rps,
-                "arrival": "trace" if lv.bucket.trace else self.wl.arrival, "round": rnd, "warmup": warm,
-                **({"attempt": attempt} if attempt else {}), "seq": job.seq, "cache_salt": job.spec.cache_salt, "scheduled_s": job.at_s, "send_lag_s": lag,
-                **job.meta, **d}
+    def record(self, li: int, lv: Level, rnd: int, warm: bool, job: Job, res: RequestOutcome | dict[str, Any],
+               lag: float | None, attempt: int = 0) -> RequestRecord:
+        """The request's record: the client's outcome (a worker process sends its dump) counted on the
+        client when the stream had no usage, with where it ran (level, round, send schedule) and the
+        source's keys. The answer's text is kept only when the request asked for it."""
+        out = res if isinstance(res, RequestOutcome) else RequestOutcome.model_validate(res)
+        if self.counter is not None and out.error_kind == sc.NO_USAGE:
+            out = sc.count_on_client(out, self.counter.count_text)
+        drop = {"output_text"} if not job.spec.keep_text else set()
+        if out.output_token_ids is None:
+            drop.add("output_token_ids")
+        b = lv.bucket
+        return RequestRecord.model_validate({
+            "study": self.study, "config": self.config_id, "level": li, "bucket": b.label,
+            "target_input_tokens": b.input_tokens or 0, "target_output_tokens": b.output_tokens or 0,
+            "shared_prefix": b.shared_prefix, "concurrency": lv.concurrency, "rate_rps": lv.rate_rps,
+            "arrival": "trace" if b.trace else self.wl.arrival, "round": rnd, "warmup": warm,
+            **({"attempt": attempt} if attempt else {}), "seq": job.seq, "cache_salt": job.spec.cache_salt,
+            "scheduled_s": job.at_s, "send_lag_s": lag, **job.meta, **out.model_dump(exclude=drop)})
 
     async def _send_round(self, http: sc.StreamClient, pool: WorkerPool | None, li: int, lv: Level, rnd: int,
                           n_req: int, on_result: Callable[..., None], budget: Callable[[], bool] | None) -> dict[str, Any]:
@@ -198,7 +203,7 @@ class LevelRunner:
                 raise RunAborted(f"bucket '{lv.bucket.label}': sessions run in the driver process only "
                                  "(workload.workers: 1)")
 
-            async def send(d: Draft) -> sc.Result:
+            async def send(d: Draft) -> RequestOutcome:
                 job = self._job(d)
                 res = await sc.send(http, job.spec, timeout_s=wl.timeout_s)
                 on_result(job, res, None)
@@ -222,7 +227,7 @@ class LevelRunner:
         return LevelState(li, lv, t0=time.monotonic(), failure_budget=self.wl.failure_budget)
 
     async def level_round(self, st: "LevelState", rnd: int, meter: Any = None, attempt: int = 0
-                          ) -> list[dict[str, Any]]:
+                          ) -> list[RequestRecord]:
         """One round of the level (a warm-up round while `rnd < warmup_rounds`): its records written
         as they end and returned; its client stats (and `meter.stop()`'s, when given: what a caller
         measured around it, e.g. what else used the CPU; kept on the meter as `result`) to
@@ -239,15 +244,15 @@ class LevelRunner:
             st.before, st.t_measured = await self._counters(), time.monotonic()
             st.counters0 = await cache_counters(self.server)
         self.bar.set_description(f"{self.config_id} {lv.label} {'warmup' if warm else 'round'} {rnd + 1}")
-        results: list[dict[str, Any]] = []
+        results: list[RequestRecord] = []
 
-        def on_result(job: Job, res: Any, lag: float | None) -> None:
-            rec = self._record(li, lv, rnd, warm, job, res, lag, attempt)
+        def on_result(job: Job, res: RequestOutcome | dict[str, Any], lag: float | None) -> None:
+            rec = self.record(li, lv, rnd, warm, job, res, lag, attempt)
             w.write(rec)
             results.append(rec)
-            if not rec["warmup"]:  # a round's warm-up, or a ramp request while the loop fills
+            if not rec.warmup:  # a round's warm-up, or a ramp request while the loop fills
                 st.sent += 1
-                st.failed += 0 if rec["ok"] else 1
+                st.failed += 0 if rec.ok else 1
             self.bar.update(1)
 
         if meter is not None:
@@ -272,13 +277,13 @@ class LevelRunner:
             who = "the user (Ctrl-C)" if self.signals[-1:] == ["SIGINT"] else self.signals[-1]
             raise RunAborted(f"interrupted by {who} during level '{lv.label}' round {rnd + 1}; in-flight "
                              f"requests {how}; {w.count} records kept in {self.rf / RECORDS}")
-        if results and all(not r["ok"] and r["error_kind"] in SERVER_GONE for r in results):
+        if results and all(not r.ok and r.error_kind in SERVER_GONE for r in results):
             if not await _server_healthy(self.out.http):
-                kinds = sorted({r["error_kind"] for r in results})
+                kinds = sorted({str(r.error_kind) for r in results})
                 raise RunAborted(
                     f"server at {self.server.base_url} stopped answering during level '{lv.label}' round "
                     f"{rnd + 1}: all {len(results)} requests failed ({', '.join(kinds)}: "
-                    f"{results[-1]['error_detail']}); {w.count} records kept in {self.rf / RECORDS}")
+                    f"{results[-1].error_detail}); {w.count} records kept in {self.rf / RECORDS}")
         if not warm and st.budget_spent():
             st.verdict = (f"stopped early: {st.failed} of {st.sent} requests failed "
                           f"(> failure budget {wl.failure_budget:.0%})")

@@ -20,7 +20,7 @@ Per level (all times in ms):
 - late chunks = chunks whose arrival - emission exceeds `late_ms`;
 - server lateness = emission - schedule (`servelab_due_ns`): when the reference server falls
   behind its own schedule it, not the client, limits the level. Exact when the client keeps
-  the due stamps (`Result.server_due_ns`); otherwise a lower bound from the emission stamps
+  the due stamps (`RequestOutcome.server_due_ns`); otherwise a lower bound from the emission stamps
   alone (within one stream, lateness_i - min_j lateness_j = (e_i - i*itl) - min_j(e_j - j*itl),
   and lateness >= 0), marked `server_late_exact = False`;
 - event-loop lag p50/p99 and client CPU (`runner.LoopMonitor`), reference-server CPU.
@@ -163,7 +163,7 @@ def _pct(a: Any, q: float) -> float:
 
 def level_errors(results: list[Any], *, tokens: int, itl_s: float, ttft_s: float, tokens_per_chunk: int = 1,
                  late_ms: float = 5.0) -> dict[str, Any]:
-    """Error metrics of one level from client results (`client.Result` or its `to_dict()`)."""
+    """Error metrics of one level from client outcomes (`RequestOutcome`s or their dumps)."""
     k = max(1, tokens_per_chunk)
     per_req = math.ceil(tokens / k)
     ttft_err, ttft_vs_prog, gaps_m, gaps_e, abs_err, delivery, late_srv = [], [], [], [], [], [], []
@@ -256,7 +256,7 @@ async def _run_level_inprocess(url: str, specs: list[sc.RequestSpec], c: int,
                                timeout_s: float) -> tuple[list[Any], dict[str, Any]]:
     results: list[Any] = []
 
-    def on_result(job: Job, res: sc.Result, lag: float | None) -> None:
+    def on_result(job: Job, res: sc.RequestOutcome, lag: float | None) -> None:
         results.append(res)
 
     async with sc.StreamClient(url, concurrency=c) as http:

@@ -27,8 +27,8 @@ def _worker_main(base_url: str, headers: dict[str, str], max_c: int, cmd_q: Any,
                 jobs = [Job(seq, sc.RequestSpec(**spec), at) for seq, spec, at in cmd["jobs"]]
                 stop = asyncio.Event()
 
-                def emit(job: Job, res: sc.Result, lag: float | None) -> None:
-                    out_q.put(("result", job.seq, res.to_dict(), lag))
+                def emit(job: Job, res: sc.RequestOutcome, lag: float | None) -> None:
+                    out_q.put(("result", job.seq, res.model_dump(), lag))
 
                 stats = await run_round(http, jobs, cmd["concurrency"], cmd["timeout_s"], emit, stop)
                 out_q.put(("done", None, stats, None))

@@ -33,62 +33,106 @@ class Open(BaseModel):
 
 # -- records.jsonl --------------------------------------------------------------------------------
 
-class RequestRecord(Open):
-    """One request, as the runner writes it when it ends (`measure.client.Result.to_dict` and the level's
-    keys, `measure.runner.LevelRunner._record`); an imported run's records have the same keys."""
+def _peer(default: Any = ..., **kw: Any) -> Any:
+    """A field every importer of another tool's results fills (`RequestRecord.peer_columns`)."""
+    return Field(default, json_schema_extra={"peer": True}, **kw)
+
+
+class RequestOutcome(Open):
+    """What the client measured of one request (`measure.client.send`): built at the send, filled as
+    the stream ends, every failure classified (`error_kind`), never raised. Times in seconds; `start_s`
+    and `end_s` on the client's perf_counter clock (the same for every request of a run), `ttft_s`,
+    `e2e_s` and `chunk_times_s` relative to `start_s`. The rates come from `with_rates`."""
+
+    ok: bool = _peer(False)
+    error_kind: str | None = _peer(None)
+    error_detail: str | None = _peer(None)
+    http_status: int | None = None
+    start_s: float = _peer(0.0)
+    sent_unix_s: float | None = None  # the wall clock at send (UTC seconds): orders a request against other files
+    end_s: float = _peer(0.0)
+    ttft_s: Number = _peer(None)
+    e2e_s: Number = _peer(None)
+    prompt_tokens: int | None = _peer(None)
+    output_tokens: int | None = _peer(None)
+    cached_tokens: int | None = None
+    n_chunks: int = 0
+    n_text_chunks: int = 0
+    chunk_times_s: list[float] = _peer(default_factory=list)  # offsets of text chunks from start
+    finish_reason: str | None = None
+    output_chars: int = 0
+    server_chunk_ns: list[int] = Field(default_factory=list)  # emission stamps (reference server only)
+    server_due_ns: list[int] = Field(default_factory=list)  # their scheduled times (reference server only)
+    content_ttft_s: Number = None  # first chunk carrying answer content (after any reasoning)
+    reasoning_chunks: int = 0  # chunks carrying reasoning_content / reasoning (a separate channel)
+    reasoning_tokens: int | None = None  # usage.completion_tokens_details.reasoning_tokens, when given
+    output_tokens_source: str | None = None  # "server" (usage) or "client" (counted with the tokenizer)
+    # the answer's content when the request asked to keep it; all generated text when the stream carried no usage
+    output_text: str | None = None
+    # the answer's token ids when the server streams them (vLLM's return_token_ids)
+    output_token_ids: list[int] | None = None
+    decode_tps: Number = _peer(None)  # (output_tokens - 1) / (e2e_s - ttft_s)
+    e2e_output_tps: Number = _peer(None)  # output_tokens / e2e_s
+    tpot_s: Number = _peer(None)  # 1 / decode_tps
+
+    def with_rates(self) -> "RequestOutcome":
+        """This outcome with its three rates set from its tokens and times (None unless ok)."""
+        ok, n, e2e = self.ok, self.output_tokens, self.e2e_s
+        dt = (e2e or 0) - (self.ttft_s or 0)
+        self.decode_tps = (n - 1) / dt if ok and n is not None and n >= 2 and dt > 0 else None
+        self.e2e_output_tps = n / e2e if ok and n and e2e else None
+        self.tpot_s = 1.0 / self.decode_tps if self.decode_tps else None
+        return self
+
+
+# -- records.jsonl --------------------------------------------------------------------------------
+
+class RequestRecord(RequestOutcome):
+    """One request as records.jsonl holds it: the client's outcome and where it ran (the runner's level,
+    round and send schedule, `measure.runner.LevelRunner.record`; the source's keys). An imported run's
+    records have the `peer_columns`."""
 
     format_version: int = 1
     study: str | None = None
-    config: str
+    config: str = _peer()
     level: int
-    bucket: str
-    target_input_tokens: int = 0
-    target_output_tokens: int = 0
+    bucket: str = _peer()
+    target_input_tokens: int = _peer(0)
+    target_output_tokens: int = _peer(0)
     shared_prefix: bool | None = None
-    concurrency: int
-    rate_rps: float = 0.0
+    concurrency: int = _peer()
+    rate_rps: float = _peer(0.0)
     arrival: str | None = None
-    round: int
-    warmup: bool
+    round: int = _peer()
+    warmup: bool = _peer()
     attempt: int = 0  # > 0: the round measured again after a disturbance (measure.interleave)
     disturbed: str | None = None  # why this attempt of the round is left out (kept, never deleted)
-    seq: int
+    seq: int = _peer()
     cache_salt: str | None = None
     scheduled_s: Number = None
     send_lag_s: Number = None
-    source: str | None = None
+    source: str | None = None  # the workload source that drafted it (measure.sources)
     prompt_set: str | None = None
-    ok: bool
-    error_kind: str | None = None
-    error_detail: str | None = None
-    http_status: int | None = None
-    start_s: float = 0.0
-    sent_unix_s: float | None = None
-    end_s: float = 0.0
-    ttft_s: Number = None
-    e2e_s: Number = None
-    prompt_tokens: int | None = None
-    output_tokens: int | None = None
-    cached_tokens: int | None = None
-    n_chunks: int | None = None
-    n_text_chunks: int | None = None
-    chunk_times_s: list[float] = Field(default_factory=list)
-    finish_reason: str | None = None
-    output_chars: int | None = None
-    server_chunk_ns: list[int] | None = None
-    server_due_ns: list[int] | None = None
-    content_ttft_s: Number = None
-    reasoning_chunks: int | None = None
-    reasoning_tokens: int | None = None
-    output_tokens_source: str | None = None
-    output_text: str | None = None
-    output_token_ids: list[int] | None = None
+    prompt_id: str | None = None
     canary: bool | None = None  # a quality prompt sent inside the load (its level's warm-up round): never in a result
-    decode_tps: Number = None
-    e2e_output_tps: Number = None
-    tpot_s: Number = None
-    tool: str | None = None
-    times_reconstructed: bool | None = None
+    tool: str | None = _peer(None)  # the other tool whose result file it was imported from
+    times_reconstructed: bool | None = _peer(None)
+
+    @classmethod
+    def peer_columns(cls) -> list[str]:
+        """The columns every importer of another tool's results fills, so `summary.summarize` works on any."""
+        peer = [k for k, f in cls.model_fields.items() if (f.json_schema_extra or {}).get("peer")]
+        return [k for k in peer if k in _WHERE] + [k for k in peer if k not in _WHERE]
+
+    def line(self) -> dict[str, Any]:
+        """The line records.jsonl gets: the keys set, where it ran first, then the outcome, then the source's
+        own keys (a session's id, a trace's index)."""
+        d = self.model_dump(exclude_unset=True)
+        head = [k for k in _WHERE if k in d]
+        return {**{k: d[k] for k in head}, **{k: v for k, v in d.items() if k not in _WHERE}}
+
+
+_WHERE = [k for k in RequestRecord.model_fields if k not in RequestOutcome.model_fields]
 
 
 # -- levels.jsonl ---------------------------------------------------------------------------------
@@ -251,6 +295,6 @@ def versioned(name: str, data: dict[str, Any]) -> dict[str, Any]:
     return {"format_version": CURRENT[name][1], **data}
 
 
-__all__ = ["RequestRecord", "LevelSummary", "LevelSampling", "EngineHandle", "RunInfo", "ServelabInfo",
+__all__ = ["RequestOutcome", "RequestRecord", "LevelSummary", "LevelSampling", "EngineHandle", "RunInfo", "ServelabInfo",
            "ClientHost", "ServerInfo", "EngineRecord", "ModelRecord", "Headline", "LINE_FORMAT", "CURRENT",
            "check_line", "versioned"]

@@ -20,7 +20,7 @@ STAND_IN = "This is a fixed stand-in answer of the assistant."
 TOOL_TEXT = "Tool output line with records and values."
 SYSTEM_TEXT = "You are a careful assistant. Tools: search, read, write, run."
 
-Send = Callable[[Draft], Awaitable[Any]]  # the runner's: send one draft, record it, return the Result
+Send = Callable[[Draft], Awaitable[Any]]  # the runner's: send one draft, record it, return the RequestOutcome
 
 
 class SessionSource:
