@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "lib"))
 
 from servelab.analysis import verdicts as v  # noqa: E402
 from servelab.report import load_study_data  # noqa: E402
-from servelab.report.verdicts import design, study_verdicts  # noqa: E402
+from servelab.report.verdicts import study_verdicts  # noqa: E402
 
 
 def extract(rev_path: str, into: Path) -> Path:
@@ -65,9 +65,8 @@ def figures(folder: Path) -> dict:
         levels.append({"level": f"{b} c={int(c)}", "within_start_cv_pct": round(100 * x, 1),
                        "largest_change_mde_pct": round(100 * float(mde.get((b, c), float("nan"))), 1),
                        "requests_per_config": {k[0]: int(n) for k, n in req.items() if k[1] == b and k[2] == c}})
-    d = design(sd)
     verdicts = {f"{r.configuration} {r.level}": r.verdict for r in out.itertuples()}
-    return {"folder": str(folder), "interleaved": bool(d.get("interleaved")), "wall_s": round(wall_s(sd), 1),
+    return {"folder": str(folder), "interleaved": sd.design.interleaved, "wall_s": round(wall_s(sd), 1),
             "levels": levels, "verdicts": verdicts}
 
 

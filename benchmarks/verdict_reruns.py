@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT / "lib"))
 
 from servelab.analysis import verdicts as v  # noqa: E402
 from servelab.report import load_study_data  # noqa: E402
-from servelab.report.verdicts import _groups, _plan, design, study_verdicts  # noqa: E402
+from servelab.report.verdicts import study_verdicts  # noqa: E402
 
 
 def run_rows(folder: str, metric: str = v.PRIMARY) -> tuple[dict, dict]:
@@ -47,7 +47,8 @@ def run_rows(folder: str, metric: str = v.PRIMARY) -> tuple[dict, dict]:
     bj = out["between_starts"][metric]  # the estimate the study's own verdicts used
     b = v.Between(bj["var"], bj["df"] or math.inf, bj["source"])
     for target in (0.10, 0.15):
-        p = _plan(design(sd), _groups(sd), rows, b, target)
+        groups = v.setting_groups({c: sd.engine_params(c) for c in sd.config_ids})
+        p = v.plan_from_design(sd.design, groups, rows, b, target)
         plans[f"{target:.2f}"] = p and {k: p.get(k) for k in ("met", "rows", "starts", "rounds", "seconds", "reached",
                                                              "between_floor_mde")}
     keyed = {(r.configuration, r.level): r for r in rows.itertuples()}

@@ -27,11 +27,12 @@ from .execute import (STAGES, WRITEUP, StageFailed, Stopped, close_partial, exec
 from .hosts import EngineError, for_study
 from .plan import ConfigPlan, plan_study
 from .runfolder import (CHECK_FILES, DESIGN_JSON, ENGINE_JSON, ENGINE_LOG, PUBLISHED_FILES, RECORDS, STUDY_JSON, RunFolder,
-                        read_json, reports_root, runs_root, write_json)
+                        read_json, reports_root, runs_root, write_json, write_design)
 from .schema import FORMAT_VERSION, Study
+from .schema.runfiles import Design
 from .paths import portable, portable_tree
 from .secrets import scrub_tree
-from .sidebyside import LANES, interleave_blocked, measure_interleaved, with_ports, write_design, write_effective
+from .sidebyside import LANES, interleave_blocked, measure_interleaved, with_ports, write_effective
 
 
 class PublishedReportExists(RunFolderExists):
@@ -226,7 +227,7 @@ def _measure(study: Study, todo: list[ConfigPlan], root: Path, *, notebooks: boo
                                                                                resume=False))
     if len(todo) > 1:
         log(f"configurations measured one at a time: {why}")
-    write_design(root, {"interleaved": False, "reason": why})
+    write_design(root, Design(interleaved=False, reason=why))
     return _one_at_a_time(study, todo, root, notebooks=notebooks, resume=resume)
 
 

@@ -12,7 +12,6 @@ import json
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -20,8 +19,9 @@ from . import stages
 from .execute import STAGES, StageFailed, Stopped, close_partial, execute_notebook, log, stop_children
 from .hosts import EngineError
 from .plan import ConfigPlan, plan_config
-from .runfolder import DESIGN_JSON, ENGINE_JSON, PARAMS_EFFECTIVE, RunFolder, read_engine, write_json
+from .runfolder import ENGINE_JSON, PARAMS_EFFECTIVE, RunFolder, read_engine, write_design
 from .schema import Study
+from .schema.runfiles import Design, LaunchTimes
 
 def write_effective(study: Study, rdir: Path) -> Path:
     """The study as validated here (--reduced and --url applied, ports assigned) for the notebooks."""
@@ -29,10 +29,6 @@ def write_effective(study: Study, rdir: Path) -> Path:
     effective = rdir / PARAMS_EFFECTIVE
     effective.write_text(yaml.safe_dump(json.loads(study.model_dump_json()), sort_keys=False))
     return effective
-
-
-def write_design(root: Path, d: dict[str, Any]) -> None:
-    write_json(root / DESIGN_JSON, {"format_version": 1, **d})
 
 
 def interleave_blocked(study: Study, todo: list[ConfigPlan], resume: bool) -> str | None:
@@ -173,7 +169,6 @@ def measure_interleaved(study: Study, todo: list[ConfigPlan], root: Path, *, not
     t0 = time.monotonic()
     started = started if started is not None else t0
     deadline = (time.time() + study.design.budget_s - (t0 - started)) if study.design.budget_s else None
-    design: dict[str, Any] = {"interleaved": True, "lanes": LANES}
     launched = [root / c for c in ids]  # stopped on every exit path (a handle not written is no engine)
     try:
         log(f"configurations {', '.join(ids)}: starting {LANES} at a time, to be measured side by side")
@@ -181,11 +176,10 @@ def measure_interleaved(study: Study, todo: list[ConfigPlan], root: Path, *, not
         if not fits:
             for rdir in launched:
                 log(f"{rdir.name}: {host.stop(rdir)}")
-            write_design(root, {"interleaved": False, "reason": why})
+            write_design(root, Design(interleaved=False, reason=why))
             return fallback(study, plans, root)
-        design["memory"] = why
-        design["launch"] = {"wall_s": time.monotonic() - t0, "per_config_s": took}
-        write_design(root, design)
+        write_design(root, Design(interleaved=True, lanes=LANES, memory=why,
+                                  launch=LaunchTimes(wall_s=time.monotonic() - t0, per_config_s=took)))
         t1 = time.monotonic()
         if notebooks:
             execute_notebook("03_benchmark", root / "notebooks", {

@@ -26,7 +26,9 @@ from .measure.runner import RunResult, run_workload
 from .models import model_facts
 from .plan import ConfigPlan
 from .runfolder import (ENGINE_JSON, HOST_JSON, PREDICTION_JSON, QUALITY_JSON, RunFolder, read_engine, read_json, runs_root,
-                        write_engine, write_json)
+                        write_design, write_engine, write_json)
+from .measure.grid import levels
+from .schema.runfiles import Design
 
 
 def run_dir(study: str, config_id: str, root: Path | None = None) -> Path:
@@ -116,7 +118,7 @@ def benchmark(plan: ConfigPlan, rdir: Path, *, progress: bool = True,
 
 
 def benchmark_interleaved(plans: list[ConfigPlan], rdirs: list[Path], *, deadline_unix: float | None = None,
-                          log: Callable[[str], None] | None = None) -> dict[str, Any]:
+                          log: Callable[[str], None] | None = None) -> Design:
     """Every configuration's workload against its own engine, all running side by side, one round
     at a time in alternating order, with sequential sampling until each change's verdict is
     settled or the study's time budget (`deadline_unix`, time.time() seconds) is spent
@@ -126,7 +128,7 @@ def benchmark_interleaved(plans: list[ConfigPlan], rdirs: list[Path], *, deadlin
 
     from .measure.interleave import Start, run_interleaved
     from .measure.probe import measure_cpu_bandwidth
-    from .runfolder import DESIGN_JSON, now_iso
+    from .runfolder import now_iso
 
     study, design = plans[0].study, plans[0].study.design
     starts, hw = [], None
@@ -142,69 +144,26 @@ def benchmark_interleaved(plans: list[ConfigPlan], rdirs: list[Path], *, deadlin
     t0, began = _time.monotonic(), now_iso()
     results, sampling = run_interleaved(starts, plans[0].workload, study=study.study, decide=decide,
                                         deadline=deadline, max_rounds=design.max_rounds, log=log)
-    out = {"format_version": 1, "interleaved": True, "order": [p.config_id for p in plans],
-           "started_at": began, "benchmark_s": _time.monotonic() - t0,
-           "budget_s": design.budget_s, "mde_target": design.mde_target_pct / 100.0,
-           "max_rounds": design.max_rounds, "first_rounds": plans[0].workload.rounds,
-           "left_s": (deadline - _time.monotonic()) if deadline else None,
-           "levels": [vars(x) for x in sampling],
-           "status": {cid: r.status for cid, r in results.items()}}
-    write_json(Path(rdirs[0]).parent / DESIGN_JSON, {**read_json_or_empty(Path(rdirs[0]).parent / DESIGN_JSON), **out})
-    return out
-
-
-def read_json_or_empty(p: Path) -> dict[str, Any]:
-    return read_json(p) if p.exists() else {}
-
-
-def study_baselines(study: Any, ids: list[str]) -> dict[str, str]:
-    """Each configuration's baseline among `ids`: the one its params name, else the previous one
-    that serves the same model."""
-    out = {}
-    for i, cid in enumerate(ids):
-        named = study.config(cid).baseline
-        if named in ids[:i]:
-            out[cid] = named
-            continue
-        prev = [p for p in ids[:i] if study.same_model(cid, p)]
-        if prev:
-            out[cid] = prev[-1]
-    return out
+    out = Design(interleaved=True, order=[p.config_id for p in plans], started_at=began,
+                 benchmark_s=_time.monotonic() - t0, budget_s=design.budget_s, mde_target=design.mde_target_pct / 100.0,
+                 max_rounds=design.max_rounds, first_rounds=plans[0].workload.rounds,
+                 left_s=(deadline - _time.monotonic()) if deadline else None, levels=sampling,
+                 status={cid: r.status for cid, r in results.items()})
+    return write_design(Path(rdirs[0]).parent, out, update=True)
 
 
 def sampling_rule(plans: list[ConfigPlan]) -> Callable[[int, pd.DataFrame], tuple[set[str], str]]:
-    """`measure.interleave.Decide` for these configurations: after each round, the starts of every
-    comparison whose verdict on per-request decode tok/s or aggregate tok/s is not settled
-    (`analysis.verdicts.settled`), with the between-start variance from the levels measured so far
-    and without the rounds the estimator leaves out (`analysis.verdicts.keep_rounds`)."""
+    """The study's sampling rule (`analysis.verdicts.sampling_rule`) for these configurations: their
+    comparisons under the one baseline rule, on the levels each plans to measure."""
     from .analysis import verdicts as v
 
     study = plans[0].study
     ids = [p.config_id for p in plans]
     groups = v.setting_groups({p.config_id: p.engine.model_dump() for p in plans})
-    cmps = v.comparisons(study_baselines(study, ids), groups)
-    target = study.design.mde_target_pct / 100.0
-    seen: dict[int, pd.DataFrame] = {}
-
-    def decide(li: int, rt: pd.DataFrame) -> tuple[set[str], str]:
-        seen[li], _ = v.keep_rounds(rt)
-        need: set[str] = set()
-        open_, mdes, n = 0, [], 0
-        for metric in v.SAMPLED:  # a comparison is open while either metric is
-            y = v.log_rounds(pd.concat(list(seen.values()), ignore_index=True), metric)
-            given = study.design.between_starts_sd_pct if metric == v.PRIMARY else None
-            between = v.between_starts(y, groups.values(), given_sd_pct=given)
-            lv = v.log_rounds(seen[li], metric)
-            res = [(c, v.estimate(lv, c, between, direction=v.METRICS[metric][1])) for c in cmps if not c.aa]
-            need |= v.open_starts(res, target)
-            open_ += sum(not v.settled(r, target) for _, r in res)
-            n += len(res)
-            mdes += [r["mde"] for _, r in res if pd.notna(r["mde"])]
-        note = (f"{open_} of {n} comparisons open (decode and aggregate tok/s), largest MDE {max(mdes) * 100:.0f} %"
-                if mdes else "no estimate yet")
-        return need, note
-
-    return decide
+    planned = {p.config_id: {(lv.bucket.label, lv.concurrency) for lv in levels(p.workload)} for p in plans}
+    base = v.baselines(ids, {c: study.config(c).baseline for c in ids}, study.same_model, planned)
+    return v.sampling_rule(v.comparisons(base, groups), groups, target=study.design.mde_target_pct / 100.0,
+                           given_sd_pct=study.design.between_starts_sd_pct)
 
 
 def _prediction(study: Any, config_id: str, rec: dict[str, Any], server: Any = None) -> dict[str, Any]:
@@ -423,14 +382,13 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     return t.round(1)
 
 
-def sampling_table(design: dict[str, Any]) -> pd.DataFrame:
+def sampling_table(design: Design) -> pd.DataFrame:
     """Per level of an interleaved benchmark: measured rounds per configuration, why its sampling
     stopped, its seconds (of them the warm-up's), the disturbed rounds and those measured again
     (design.json's `levels`)."""
-    rows = [{"level": x["label"], **{f"rounds {k}": n for k, n in x["rounds"].items()}, "stopped": x["stopped"],
-             "seconds": round(x["seconds"], 1), "warm-up s": round(x.get("warmup_s") or 0.0, 1),
-             "disturbed": x.get("disturbed", 0), "measured again": x.get("remeasured", 0),
-             "last note": x.get("note", "")} for x in design.get("levels", [])]
+    rows = [{"level": x.label, **{f"rounds {k}": n for k, n in x.rounds.items()}, "stopped": x.stopped,
+             "seconds": round(x.seconds, 1), "warm-up s": round(x.warmup_s, 1), "disturbed": x.disturbed,
+             "measured again": x.remeasured, "last note": x.note} for x in design.levels]
     return pd.DataFrame(rows)
 
 

@@ -467,12 +467,24 @@ def test_a_plan_resolves_each_configuration_once_on_one_host():
 
 
 def test_a_configuration_of_another_model_gets_no_default_baseline():
-    from servelab.stages import study_baselines
+    from servelab.analysis.verdicts import baselines
+
+    def of(s, levels=None):
+        ids = [c.id for c in s.configurations]
+        return ids, baselines(ids, {c.id: c.baseline for c in s.configurations}, s.same_model, levels)
 
     s = load("h200-perfmodel.yaml")
-    ids = [c.id for c in s.configurations]
+    ids, base = of(s)
     assert ids == ["qwen3moe", "qwen3moe-greedy", "llama8b", "dsv2lite", "mixtral8x7b", "llama2-7b"]
-    assert study_baselines(s, ids) == {"qwen3moe-greedy": "qwen3moe"}  # the other shapes compare with nothing
+    assert base == {"qwen3moe-greedy": "qwen3moe"}  # the other shapes compare with nothing
     s = load("local-cpu.yaml")  # one model throughout: every later configuration has one
-    ids = [c.id for c in s.configurations]
-    assert set(study_baselines(s, ids)) == set(ids[1:])
+    ids, base = of(s)
+    assert set(base) == set(ids[1:])
+    # a configuration sharing no level with an earlier one of its model has no default baseline,
+    # and a check-only one (no levels) keeps the baseline its params name
+    levels = {c: {("a", 1)} for c in ids}
+    levels[ids[2]] = {("b", 1)}
+    levels[ids[3]] = set()
+    _, base = of(s, levels)
+    assert [base.get(c) for c in ids[2:4]] == [s.config(c).baseline for c in ids[2:4]]
+    assert base[ids[4]] == (s.config(ids[4]).baseline or ids[1])

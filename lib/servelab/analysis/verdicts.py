@@ -30,7 +30,7 @@ Not for sending requests (`measure`) nor for prose (`report.progress`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,8 +38,9 @@ import numpy as np
 import pandas as pd
 from scipy.special import ndtri, stdtrit
 
-from .compare import config_diff
 from ..measure.outliers import keep_rounds
+from ..schema.runfiles import Design
+from .compare import config_diff
 
 FORMAT_VERSION = 1
 ALPHA = 0.05  # two-sided: the verdict's interval is 95 %
@@ -94,6 +95,25 @@ def setting_groups(engine_params: Mapping[str, Mapping[str, Any]], workloads: Ma
         same = [o for o in ids if not config_diff(engine_params[c], engine_params[o])
                 and (workloads is None or workloads.get(c) == workloads.get(o))]
         out[c] = tuple(same)
+    return out
+
+
+def baselines(ids: Sequence[str], named: Mapping[str, str | None], same_model: Callable[[str, str], bool],
+              levels: Mapping[str, set[Any]] | None = None) -> dict[str, str]:
+    """Each configuration's baseline among `ids` (study order), the one rule while measuring and in the
+    report: the one its params name (`baseline:`) when it comes earlier, else the nearest earlier
+    configuration that serves the same model and shares a level with it (`levels`: each configuration's
+    levels, planned while measuring and measured after; a configuration with its own workload skips
+    those it shares none with)."""
+    out: dict[str, str] = {}
+    for i, c in enumerate(ids):
+        if named.get(c) in ids[:i]:
+            out[c] = str(named[c])
+            continue
+        for prev in reversed(ids[:i]):
+            if same_model(c, prev) and (levels is None or levels.get(c, set()) & levels.get(prev, set())):
+                out[c] = prev
+                break
     return out
 
 
@@ -401,6 +421,53 @@ def open_starts(results: Iterable[tuple[Comparison, Mapping[str, Any]]], target:
     return out
 
 
+def sampling_rule(cmps: Sequence[Comparison], groups: Mapping[str, Sequence[str]], *, target: float,
+                  given_sd_pct: float | None = None) -> Callable[[int, pd.DataFrame], tuple[set[str], str]]:
+    """`measure.interleave.Decide` for these comparisons: after each round of level `li` (its round table
+    `rt`), the starts of every comparison whose verdict on per-request decode tok/s or aggregate tok/s is
+    not `settled`, with the between-start variance from the levels measured so far and without the
+    rounds the estimator leaves out (`keep_rounds`)."""
+    seen: dict[int, pd.DataFrame] = {}
+
+    def decide(li: int, rt: pd.DataFrame) -> tuple[set[str], str]:
+        seen[li], _ = keep_rounds(rt)
+        need: set[str] = set()
+        open_, mdes, n = 0, [], 0
+        for metric in SAMPLED:  # a comparison is open while either metric is
+            y = log_rounds(pd.concat(list(seen.values()), ignore_index=True), metric)
+            between = between_starts(y, groups.values(), given_sd_pct=given_sd_pct if metric == PRIMARY else None)
+            lv = log_rounds(seen[li], metric)
+            res = [(c, estimate(lv, c, between, direction=METRICS[metric][1])) for c in cmps if not c.aa]
+            need |= open_starts(res, target)
+            open_ += sum(not settled(r, target) for _, r in res)
+            n += len(res)
+            mdes += [r["mde"] for _, r in res if pd.notna(r["mde"])]
+        note = (f"{open_} of {n} comparisons open (decode and aggregate tok/s), largest MDE {max(mdes) * 100:.0f} %"
+                if mdes else "no estimate yet")
+        return need, note
+
+    return decide
+
+
+def plan_from_design(design: Design, groups: Mapping[str, Sequence[str]], rows: pd.DataFrame, between: Between,
+                     target: float) -> dict[str, Any] | None:
+    """`plan_for_target` with the costs a study measured (design.json): one start of each setting (the
+    mean over its starts) and one start's round at each level; None for a study measured without
+    design.json's timings (one at a time, or before it existed)."""
+    took = design.launch.per_config_s if design.launch else {}
+    levels = [x for x in design.levels if x.rounds and sum(x.rounds.values()) and x.seconds]
+    if not took or not levels:
+        return None
+    settings = list(dict.fromkeys(g for c, g in groups.items() if c in took))  # study order: the same sums
+    launch = {g[0]: sum(took[c] for c in g if c in took) / sum(c in took for c in g) for g in settings}
+    slot = {x.label: x.seconds / sum(x.rounds.values()) for x in levels}
+    r = rows[(rows["metric"] == PRIMARY) & ~rows["aa"].astype(bool)]
+    plan = plan_for_target(r, between, target=target, launch_s=launch, slot_s=slot, lanes=int(design.lanes or 1))
+    if plan is not None:
+        plan["now_seconds"] = (design.launch.wall_s if design.launch else 0.0) + sum(x.seconds for x in levels)
+    return plan
+
+
 # -- every comparison, level and metric --------------------------------------------------------------
 
 def verdict_rows(rounds: pd.DataFrame, cmps: Sequence[Comparison], groups: Iterable[Sequence[str]], *,
@@ -489,5 +556,6 @@ def from_json(d: Mapping[str, Any]) -> pd.DataFrame:
 
 
 __all__ = ["Between", "Comparison", "FASTER", "SLOWER", "NO_CHANGE", "UNDETERMINED", "METRICS", "PRIMARY",
-           "MDE_TARGET", "DECODE", "SAMPLED", "between_starts", "keep_rounds", "lead_metric", "between_from_fits", "comparisons", "effect_of", "estimate", "fit_arrays", "open_starts", "fit_level", "from_json", "level_label",
-           "log_rounds", "plan_for_target", "setting_groups", "settled", "to_json", "verdict_rows"]
+           "MDE_TARGET", "DECODE", "SAMPLED", "baselines", "between_starts", "keep_rounds", "lead_metric", "between_from_fits", "comparisons", "effect_of", "estimate", "fit_arrays", "open_starts", "fit_level", "from_json", "level_label",
+           "log_rounds", "plan_for_target", "plan_from_design", "sampling_rule", "setting_groups", "settled", "to_json",
+           "verdict_rows"]

@@ -27,11 +27,12 @@ import contextlib
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
 
+from ..schema.runfiles import SampledLevel
 from ..summary import round_throughput
 from .disturbed import Attempt, Disturbances
 from .machine import MachineMeter, busy, wait_quiet
@@ -45,25 +46,6 @@ MIN_ROUNDS = 3  # rounds a level gets even past its budget share: at 2 an A/A pa
 #                residual degree of freedom (a fresh clone on a slow day got 2 at every level, 2026-12-03)
 RESERVE = 0.15  # share of the sampling time kept for measuring disturbed rounds again
 QUIET_WAIT_S = 45.0  # the longest wait for other processes to stop before a round is measured again
-
-
-@dataclass
-class LevelSampling:
-    """How one level's sampling went: measured rounds per start (with a kept attempt), why it
-    stopped, its time (`warmup_s` of it on the warm-up rounds), and its disturbed rounds: how many,
-    measured again, left out, the seconds spent waiting for the machine to be quiet, and when."""
-
-    label: str
-    rounds: dict[str, int]
-    stopped: str  # "settled" | "max_rounds" | "budget" | "fixed"
-    seconds: float
-    note: str = ""
-    warmup_s: float = 0.0
-    disturbed: int = 0
-    remeasured: int = 0
-    remeasure_s: float = 0.0
-    waited_s: float = 0.0
-    windows: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Interleaved:
@@ -86,7 +68,7 @@ class Interleaved:
         self.max_rounds = max_rounds or self.wl.rounds
         self.meter = MachineMeter(pids or {}, servers_known=bool(pids) and set(pids) >= set(self.runners))
         self.log = log or first.log
-        self.sampling: list[LevelSampling] = []
+        self.sampling: list[SampledLevel] = []
         self.marks: dict[str, dict[tuple[int, int, int], str]] = {}  # start -> its disturbed attempts
         self.busy_seen: list[float] = []  # other processes' cores during every round so far
         # the levels' sampling ends before the deadline: the rest is kept for re-measuring
@@ -149,7 +131,7 @@ class Interleaved:
         for sid in order:
             await self._send(states, sid, rnd, dist)
 
-    async def _again(self, states: dict[str, Any], dist: Disturbances, lv_label: str, log: LevelSampling) -> None:
+    async def _again(self, states: dict[str, Any], dist: Disturbances, lv_label: str, log: SampledLevel) -> None:
         """Judge the level's attempts (`Disturbances.judge`) and measure its suspect and disturbed
         rounds again, once the machine is quiet, while the budget (its reserve included) allows."""
         t0 = time.monotonic()
@@ -205,7 +187,7 @@ class Interleaved:
         lv = self.grid[li]
         states = {sid: await r.level_begin(li, lv) for sid, r in self.runners.items()}
         dist = Disturbances(self._background())
-        log = LevelSampling(lv.label, {}, "fixed", 0.0)
+        log = SampledLevel(label=lv.label)
         for rnd in range(wl.warmup_rounds):  # unmeasured, right before the level's measured rounds
             await self._round(states, starts, rnd, Disturbances())
         log.warmup_s = time.monotonic() - t0
@@ -299,7 +281,7 @@ class Start:
 
 def run_interleaved(starts: Sequence[Start], wl: Any, *, study: str, decide: Decide | None = None,
                     deadline: float | None = None, max_rounds: int | None = None, progress: bool = False,
-                    log: Callable[[str], None] | None = None) -> tuple[dict[str, Any], list[LevelSampling]]:
+                    log: Callable[[str], None] | None = None) -> tuple[dict[str, Any], list[SampledLevel]]:
     """Prepare every start's run folder (`runner.prepare_run`), send the grid interleaved
     (`Interleaved`), and close each run.json (`runner.finish_run`), also on Ctrl-C. Returns
     ({start id: RunResult}, the sampling of each level)."""

@@ -68,15 +68,10 @@ def compare_quality(run_q: dict[str, Any], base_q: dict[str, Any]) -> dict[str, 
 
 
 def _baseline(sd: StudyData, cid: str) -> str | None:
-    """The baseline its params name, else the one the progression compares it with (the earlier
-    configuration; a check-only configuration of a GPU study names its baseline)."""
+    """The configuration's baseline (`load.baselines`: the one rule of the verdicts and the progression)."""
     from .load import baselines
 
-    named = next((c.baseline for c in sd.study.configurations if c.id == cid), None)
-    summary = getattr(sd, "summary", None)
-    if named or summary is None or summary.empty:
-        return named
-    return baselines(sd).get(cid)
+    return baselines(sd, every=True).get(cid)
 
 
 def quality_section(sd: StudyData) -> tuple[str, Any | None]:

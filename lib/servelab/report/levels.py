@@ -20,6 +20,7 @@ import pandas as pd
 
 from ..analysis.stats import pct_change as _pct_change
 from ..engines import get as engine_profile
+from ..schema.runfiles import SampledLevel
 from . import html as rh
 from .load import StudyData, baselines
 from .fmt import quality
@@ -175,9 +176,7 @@ def timing_rows(sd: StudyData) -> pd.DataFrame:
     """Per configuration, in seconds: start-up (launch to healthy; `shared_server` when the same
     server process was started once for an earlier configuration), torch.compile's share, the
     benchmark (first send -> last end, warm-up included) and the quality check."""
-    from .verdicts import design
-
-    interleaved = bool(design(sd).get("interleaved"))
+    interleaved = sd.design.interleaved
     rows, seen = [], set()
     for cid in sd.config_ids:
         srv, rec = sd.info(cid).server, sd.folders[cid].records
@@ -208,25 +207,24 @@ def budget_text(sd: StudyData, quality_s: float) -> str:
     """Where an interleaved study's time went (design.json): engine starts two at a time, the
     quality checks one engine at a time, the rounds per level and why each level stopped, against
     the time budget."""
-    from .verdicts import design
-
-    d = design(sd)
-    if not d.get("interleaved") or not d.get("launch"):
+    d = sd.design
+    if not d.interleaved or not d.launch:
         return ""
-    launch, bench = float(d["launch"]["wall_s"]), float(d.get("benchmark_s") or 0.0)
-    def level(x: dict[str, Any]) -> str:
-        extra = [e for e in (sd.w("timing.warmup", s=minutes(sd, x["warmup_s"])) if x.get("warmup_s") else "",
-                             sd.w("timing.again", n=x["remeasured"], s=minutes(sd, x.get("remeasure_s") or 0.0))
-                             if x.get("remeasured") else "") if e]
-        return sd.w("timing.level", level=x["label"], rounds=max(x["rounds"].values()), s=minutes(sd, x["seconds"]),
-                    extra=f" ({sd.w('story.list_sep').join(extra)})" if extra else "",
-                    why=sd.w(f"verdicts.stopped.{x['stopped']}"))
+    launch, bench = float(d.launch.wall_s), float(d.benchmark_s or 0.0)
 
-    levels = sd.w("story.list_sep").join(level(x) for x in d.get("levels", []))
+    def level(x: SampledLevel) -> str:
+        extra = [e for e in (sd.w("timing.warmup", s=minutes(sd, x.warmup_s)) if x.warmup_s else "",
+                             sd.w("timing.again", n=x.remeasured, s=minutes(sd, x.remeasure_s))
+                             if x.remeasured else "") if e]
+        return sd.w("timing.level", level=x.label, rounds=max(x.rounds.values()), s=minutes(sd, x.seconds),
+                    extra=f" ({sd.w('story.list_sep').join(extra)})" if extra else "",
+                    why=sd.w(f"verdicts.stopped.{x.stopped}"))
+
+    levels = sd.w("story.list_sep").join(level(x) for x in d.levels)
     total = launch + quality_s + bench
-    key = "timing.budget" if d.get("budget_s") else "timing.no_budget"
-    return sd.w(key, total=minutes(sd, total), budget=minutes(sd, float(d.get("budget_s") or 0)),
-                launch=minutes(sd, launch), lanes=d.get("lanes", 1), quality=minutes(sd, quality_s),
+    key = "timing.budget" if d.budget_s else "timing.no_budget"
+    return sd.w(key, total=minutes(sd, total), budget=minutes(sd, float(d.budget_s or 0)),
+                launch=minutes(sd, launch), lanes=d.lanes if d.lanes is not None else 1, quality=minutes(sd, quality_s),
                 bench=minutes(sd, bench), levels=levels)
 
 

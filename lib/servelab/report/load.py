@@ -12,9 +12,10 @@ from typing import Any
 import pandas as pd
 
 from ..engines import get as engine_profile
-from ..runfolder import RECORDS, STUDY_JSON, RunFolder, read_json, resolve
+from ..analysis import verdicts
+from ..runfolder import RECORDS, STUDY_JSON, RunFolder, read_design, read_json, resolve
 from ..schema import Study, study_from_dict, upgrade
-from ..schema.runfiles import RunInfo
+from ..schema.runfiles import Design, RunInfo
 from ..summary import summarize
 from .i18n import Words, words
 
@@ -89,6 +90,11 @@ class StudyData:
     def engine_params(self, cid: str) -> dict[str, Any]:
         return self.runs[cid].get("engine_params") or {}
 
+    @cached_property
+    def design(self) -> Design:
+        """How the configurations were measured (design.json; not the params' `study.design`)."""
+        return read_design(self.root / "data", self.root)
+
 
 def load_study_data(study_dir: str | Path) -> StudyData:
     """Read `<study_dir>/data/` (a published report) or a runs/<study> folder."""
@@ -112,22 +118,15 @@ def engine_gpus(sd: StudyData, config_id: str) -> int:
     return engine_layout(sd, config_id).gpus
 
 
-def baselines(sd: StudyData, piv: pd.DataFrame | None = None) -> dict[str, str]:
-    """Each configuration's baseline: the one its params name (`baseline:`), else the nearest earlier
-    configuration that serves the same model and was measured on at least one of the same levels (a
-    configuration with its own workload skips those it shares none with)."""
-    if piv is None:
+def baselines(sd: StudyData, piv: pd.DataFrame | None = None, *, every: bool = False) -> dict[str, str]:
+    """Each measured configuration's baseline (`analysis.verdicts.baselines`, the rule the measurement
+    used) on the levels each measured; `every`: each configuration of the study's, a check-only one (no
+    levels) keeping the baseline its params name."""
+    if piv is None and not sd.summary.empty:
         piv = sd.summary.pivot_table(index=["bucket", "concurrency"], columns="config", values="aggregate_output_tps",
                                      aggfunc="first", sort=False)
-    cols = [c for c in sd.config_ids if c in piv.columns]
-    named = {c.id: c.baseline for c in sd.study.configurations if c.baseline}
-    out = {}
-    for i, c in enumerate(cols):
-        if named.get(c) in cols[:i]:
-            out[c] = named[c]
-            continue
-        for prev in reversed(cols[:i]):
-            if sd.study.same_model(c, prev) and (piv[c].notna() & piv[prev].notna()).any():
-                out[c] = prev
-                break
-    return out
+    cols = [c for c in sd.config_ids if piv is not None and c in piv.columns]
+    measured = {c: set(piv.index[piv[c].notna()]) for c in cols}
+    named = {c.id: c.baseline for c in sd.study.configurations}
+    ids = [c.id for c in sd.study.configurations] if every else cols
+    return verdicts.baselines(ids, named, sd.study.same_model, measured)

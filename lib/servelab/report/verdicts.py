@@ -13,24 +13,10 @@ from typing import Any
 import pandas as pd
 
 from ..analysis import verdicts as v
-from ..runfolder import DESIGN_JSON, VERDICTS_JSON, read_json, write_json
+from ..runfolder import VERDICTS_JSON, read_json, write_json
 from . import html as rh
 from .fmt import link, minutes, num, pct
 from .load import StudyData, baselines
-
-
-def design(sd: StudyData) -> dict[str, Any]:
-    """design.json beside the configurations ({} for a study measured before it existed)."""
-    for d in (sd.root / "data", sd.root):
-        if (d / DESIGN_JSON).exists():
-            return read_json(d / DESIGN_JSON)
-    return {}
-
-
-def _groups(sd: StudyData) -> dict[str, tuple[str, ...]]:
-    """Starts of one engine setting, whatever their workloads: a repeat that sweeps levels of its
-    own (a saturation run) is a second start on the levels it shares."""
-    return v.setting_groups({c: sd.engine_params(c) for c in sd.config_ids})
 
 
 def _requests(sd: StudyData) -> pd.DataFrame:
@@ -43,39 +29,20 @@ def _requests(sd: StudyData) -> pd.DataFrame:
 
 def study_verdicts(sd: StudyData) -> dict[str, Any]:
     """verdicts.json of the study, computed from its records (deterministic)."""
-    d = design(sd)
-    target = float(d.get("mde_target") or sd.study.design.mde_target_pct / 100.0)
-    groups = _groups(sd)
+    d = sd.design
+    target = float(d.mde_target or sd.study.design.mde_target_pct / 100.0)
+    groups = v.setting_groups({c: sd.engine_params(c) for c in sd.config_ids})
     cmps = v.comparisons(baselines(sd), groups)
     rows, betweens = v.verdict_rows(sd.rounds, cmps, groups.values(), target=target, requests=_requests(sd),
                                     given_sd_pct=sd.study.design.between_starts_sd_pct)
-    stopped = {x["label"]: x["stopped"] for x in d.get("levels", [])}
+    stopped = {x.label: x.stopped for x in d.levels}
     rows["stopped"] = [stopped.get(lv, "fixed") for lv in rows["level"]]
     out = v.to_json(rows, betweens, target=target,
-                    design={"interleaved": bool(d.get("interleaved")), "reason": d.get("reason"),
-                            "budget_s": d.get("budget_s"), "first_rounds": d.get("first_rounds"),
-                            "max_rounds": d.get("max_rounds")},
-                    to_target=_plan(d, groups, rows, betweens[v.PRIMARY], target) if v.PRIMARY in betweens else None)
+                    design={"interleaved": d.interleaved, "reason": d.reason, "budget_s": d.budget_s,
+                            "first_rounds": d.first_rounds, "max_rounds": d.max_rounds},
+                    to_target=(v.plan_from_design(d, groups, rows, betweens[v.PRIMARY], target)
+                               if v.PRIMARY in betweens else None))
     return out
-
-
-def _plan(d: dict[str, Any], groups: dict[str, tuple[str, ...]], rows: pd.DataFrame, between: v.Between,
-          target: float) -> dict[str, Any] | None:
-    """`analysis.verdicts.plan_for_target` with the costs this study measured (design.json): one
-    start of each setting (the mean over its starts) and one start's round at each level; None for
-    a study measured without design.json's timings (one at a time, or before it existed)."""
-    took = (d.get("launch") or {}).get("per_config_s") or {}
-    levels = [x for x in d.get("levels", []) if x.get("rounds") and sum(x["rounds"].values()) and x.get("seconds")]
-    if not took or not levels:
-        return None
-    settings = list(dict.fromkeys(g for c, g in groups.items() if c in took))  # study order: the same sums
-    launch = {g[0]: sum(took[c] for c in g if c in took) / sum(c in took for c in g) for g in settings}
-    slot = {x["label"]: x["seconds"] / sum(x["rounds"].values()) for x in levels}
-    r = rows[(rows["metric"] == v.PRIMARY) & ~rows["aa"].astype(bool)]
-    plan = v.plan_for_target(r, between, target=target, launch_s=launch, slot_s=slot, lanes=int(d.get("lanes") or 1))
-    if plan is not None:
-        plan["now_seconds"] = (d.get("launch") or {}).get("wall_s", 0.0) + sum(x["seconds"] for x in levels)
-    return plan
 
 
 def write_study_verdicts(sd: StudyData) -> dict[str, Any]:
@@ -204,21 +171,19 @@ def disturbance_text(sd: StudyData) -> str:
     estimator left out (verdicts.json's `left_out`); or how quiet the machine was."""
     from datetime import datetime, timezone
 
-    d = design(sd)
-    lv = d.get("levels") or []
-    n, again = sum(int(x.get("disturbed") or 0) for x in lv), sum(int(x.get("remeasured") or 0) for x in lv)
+    lv = sd.design.levels
+    n, again = sum(x.disturbed for x in lv), sum(x.remeasured for x in lv)
     out = []
     if n:
         def hm(t: float) -> str:
             return datetime.fromtimestamp(t, timezone.utc).strftime("%H:%M:%S")
 
-        wins = [w for x in lv for w in x.get("windows") or []]
+        wins = [w for x in lv for w in x.windows]
         when = sd.w("story.list_sep").join(
             sd.w("verdicts.window", t0=hm(w["from"]), t1=hm(w["to"]), rounds=w["rounds"], starts=len(w["starts"]),
                  cpu=num(w["busy_cpu"], 1)) for w in wins)
         out.append(sd.w("verdicts.disturbed", n=n, again=again, when=when or rh.MISSING,
-                        s=num(sum(float(x.get("remeasure_s") or 0.0) for x in lv), 0),
-                        waited=num(sum(float(x.get("waited_s") or 0.0) for x in lv), 0)))
+                        s=num(sum(x.remeasure_s for x in lv), 0), waited=num(sum(x.waited_s for x in lv), 0)))
     else:
         busy = [a + b for a, b in zip(_round_stats(sd, "foreign_cpu"), _round_stats(sd, "steal_cpu"))]
         if busy:

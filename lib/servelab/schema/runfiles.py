@@ -280,9 +280,62 @@ class RunInfo(Open):
         return (self.model.facts if self.model else None) or {}
 
 
+# -- design.json ----------------------------------------------------------------------------------
+
+class SampledLevel(Open):
+    """How one level of an interleaved benchmark was sampled (`measure.interleave`): measured rounds per
+    start (with a kept attempt), why it stopped ("settled" | "max_rounds" | "budget" | "fixed"), its
+    time (`warmup_s` of it on the warm-up rounds), and its disturbed rounds: how many, measured again,
+    the seconds spent measuring again and waiting for the machine to be quiet, and when."""
+
+    label: str
+    rounds: dict[str, int] = Field(default_factory=dict)
+    stopped: str = "fixed"
+    seconds: float = 0.0
+    note: str = ""
+    warmup_s: float = 0.0
+    disturbed: int = 0
+    remeasured: int = 0
+    remeasure_s: float = 0.0
+    waited_s: float = 0.0
+    windows: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class LaunchTimes(Open):
+    """The side-by-side launch: its wall time and each configuration's start-up."""
+
+    wall_s: float = 0.0
+    per_config_s: dict[str, float] = Field(default_factory=dict)
+
+
+class Design(Open):
+    """design.json beside a study's configurations: how they were measured. Side by side and interleaved
+    (`interleaved`, the lanes, the launch, the time budget, the MDE target, the rounds, each level's
+    sampling) or one at a time (`reason`: why not side by side). A study measured before this file
+    existed reads as `Design()`: one at a time, no timings."""
+
+    format_version: int = 1
+    interleaved: bool = False
+    reason: str | None = None
+    lanes: int | None = None
+    memory: str | None = None  # why the engines fit side by side
+    launch: LaunchTimes | None = None
+    order: list[str] = Field(default_factory=list)
+    started_at: str | None = None
+    benchmark_s: Number = None
+    budget_s: Number = None
+    mde_target: Number = None
+    max_rounds: int | None = None
+    first_rounds: int | None = None
+    left_s: Number = None
+    levels: list[SampledLevel] = Field(default_factory=list)
+    status: dict[str, str] = Field(default_factory=dict)
+
+
 #: the model of each typed file (by its name in the run folder), with the version it is written in
 CURRENT = {"run.json": (RunInfo, FORMAT_VERSION), "engine.json": (EngineHandle, LINE_FORMAT),
-           "levels.jsonl": (LevelSummary, LINE_FORMAT), "records.jsonl": (RequestRecord, LINE_FORMAT)}
+           "levels.jsonl": (LevelSummary, LINE_FORMAT), "records.jsonl": (RequestRecord, LINE_FORMAT),
+           "design.json": (Design, 1)}
 
 def check_line(name: str, data: dict[str, Any]) -> None:
     """Validate one file's (or line's) content against its model; raises pydantic's ValidationError.
@@ -295,6 +348,6 @@ def versioned(name: str, data: dict[str, Any]) -> dict[str, Any]:
     return {"format_version": CURRENT[name][1], **data}
 
 
-__all__ = ["RequestOutcome", "RequestRecord", "LevelSummary", "LevelSampling", "EngineHandle", "RunInfo", "ServelabInfo",
+__all__ = ["RequestOutcome", "RequestRecord", "Design", "SampledLevel", "LaunchTimes", "LevelSummary", "LevelSampling", "EngineHandle", "RunInfo", "ServelabInfo",
            "ClientHost", "ServerInfo", "EngineRecord", "ModelRecord", "Headline", "LINE_FORMAT", "CURRENT",
            "check_line", "versioned"]
