@@ -155,25 +155,6 @@ def blended(peak: ManagedPrice, off_peak: ManagedPrice, fraction_peak: float) ->
                         "computed from " + peak.status, tier=f"blend {f:.3f}")
 
 
-def price_table_rows(table: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Every committed price with its source: the prices table a report prints."""
-    t = table or load_table()
-    rows = []
-    for r in t.get("ec2_on_demand", []):
-        rows.append({"kind": "ec2", "item": f"{r['instance_type']} ({r['region']})",
-                     "price": None if r.get("usd_per_hour") is None else f"{r['usd_per_hour']} USD/h",
-                     "per_gpu_hour": None if r.get("usd_per_hour") is None
-                     else round(r["usd_per_hour"] / r.get("gpus", 1), 4),
-                     "status": r["status"], "source": " ".join(str(r["source"]).split()), "as_of": r.get("as_of")})
-    for m in managed_prices(t).values():
-        rows.append({"kind": "managed", "item": m.key,
-                     "price": f"in {m.input_usd_per_m} / out {m.output_usd_per_m}"
-                              + (f" / cache {m.cache_read_usd_per_m}" if m.cache_read_usd_per_m is not None else "")
-                              + " USD per 1M", "per_gpu_hour": None,
-                     "status": m.status, "source": m.source, "as_of": m.as_of})
-    return rows
-
-
 # -- Pricing API -----------------------------------------------------------------------------
 def pricing_filters(instance_type: str, region: str, *, by_location: bool = False) -> list[dict[str, str]]:
     where = ({"Type": "TERM_MATCH", "Field": "location", "Value": REGION_NAMES[region]} if by_location
