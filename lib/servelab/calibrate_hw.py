@@ -26,6 +26,7 @@ import yaml
 
 from .errors import UserError
 from .log import progress_line
+from .tables import CALIBRATIONS
 
 OUTPUT_TOKENS = 128
 REQUESTS = 8
@@ -221,7 +222,6 @@ def calibrate_hw(*, engine: str = "vllm", kinds: list[str] | None = None, widths
                  layers: list[int] | None = None, modes: list[str] | None = None, out: str | None = None,
                  cal_id: str | None = None, micro_only: bool = False, concurrent: int | None = None,
                  port_base: int = 8600, quick: bool = False, add_to: str | None = None) -> int:
-    from .tables import CALIBRATIONS
     from .measure import hwbench
     from .paths import runs_root
 
@@ -293,7 +293,6 @@ def moe_prefill_from(study_dir: Path | str, add_to: str, engine: str = "vllm") -
     from .analysis import perfmodel as pm
     from .analysis import perfmodel_terms as terms
     from .analysis.calibration import Machine
-    from .tables import CALIBRATIONS
     from .engines.flags import engine_args
     from .report import load_study_data
 
@@ -342,7 +341,6 @@ def calibrate_collectives(add_to: str | None = None) -> dict[str, Any]:
     (`analysis.calibration.fit_collective`) and stored as `micro.collectives` of calibration entry `add_to`
     (default: the newest entry of this GPU). UserError (one line) with fewer than 2 GPUs."""
     from .analysis.calibration import calibration_for, fit_collective
-    from .tables import CALIBRATIONS
     from .measure import collectives
 
     try:
