@@ -67,7 +67,7 @@ def _bucket(label: str | None, tin: int, tout: int) -> str:
 def vllm_bench_rows(res: dict[str, Any], *, config: str, bucket_label: str | None = None, round_: int = 0,
                     target_input_tokens: int | None = None, target_output_tokens: int | None = None,
                     seq0: int = 0) -> list[dict[str, Any]]:
-    """Records of one `vllm bench serve` result object (see `import_vllm_bench`)."""
+    """Records of one `vllm bench serve` result object (see `vllm_bench_frame`)."""
     if "ttfts" not in res:
         raise ValueError("vllm bench serve result has no per-request data: run it with --save-result --save-detailed")
     ttfts = res["ttfts"]
