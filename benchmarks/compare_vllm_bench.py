@@ -39,7 +39,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
-from servelab.analysis.peers import import_vllm_bench, vllm_bench_command, vllm_bench_reported  # noqa: E402
+from servelab.analysis.peers import vllm_bench_command, vllm_bench_reported  # noqa: E402
+from servelab.results.peers import import_vllm_bench, read_objects  # noqa: E402
 from servelab.hosts.base import Server  # noqa: E402
 from servelab.hosts.process import Engine  # noqa: E402
 from servelab.measure.metrics import delta, snapshot  # noqa: E402
@@ -211,7 +212,7 @@ def one_pair(tool: str, *, rep: int, server: Server, base: Path, tokenizer: str,
                            seed=1000 * rep + c)  # new random prompts every run
         df = import_vllm_bench(out, config=f"{tag}-vllm-r{rep}")
         m = measure(df, itl_s=itl_s, ttft_s=ttft_s)
-        rep_ = vllm_bench_reported(out)
+        rep_ = vllm_bench_reported(read_objects(out)[0])
         m.update({f"reported_{k}": v for k, v in rep_.items() if k in ("ttft_p50_s", "ttft_p95_s", "tpot_p50_s",
                                                                          "output_tps", "completed", "failed")})
     if server_metrics:

@@ -68,7 +68,7 @@ def test_the_h200_entry_refits_from_its_own_points(tmp_path):
 
     import yaml
 
-    from servelab.analysis.calibration import CALIBRATIONS
+    from servelab.tables import CALIBRATIONS
     from servelab.calibrate_hw import merge
 
     src = CALIBRATIONS / "nvidia-h200-2026-12-02.yaml"
@@ -95,7 +95,7 @@ def test_every_entry_refits_from_its_own_points(tmp_path, entry):
 
     import yaml
 
-    from servelab.analysis.calibration import CALIBRATIONS
+    from servelab.tables import CALIBRATIONS
     from servelab.calibrate_hw import merge
 
     src = CALIBRATIONS / f"{entry}.yaml"

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from servelab.report.checks import compare_quality, speculative_rows
+from servelab.report.load import StudyData
 from servelab.schema import study_from_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,11 +102,7 @@ def test_speculative_rows_pair_each_set_with_the_baseline(tmp_path: Path):
         (data / cid).mkdir(parents=True)
         (data / cid / "speculative.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-    class SD:
-        root = tmp_path
-
-    SD.study = study
-    df = speculative_rows(SD)
+    df = speculative_rows(StudyData(root=tmp_path, study=study))
     # the ngram server's free set drafted nothing (no counters): only the copy-heavy row remains
     assert list(df["set"]) == ["rewrite"]
     r = df.iloc[0]

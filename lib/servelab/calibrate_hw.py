@@ -27,6 +27,7 @@ import yaml
 from .engines import get as engine_profile
 from .errors import UserError
 from .log import progress_line
+from .tables import CALIBRATIONS
 
 OUTPUT_TOKENS = 128
 REQUESTS = 8
@@ -215,7 +216,6 @@ def calibrate_hw(*, engine: str = "vllm", kinds: list[str] | None = None, widths
                  layers: list[int] | None = None, modes: list[str] | None = None, out: str | None = None,
                  cal_id: str | None = None, micro_only: bool = False, concurrent: int | None = None,
                  port_base: int = 8600, quick: bool = False, add_to: str | None = None) -> int:
-    from .analysis.calibration import CALIBRATIONS
     from .measure import hwbench
     from .paths import runs_root
 
@@ -286,7 +286,7 @@ def moe_prefill_from(study_dir: Path | str, add_to: str, engine: str = "vllm") -
 
     from .analysis import perfmodel as pm
     from .analysis import perfmodel_terms as terms
-    from .analysis.calibration import CALIBRATIONS, Machine
+    from .analysis.calibration import Machine
     from .engines.flags import engine_args
     from .report import load_study_data
 
@@ -334,7 +334,7 @@ def calibrate_collectives(add_to: str | None = None) -> dict[str, Any]:
     (`measure.collectives`), fitted as alpha + bytes / beta per op and GPU count
     (`analysis.calibration.fit_collective`) and stored as `micro.collectives` of calibration entry `add_to`
     (default: the newest entry of this GPU). UserError (one line) with fewer than 2 GPUs."""
-    from .analysis.calibration import CALIBRATIONS, calibration_for, fit_collective
+    from .analysis.calibration import calibration_for, fit_collective
     from .measure import collectives
 
     try:

@@ -82,9 +82,14 @@ def cmd_validate(a: argparse.Namespace) -> int:
 
 
 def cmd_workload(a: argparse.Namespace) -> int:
-    from .analysis.traffic import workload_yaml
+    from .analysis.traffic import from_log, from_trace, trace_kind, workload_yaml
+    from .measure.sources.trace import read_trace
 
-    text = workload_yaml(a.file, a.buckets)
+    p = Path(a.file)
+    log = "" if p.suffix.lower() == ".csv" else p.read_text()
+    kind = trace_kind(p.suffix, log)
+    obs = from_trace(read_trace(p)) if kind else from_log(log, a.file)
+    text = workload_yaml(obs, kind or "request log", p.name, a.buckets)
     if a.out:
         Path(a.out).write_text(text)
         print(f"{a.out}: workload block from {a.file}")

@@ -16,6 +16,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import date, datetime, timezone
+from functools import cache
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -24,6 +25,8 @@ import yaml
 from .errors import ServelabError
 
 TABLE_PATH = Path(__file__).with_name("data") / "prices.yaml"
+SEED001_PATH = TABLE_PATH.with_name("seed001.yaml")  # seed 001's published figures, with source and date
+FIXED_PRICES_PATH = TABLE_PATH.with_name("aws-fixed-prices.yaml")  # quoted AWS list prices beside the instance
 PRICING_ENDPOINT_REGION = "us-east-1"  # the Pricing API answers from us-east-1 (also eu-central-1, ap-south-1)
 CACHE_FILE = "ec2_prices.json"
 DEFAULT_MAX_AGE_DAYS = 30
@@ -82,6 +85,17 @@ class ManagedPrice:
 # -- table -----------------------------------------------------------------------------------
 def load_table(path: str | Path | None = None) -> dict[str, Any]:
     return yaml.safe_load(Path(path or TABLE_PATH).read_text())
+
+
+@cache
+def seed001_table() -> dict[str, Any]:
+    """data/seed001.yaml as written (read once; `analysis.cost.seed001_published` hands out copies)."""
+    return yaml.safe_load(SEED001_PATH.read_text(encoding="utf-8"))
+
+
+def fixed_prices_table() -> dict[str, Any]:
+    """data/aws-fixed-prices.yaml as written: per region, each fixed cost's USD with its source and date."""
+    return yaml.safe_load(FIXED_PRICES_PATH.read_text(encoding="utf-8"))
 
 
 def table_price(instance_type: str, region: str, table: dict[str, Any] | None = None) -> Price:
@@ -153,25 +167,6 @@ def blended(peak: ManagedPrice, off_peak: ManagedPrice, fraction_peak: float) ->
                         mix(peak.cache_read_usd_per_m, off_peak.cache_read_usd_per_m),
                         f"{f:.1%} of tokens at peak, the rest off-peak ({peak.source})", peak.as_of,
                         "computed from " + peak.status, tier=f"blend {f:.3f}")
-
-
-def price_table_rows(table: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Every committed price with its source: the prices table a report prints."""
-    t = table or load_table()
-    rows = []
-    for r in t.get("ec2_on_demand", []):
-        rows.append({"kind": "ec2", "item": f"{r['instance_type']} ({r['region']})",
-                     "price": None if r.get("usd_per_hour") is None else f"{r['usd_per_hour']} USD/h",
-                     "per_gpu_hour": None if r.get("usd_per_hour") is None
-                     else round(r["usd_per_hour"] / r.get("gpus", 1), 4),
-                     "status": r["status"], "source": " ".join(str(r["source"]).split()), "as_of": r.get("as_of")})
-    for m in managed_prices(t).values():
-        rows.append({"kind": "managed", "item": m.key,
-                     "price": f"in {m.input_usd_per_m} / out {m.output_usd_per_m}"
-                              + (f" / cache {m.cache_read_usd_per_m}" if m.cache_read_usd_per_m is not None else "")
-                              + " USD per 1M", "per_gpu_hour": None,
-                     "status": m.status, "source": m.source, "as_of": m.as_of})
-    return rows
 
 
 # -- Pricing API -----------------------------------------------------------------------------

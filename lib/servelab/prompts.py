@@ -60,11 +60,6 @@ class PromptSet(BaseModel):
             raise ValueError(f"prompt set {self.name}: duplicate ids {dup}")
         return self
 
-    def by_id(self, prompt_id: str) -> Prompt:
-        for p in self.prompts:
-            if p.id == prompt_id:
-                return p
-        raise KeyError(f"prompt set {self.name} has no prompt {prompt_id!r}")
 
 
 def list_sets() -> list[str]:

@@ -28,14 +28,18 @@ from .hosts import EngineError, Host, for_study
 from .execute import StageFailed, stop_signals
 from .pipeline import RunIncomplete, publish, run_config
 from .plan import plan_config
-from .runfolder import ENGINE_LOG, PARAMS_EFFECTIVE, STUDY_JSON, RunFolder, now_iso, read_json, runs_root, write_json
+from .runfolder import (ENGINE_LOG, PARAMS_EFFECTIVE, QUALITY_JSON, STUDY_JSON, TUNE_JSON, RunFolder, now_iso, read_json,
+                        runs_root, write_json)
 from .schema import Study
-
-TUNE_JSON = "tune.json"
 
 
 def _log(msg: str) -> None:
     progress_line(msg)
+
+
+def _quality(run_dir: Path) -> dict[str, Any] | None:
+    """A run folder's quality.json, None where it has none."""
+    return read_json(run_dir / QUALITY_JSON) if (run_dir / QUALITY_JSON).exists() else None
 
 
 def candidate_id(flag: str, value: Any) -> str:
@@ -179,7 +183,7 @@ class Tuner:
                 continue
             o, oi = self._objective(cid), self._objective(inc)
             verdict, reason, gain, giv = decide(o, oi)
-            q = quality_verdict(self.root / cid, self.root / inc)
+            q = quality_verdict(_quality(self.root / cid), _quality(self.root / inc))
             extra: dict[str, Any] = {}
             if verdict == "kept" and q is not None and (q.get("changed") or q.get("score_dropped")):
                 verdict, reason = "flagged", "quality"

@@ -34,6 +34,7 @@ cat > "$co/.gpu/bin/hold.env" <<EOF
 STUDY=$study
 SEQUENCE=${SEQUENCE:-}
 STEPS="${STEPS:-}"
+CALIBRATE="${CALIBRATE:-}"
 HOLD_S=$hold
 START_S=${START_S:-90}
 MARGIN_S=${MARGIN_S:-100}

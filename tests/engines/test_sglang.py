@@ -227,12 +227,12 @@ def test_gpu_section_and_engine_comparison_on_the_committed_data():
 @pytest.mark.parametrize("stem, n, conc", [("in256-out256-c1", 4, 1), ("in2048-out256-c4", 16, 4),
                                            ("in8192-out256-c4", 16, 4)])
 def test_real_bench_serving_results_import(stem, n, conc):
-    from servelab.analysis.sglang_bench import import_sglang_bench
     from servelab.analysis.sglang_bench import sglang_bench_reported as reported
+    from servelab.results.peers import import_sglang_bench, read_objects
 
     path = DATA / "peer" / "sglang-cudagraph" / f"sglang-bench-{stem}.jsonl"
     df = import_sglang_bench(path, config="sglang-cudagraph")
     assert len(df) == n and df["ok"].all() and (df["concurrency"] == conc).all()
     assert (df["output_tokens"] == 256).all() and df["bucket"].iloc[0] == stem.rsplit("-c", 1)[0]
-    rep = reported(path)
+    rep = reported(read_objects(path)[0])
     assert rep["completed"] == n and rep["server_version"] == "0.5.16"

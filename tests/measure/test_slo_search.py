@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from servelab.measure.slo_search import (SearchSpec, Targets, Trial, first_outlier, interval_verdict, load_verdict,
+from servelab.measure.slo_search import (SearchSpec, Targets, Trial, first_outlier, load_verdict,
                                          quantile_bounds, result, state)
 
 T = Targets(ttft_p95_s=1.0, tpot_p95_s=None, error_rate=0.01)
@@ -95,15 +95,16 @@ def test_trial_budget_stops_with_best_so_far():
 
 def test_interval_settles_a_clear_fail_but_not_a_marginal_one():
     clear = Trial(0, 5.0, [2.0] * 30, [], 30, 0)
-    assert interval_verdict([clear], T) == "fail"
+    v = load_verdict([clear], T)
+    assert v.settled and v.how == "interval" and not v.passes
     marginal = Trial(0, 5.0, [0.5] * 27 + [2.0] * 3, [], 30, 0)  # 10 % over: p95 over, but n=30 is noise
-    assert interval_verdict([marginal], T) is None
     v = load_verdict([marginal], T)
     assert not v.passes and not v.settled and v.how == "undecided"
     assert v.terms["ttft_p95_s"]["lower"] == 0.5 and v.terms["ttft_p95_s"]["upper"] == float("inf")
     fast = Trial(0, 5.0, [0.5] * 58, [], 58, 0)  # all under the target, yet 58 cannot bound a p95
-    assert interval_verdict([fast], T) is None
-    assert interval_verdict([fast, Trial(1, 5.0, [0.5], [], 1, 0)], T) == "pass"  # the 59th does
+    assert load_verdict([fast], T).how == "undecided"
+    v = load_verdict([fast, Trial(1, 5.0, [0.5], [], 1, 0)], T)  # the 59th does
+    assert v.settled and v.how == "interval" and v.passes
 
 
 def test_error_rate_binds_when_requests_fail():

@@ -28,12 +28,10 @@ Measurement window: the profiling phase (warm-up records are imported, flagged `
 benchmark duration runs from the first successful request to the last successful response
 (``min_request_timestamp`` / ``max_response_timestamp`` are record metrics of successful requests
 only); a failed request at either end (a timeout) is outside it.
-Not for running AIPerf (benchmarks/tools_study.py does that)."""
+Not for running AIPerf (benchmarks/tools_study.py does that) or reading its files (`results.formats`)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -186,18 +184,6 @@ def aiperf_rows(records: list[dict[str, Any]], *, config: str, summary: dict[str
     return rows
 
 
-def load_records(path: Path) -> list[dict[str, Any]]:
-    """The lines of a profile_export.jsonl (ValueError naming the line when one is not JSON)."""
-    out = []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"line {n} is not JSON ({e.msg})") from None
-    return out
-
-
 def aiperf_reported(summary: dict[str, Any]) -> dict[str, Any]:
     """AIPerf's own figures from profile_export_aiperf.json, in servelab's units (s, tok/s), under
     the names the definitions table uses (`<metric>.<stat>`)."""
@@ -217,5 +203,5 @@ def aiperf_reported(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 __all__ = ["AIPERF", "ALIASES", "NEW", "OLD", "SUMMARY_NAME", "aiperf_reported", "aiperf_rows", "counted",
-           "in_flight_max", "is_record", "is_summary", "load_records", "record_schema", "summary_metrics",
+           "in_flight_max", "is_record", "is_summary", "record_schema", "summary_metrics",
            "summary_settings"]

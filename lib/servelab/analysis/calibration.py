@@ -1,36 +1,23 @@
 """Calibration entries of the performance model (`analysis.perfmodel`): the dated measurements of a
 machine in `data/calibrations/` (written by `servelab calibrate-hw`), the fits that turn calibration
 runs into an engine's costs, and `Machine`, what the model reads of an entry (bandwidth by batch, GEMM
-throughput by rows, the engine's CPU-side and GPU fixed costs per step). No I/O but reading the
-entries; not for the model's arithmetic (`perfmodel`).
+throughput by rows, the engine's CPU-side and GPU fixed costs per step). The entries are read by
+`tables`; not for the model's arithmetic (`perfmodel`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-CALIBRATIONS = Path(__file__).resolve().parents[1] / "data" / "calibrations"
-
-
-@cache
-def _load_dir(folder: str) -> tuple[dict[str, Any], ...]:
-    out = []
-    for p in sorted(Path(folder).glob("*.yaml")):
-        d = yaml.safe_load(p.read_text(encoding="utf-8"))
-        d.setdefault("id", p.stem)
-        out.append(d)
-    return tuple(out)
+from ..tables import calibration_entries
 
 
 def calibrations(folder: Path | str | None = None) -> list[dict[str, Any]]:
     """Every calibration entry (`data/calibrations/*.yaml`), oldest first by measurement date."""
-    return sorted(_load_dir(str(folder or CALIBRATIONS)), key=lambda d: str(d.get("measured_at", "")))
+    return sorted(calibration_entries(folder), key=lambda d: str(d.get("measured_at", "")))
 
 
 def _norm(s: str) -> str:
@@ -255,6 +242,6 @@ def _same_cpu(entry: Mapping[str, Any], probe: Mapping[str, Any]) -> bool:
     return bool(0.8 <= ratio <= 1.25)
 
 
-__all__ = ["CALIBRATIONS", "Machine", "calibration_for", "calibrations", "fit_collective", "fit_engine_bandwidth",
+__all__ = ["Machine", "calibration_for", "calibrations", "fit_collective", "fit_engine_bandwidth",
            "fit_fixed_costs",
            "fit_graph_costs", "machine_for"]

@@ -87,14 +87,6 @@ def brackets_overlap(a: list[float | None], b: list[float | None]) -> bool:
     return max(a[0], b[0]) <= min(a_hi, b_hi)
 
 
-def grid_agrees(bracket: list[float | None], grid: Mapping[str, Any]) -> bool:
-    """A fixed grid agrees with a search when its highest passing load is not above the
-    bracket's high end and its first failing load is not below the bracket's low end."""
-    lo, hi = bracket[0], math.inf if bracket[1] is None else bracket[1]
-    g_pass, g_fail = grid.get("capacity"), grid.get("first_fail")
-    return (g_pass is None or g_pass <= hi) and (g_fail is None or g_fail >= lo)
-
-
 def report_quantities(entry: Mapping[str, Any]) -> dict[str, Any]:
     """A prediction bucket under the report's quantity names: prediction.json's (`perfmodel`:
     c1_tpot_s, tpot_s per concurrency, prefill_tok_s, kv_limited_concurrency) or an older run.json's

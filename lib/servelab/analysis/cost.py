@@ -21,18 +21,12 @@ from __future__ import annotations
 
 import copy
 import math
-from functools import cache
-from pathlib import Path
 from typing import Any, Iterable
 
 import pandas as pd
-import yaml
 
-from ..prices import ManagedPrice, PriceError, managed_prices, resolve_managed
+from ..prices import ManagedPrice, PriceError, fixed_prices_table, managed_prices, resolve_managed, seed001_table
 from ..schema import HOURS_PER_MONTH, CostParams
-
-DATA_DIR = Path(__file__).resolve().parents[1] / "data"  # seed001.yaml, aws-fixed-prices.yaml beside prices.yaml
-
 
 
 # -- arithmetic ------------------------------------------------------------------------------
@@ -158,16 +152,11 @@ def replay_cost_table(summary: pd.DataFrame, price: ManagedPrice, cached_input_f
     return pd.DataFrame(rows)
 
 
-@cache
-def _seed001() -> dict[str, Any]:
-    return yaml.safe_load((DATA_DIR / "seed001.yaml").read_text(encoding="utf-8"))
-
-
 def seed001_published() -> dict[str, Any]:
     """Seed 001's published numbers (g7e.12xlarge, vLLM, DeepSeek V4 Flash NVFP4), from
     data/seed001.yaml with its source and date: what the checks, the dry run and the write-up put
     beside servelab's own figures. `ratio_range` is a (low, high) tuple; `fixed` the costs it counts."""
-    d = copy.deepcopy(_seed001())
+    d = copy.deepcopy(seed001_table())
     d["ratio_range"] = tuple(d["ratio_range"])
     return d
 
@@ -198,7 +187,7 @@ def seed001_monthly(region: str = "us-east-1", instance_hourly_usd: float | None
     else:
         inst = (instance_hourly_usd, "as given")
     items = [(f"{pub['instance_type']} On-Demand", inst[0] * hours, f"{inst[0]:g} USD/h x {hours:g} h", inst[1])]
-    fixed = yaml.safe_load((DATA_DIR / "aws-fixed-prices.yaml").read_text(encoding="utf-8"))["regions"][region]
+    fixed = fixed_prices_table()["regions"][region]
     for item in pub["fixed"]:
         label, qty, unit = item["label"], float(item["quantity"]), item["unit"]
         e = fixed[item["key"]]

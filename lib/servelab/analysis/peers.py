@@ -1,10 +1,11 @@
-"""Read a peer tool's result file into servelab-shaped records, so a report can show a peer's
-measurement beside servelab's (`summary.summarize` works on the imported frame).
+"""A peer tool's result, already read, as servelab-shaped records, so a report can show a peer's
+measurement beside servelab's (`summary.summarize` works on the frame).
 
-- `import_vllm_bench`: `vllm bench serve --save-result --save-detailed` JSON (also the JSON
-  lines that `--append-result` writes: one object per line, each imported as a round).
-- `import_guidellm`: GuideLLM's `benchmarks.json` report (v0.2-v0.3 `scheduler_info` and
-  0.4+ `info.timings` request layouts; per-request computed fields).
+- `vllm_bench_frame`: the objects of a `vllm bench serve --save-result --save-detailed` JSON (also
+  the JSON lines that `--append-result` writes: one object per line, each a round).
+- `guidellm_frame`: the objects of GuideLLM's `benchmarks.json` report (v0.2-v0.3
+  `scheduler_info` and 0.4+ `info.timings` request layouts; per-request computed fields).
+- `json_objects`: a file's text as those objects (one JSON document, or JSON lines).
 - `peer_summary`: `summarize()` of an imported frame, tagged with the tool.
 
 Each row keeps the peer's own per-request numbers under servelab's column names; where the
@@ -12,7 +13,8 @@ definitions differ the row is still the peer's definition (benchmarks/README.md 
 vLLM's `latency` (-> e2e_s) ends at the last chunk carrying a choice, not at `[DONE]`; its TTFT
 ends at the first chunk with a non-empty `choices` list (for chat that is the role-only chunk);
 its per-request TPOT is (latency - ttft) / (output_tokens - 1), which is what `tpot_s` here is.
-Not for running the peer tools (benchmarks/compare_vllm_bench.py does that).
+Not for running the peer tools (benchmarks/compare_vllm_bench.py does that) or reading their files
+(`results.peers`, `results.formats`).
 """
 
 from __future__ import annotations
@@ -26,14 +28,15 @@ import numpy as np
 import pandas as pd
 
 from ..summary import RECORD_COLUMNS, summarize
+from .sglang_bench import sglang_bench_command
 
 VLLM_BENCH = "vllm bench serve"
 GUIDELLM = "guidellm"
 
 
 
-def _load_json_objects(path: Path) -> list[dict[str, Any]]:
-    text = Path(path).read_text(encoding="utf-8")
+def json_objects(text: str) -> list[dict[str, Any]]:
+    """A result file's text as its objects: one JSON document (a list: its items), else JSON lines."""
     try:
         obj = json.loads(text)
         return obj if isinstance(obj, list) else [obj]
@@ -64,7 +67,7 @@ def _bucket(label: str | None, tin: int, tout: int) -> str:
 def vllm_bench_rows(res: dict[str, Any], *, config: str, bucket_label: str | None = None, round_: int = 0,
                     target_input_tokens: int | None = None, target_output_tokens: int | None = None,
                     seq0: int = 0) -> list[dict[str, Any]]:
-    """Records of one `vllm bench serve` result object (see `import_vllm_bench`)."""
+    """Records of one `vllm bench serve` result object (see `vllm_bench_frame`)."""
     if "ttfts" not in res:
         raise ValueError("vllm bench serve result has no per-request data: run it with --save-result --save-detailed")
     ttfts = res["ttfts"]
@@ -119,26 +122,22 @@ def vllm_bench_rows(res: dict[str, Any], *, config: str, bucket_label: str | Non
     return rows
 
 
-def import_vllm_bench(json_path: Path | str | Iterable[Path | str], *, config: str, bucket_label: str | None = None,
-                      target_input_tokens: int | None = None, target_output_tokens: int | None = None) -> pd.DataFrame:
-    """`vllm bench serve --save-result --save-detailed` JSON -> servelab-shaped records.
+def vllm_bench_frame(objs: Iterable[dict[str, Any]], *, config: str, bucket_label: str | None = None,
+                     target_input_tokens: int | None = None, target_output_tokens: int | None = None) -> pd.DataFrame:
+    """`vllm bench serve --save-result --save-detailed` result objects -> servelab-shaped records.
 
     One row per request: ttft_s = their `ttfts[i]`, e2e_s = `latencies[i]`, prompt/output tokens =
     `input_lens`/`output_lens` (usage when the server sent it, else their tokenizer count),
     chunk_times_s = ttft + cumulative `itls[i]` (so servelab's pooled ITL equals theirs),
     start_s = `start_times[i]` (their perf_counter clock; if absent, reconstructed from `duration`
     so the aggregate output tok/s equals their `output_throughput`), tpot_s = (e2e - ttft) /
-    (output - 1) = their TPOT. Several files or JSON lines become rounds 0, 1, ...
+    (output - 1) = their TPOT. Each object (a file, a JSON line) is a round: 0, 1, ...
     """
-    paths = [json_path] if isinstance(json_path, (str, Path)) else list(json_path)
     rows: list[dict[str, Any]] = []
-    rnd = 0
-    for p in paths:
-        for obj in _load_json_objects(Path(p)):
-            rows += vllm_bench_rows(obj, config=config, bucket_label=bucket_label, round_=rnd,
-                                    target_input_tokens=target_input_tokens,
-                                    target_output_tokens=target_output_tokens, seq0=len(rows))
-            rnd += 1
+    for rnd, obj in enumerate(objs):
+        rows += vllm_bench_rows(obj, config=config, bucket_label=bucket_label, round_=rnd,
+                                target_input_tokens=target_input_tokens,
+                                target_output_tokens=target_output_tokens, seq0=len(rows))
     return pd.DataFrame(rows, columns=RECORD_COLUMNS)
 
 
@@ -251,14 +250,14 @@ def guidellm_rows(bench: dict[str, Any], *, config: str, bucket_label: str | Non
     return rows
 
 
-def import_guidellm(json_path: Path | str, *, config: str, bucket_label: str | None = None) -> pd.DataFrame:
-    """GuideLLM `benchmarks.json` -> servelab-shaped records; each benchmark (strategy) is a level.
+def guidellm_frame(objs: Iterable[dict[str, Any]], *, config: str, bucket_label: str | None = None) -> pd.DataFrame:
+    """The objects of a GuideLLM `benchmarks.json` -> servelab-shaped records; each benchmark
+    (strategy) is a level.
 
     Uses its per-request computed fields: time_to_first_token_ms, inter_token_latency_ms
     ((last - first token) / (output - 1), servelab's TPOT), request_latency, prompt/output tokens.
     GuideLLM keeps only first/last token times, so servelab's pooled ITL is not available.
     """
-    objs = _load_json_objects(Path(json_path))
     benches = [b for o in objs for b in (o.get("benchmarks") or [o])]
     rows: list[dict[str, Any]] = []
     for b in benches:
@@ -275,10 +274,8 @@ def peer_summary(df: pd.DataFrame) -> pd.DataFrame:
     return s
 
 
-def vllm_bench_reported(res: dict[str, Any] | Path | str) -> dict[str, Any]:
-    """vLLM's own headline numbers from a result JSON (its definitions), in servelab's units."""
-    if not isinstance(res, dict):
-        res = _load_json_objects(Path(res))[0]
+def vllm_bench_reported(res: dict[str, Any]) -> dict[str, Any]:
+    """vLLM's own headline numbers from a result object (its definitions), in servelab's units."""
     ms = lambda k: res[k] / 1000 if res.get(k) is not None else None  # noqa: E731
     return {"completed": res.get("completed"), "failed": res.get("failed"), "duration_s": res.get("duration"),
             "ttft_p50_s": ms("median_ttft_ms"), "ttft_p95_s": ms("p95_ttft_ms"), "tpot_p50_s": ms("median_tpot_ms"),
@@ -310,8 +307,6 @@ def vllm_bench_command(base_url: str, model: str, tokenizer: str, input_len: int
 
 def peer_command(run: Any, base_url: str, model_dir: str, out_dir: Path, *, python: str = "python3") -> tuple[list[str], Path]:
     """(argv, result file) of one `device.peers` entry (schema.PeerRun) against a server."""
-    from .sglang_bench import sglang_bench_command
-
     n = run.num_prompts or 4 * run.concurrency
     stem = f"in{run.input_tokens}-out{run.output_tokens}-c{run.concurrency}"
     if run.tool == "vllm-bench":

@@ -3,36 +3,27 @@ diagnosis measured and the calibration's small models cannot show, each a dated 
 `data/engine_terms.yaml` naming its study, the runs it was fitted on and the run held out; the rule
 that says when a configuration pays one (engine, attention kind, KV-cache dtype, attention backend,
 machine); and the fits that turn a study's runs into a term. Also the MoE prefill term, which a
-calibration entry carries once a TTFT sweep measured it (`fit_moe_prefill`). No I/O but reading the
-data file; not for the model's arithmetic (`perfmodel`) nor for loading studies (benchmarks/engine_terms.py).
+calibration entry carries once a TTFT sweep measured it (`fit_moe_prefill`). The data file is read
+by `tables`; not for the model's arithmetic (`perfmodel`) nor for loading studies (benchmarks/engine_terms.py).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..engines.flags import get_flag
 from ..models.facts import kv_bytes_per_token
+from ..tables import engine_terms
 
-TERMS_PATH = Path(__file__).resolve().parents[1] / "data" / "engine_terms.yaml"
 DEFAULT_BACKEND = "default"  # the flag unset: the engine picks (SGLang on Hopper with MLA: FA3)
-
-
-@cache
-def _load(path: str) -> tuple[dict[str, Any], ...]:
-    d = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    return tuple(d.get("terms") or [])
 
 
 def load_terms(path: Path | str | None = None) -> list[dict[str, Any]]:
     """Every engine term of the data file."""
-    return [dict(t) for t in _load(str(path or TERMS_PATH))]
+    return [dict(t) for t in engine_terms(path)]
 
 
 def _norm(s: Any) -> str:
@@ -126,5 +117,5 @@ def fit_moe_prefill(points: Sequence[Mapping[str, float]]) -> dict[str, Any]:
     return {"layer_s": a, "token_layer_s": b, "r2": r2, "n": len(points)}
 
 
-__all__ = ["DEFAULT_BACKEND", "TERMS_PATH", "applies", "attention_backend", "fit_moe_prefill", "fit_pool_term",
+__all__ = ["DEFAULT_BACKEND", "applies", "attention_backend", "fit_moe_prefill", "fit_pool_term",
            "load_terms", "moe_prefill", "moe_prefill_seconds", "pool_bytes", "step_terms"]

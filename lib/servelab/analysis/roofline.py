@@ -9,13 +9,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import yaml
 
 from ..measure.probe import measure_cpu_bandwidth
+from ..tables import hardware
 
 TB = 10**12
 
@@ -23,13 +22,10 @@ GB = 10**9
 
 TFLOPS = 10**12
 
-HARDWARE_PATH = Path(__file__).resolve().parents[1] / "data" / "hardware.yaml"
-
-
 def _load_hardware() -> list[dict[str, Any]]:
     """data/hardware.yaml (datasheet units) in this module's units: bytes, bytes/s, FLOP/s."""
     out = []
-    for h in yaml.safe_load(HARDWARE_PATH.read_text(encoding="utf-8")):
+    for h in hardware():
         out.append({"name": h["name"], "aliases": h["aliases"], "memory_type": h["memory_type"],
                     "memory_bytes": h["memory_GB"] * GB, "memory_bandwidth_Bps": h["memory_bandwidth_TBps"] * TB,
                     "bf16_dense_flops": h["bf16_dense_TFLOPS"] * TFLOPS,

@@ -1,6 +1,6 @@
 """SGLang's own benchmark (``python3 -m sglang.bench_serving``) as a peer: the command that runs it
-against a server with fixed-length random prompts, and its JSON-lines result imported into
-servelab's record rows (the columns of the vLLM/GuideLLM importers), so ``summary.summarize``
+against a server with fixed-length random prompts, and its JSON-lines result (read by the caller:
+`results.peers`, `results.formats`) as servelab's record rows (the columns of the vLLM/GuideLLM importers), so ``summary.summarize``
 and the peer tables work on it.
 
 Result shape (SGLang 0.5.16, ``sglang/benchmark/serving.py``; ``sglang/bench_serving.py`` is a
@@ -12,7 +12,7 @@ duration, completed, total_input_tokens, total_output_tokens, request/input/outp
 {mean,median,std,p90,p95,p99}_{e2e_latency,ttft,tpot,itl}_ms, concurrency, accept_length,
 max_output_tokens_per_s, max_concurrent_requests) merged with, under ``--output-details`` only,
 the per-request lists ``input_lens``, ``output_lens``, ``ttfts``, ``itls``, ``generated_texts``,
-``errors``. Several runs appended to one file become rounds 0, 1, ... here.
+``errors``. Several runs appended to one file become rounds 0, 1, ... here (`sglang_bench_frame`).
 
 How their per-request numbers map (``async_request_openai_chat_completions`` for
 ``--backend sglang-oai-chat``):
@@ -35,7 +35,6 @@ Not for running it on the device (scripts/device/ does that) or for their headli
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -70,10 +69,6 @@ def sglang_bench_command(base_url: str, model_dir: str | Path, input_len: int, o
             "--num-prompts", str(int(num_prompts)), "--max-concurrency", str(int(concurrency)),
             "--request-rate", "inf", "--seed", str(int(seed)), "--warmup-requests", str(int(warmup_requests)),
             "--output-file", str(out_file), "--output-details", "--disable-tqdm"]
-
-
-def _load(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def _rate(v: Any) -> float:
@@ -122,25 +117,18 @@ def sglang_bench_rows(res: dict[str, Any], *, config: str, bucket_label: str | N
     return rows
 
 
-def import_sglang_bench(path: Path | str | Iterable[Path | str], *, config: str,
-                        bucket_label: str | None = None) -> pd.DataFrame:
-    """``sglang.bench_serving --output-file X.jsonl --output-details`` -> servelab-shaped records,
-    one row per request; each JSON line (one run) is a round."""
-    paths = [path] if isinstance(path, (str, Path)) else list(path)
+def sglang_bench_frame(objs: Iterable[dict[str, Any]], *, config: str, bucket_label: str | None = None) -> pd.DataFrame:
+    """The lines of ``sglang.bench_serving --output-file X.jsonl --output-details`` -> servelab-shaped
+    records, one row per request; each line (one run) is a round."""
     rows: list[dict[str, Any]] = []
-    rnd = 0
-    for p in paths:
-        for obj in _load(Path(p)):
-            rows += sglang_bench_rows(obj, config=config, bucket_label=bucket_label, round_=rnd, seq0=len(rows))
-            rnd += 1
+    for rnd, obj in enumerate(objs):
+        rows += sglang_bench_rows(obj, config=config, bucket_label=bucket_label, round_=rnd, seq0=len(rows))
     return pd.DataFrame(rows, columns=RECORD_COLUMNS)
 
 
-def sglang_bench_reported(res: dict[str, Any] | Path | str) -> dict[str, Any]:
-    """SGLang's own headline numbers of one run (their definitions: TPOT = (latency - ttft) /
-    (output - 1) with latency to ``[DONE]``), in servelab's units; a path reads its first line."""
-    if not isinstance(res, dict):
-        res = _load(Path(res))[0]
+def sglang_bench_reported(res: dict[str, Any]) -> dict[str, Any]:
+    """SGLang's own headline numbers of one run (one line of the result file; their definitions:
+    TPOT = (latency - ttft) / (output - 1) with latency to ``[DONE]``), in servelab's units."""
     ms = lambda k: res[k] / 1000 if res.get(k) is not None else None  # noqa: E731
     info = res.get("server_info") or {}
     return {"completed": res.get("completed"), "duration_s": res.get("duration"),

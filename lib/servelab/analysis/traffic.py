@@ -5,21 +5,22 @@ shared prefix"). Reads an OpenAI-style request log (JSONL, one request per line:
 or a trace (Azure CSV, Mooncake JSONL) and proposes a `workload:` block: buckets at input-length
 quantiles (median input and output of each), arrival rate and burstiness (Gamma shape fitted by
 moments), the shared-prefix share per bucket, and the output-length distribution. Pure
-functions of the file; nothing is sent. Not for replaying a trace (`measure.sources.trace`)."""
+functions of the file's text or its trace rows (the caller reads the file: `servelab workload
+from-log`); nothing is sent. Not for replaying a trace (`measure.sources.trace`)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from ..measure.arrivals import burstiness_of
-from ..measure.sources.trace import read_trace
+from ..measure.sources.trace import TraceRow
 
 TIME_KEYS = ("timestamp", "created", "time", "start_time", "arrival_time")
 
@@ -54,31 +55,38 @@ def _prefix_hashes(messages: list[dict[str, Any]]) -> list[tuple[str, int]]:
     return out
 
 
-def read_log(path: str | Path) -> tuple[list[Observed], str]:
-    """The requests of a log or trace file, and what kind of file it was. Raises ValueError for
-    a file with no usable request."""
-    p = Path(path)
-    first = ""
-    if p.suffix.lower() != ".csv":
-        first = next((ln for ln in p.read_text().splitlines() if ln.strip()), "")
-    if p.suffix.lower() == ".csv" or "hash_ids" in first or "input_length" in first:
-        rows = read_trace(p)
-        kind = "azure trace" if p.suffix.lower() == ".csv" else "mooncake trace"
-        seen: set[int] = set()
-        out = []
-        for r in rows:
-            ids = r.hash_ids or []
-            hit = 0
-            for h in ids:  # a prefix hits while its blocks were seen; the first new block ends it
-                if h not in seen:
-                    break
-                hit += 1
-            seen.update(ids)
-            share = min(1.0, hit * 512 / r.input_tokens) if r.input_tokens else 0.0
-            out.append(Observed(r.offset_s, r.input_tokens, r.output_tokens, share))
-        return out, kind
+def trace_kind(suffix: str, text: str) -> str | None:
+    """"azure trace" (a .csv) or "mooncake trace" (JSON lines with `hash_ids` or `input_length`) when
+    the file with this suffix and text is a trace (`measure.sources.trace.read_trace` reads it);
+    None for a request log."""
+    if suffix.lower() == ".csv":
+        return "azure trace"
+    first = next((ln for ln in text.splitlines() if ln.strip()), "")
+    return "mooncake trace" if "hash_ids" in first or "input_length" in first else None
+
+
+def from_trace(rows: list[TraceRow]) -> list[Observed]:
+    """The requests of a trace's rows; a request's reused share is its prefix of blocks already seen."""
+    seen: set[int] = set()
+    out = []
+    for r in rows:
+        ids = r.hash_ids or []
+        hit = 0
+        for h in ids:  # a prefix hits while its blocks were seen; the first new block ends it
+            if h not in seen:
+                break
+            hit += 1
+        seen.update(ids)
+        share = min(1.0, hit * 512 / r.input_tokens) if r.input_tokens else 0.0
+        out.append(Observed(r.offset_s, r.input_tokens, r.output_tokens, share))
+    return out
+
+
+def from_log(text: str, name: str) -> list[Observed]:
+    """The requests of an OpenAI-style request log's text (JSON lines). Raises ValueError naming
+    `name` for a log with no usable request."""
     out, seen_prefix = [], set()
-    for n, line in enumerate(p.read_text().splitlines()):
+    for line in text.splitlines():
         if not line.strip():
             continue
         d = json.loads(line)
@@ -99,8 +107,8 @@ def read_log(path: str | Path) -> tuple[list[Observed], str]:
         t = next((_time(d.get(k) if k in d else req.get(k)) for k in TIME_KEYS if k in d or k in req), None)
         out.append(Observed(t, int(usage["prompt_tokens"]), int(usage["completion_tokens"]), share))
     if not out:
-        raise ValueError(f"{path}: no request with usage.prompt_tokens and usage.completion_tokens")
-    return out, "request log"
+        raise ValueError(f"{name}: no request with usage.prompt_tokens and usage.completion_tokens")
+    return out
 
 
 def _q(v: np.ndarray, q: float) -> int:
@@ -147,13 +155,11 @@ def propose(obs: list[Observed], n_buckets: int = 3) -> tuple[dict[str, Any], di
     return wl, info
 
 
-def workload_yaml(path: str | Path, n_buckets: int = 3) -> str:
-    """The proposed `workload:` block as YAML, with what it was derived from in comments."""
-    import yaml
-
-    obs, kind = read_log(path)
+def workload_yaml(obs: list[Observed], kind: str, name: str, n_buckets: int = 3) -> str:
+    """The proposed `workload:` block as YAML, with what it was derived from (the file `name`, its
+    `kind`: `trace_kind`, else "request log") in comments."""
     wl, info = propose(obs, n_buckets)
-    head = [f"# workload from {Path(path).name} ({kind}): {info['requests']} requests",
+    head = [f"# workload from {name} ({kind}): {info['requests']} requests",
             f"# output tokens p10/p50/p90: {info['output_p10_p50_p90']}; shared-prefix share of input tokens: "
             f"{info['shared_prefix_share']}"]
     if "rate_rps" in info:

@@ -2,7 +2,8 @@
 (capacity at SLO: the search's bracket; goodput: the bracket in SLO-meeting output tok/s; c=1
 decode: a bootstrap interval on the median), and whether a candidate beats the incumbent beyond
 noise (its interval's low end above the incumbent's high end). The quality check, when both runs
-have quality.json, flags a candidate whose outputs changed. Not for running anything (`tune`).
+have quality.json (read by the caller), flags a candidate whose outputs changed. Not for running
+anything or reading files (`tune`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from . import quality
 from .capacity import capacity_result
 
 N_BOOT = 2000
@@ -70,16 +72,10 @@ def decide(cand: Mapping[str, Any], inc: Mapping[str, Any]) -> tuple[str, str, f
     return "rejected", "within_noise", gain, [g_lo, g_hi]
 
 
-def quality_verdict(run_dir: Any, incumbent_dir: Any) -> dict[str, Any] | None:
-    """The quality check between a candidate and the incumbent when both have quality.json and
-    the check is measurable (`analysis.quality.compare`, the real-model branch); None otherwise."""
-    import json
-    from pathlib import Path
-
-    a, b = Path(run_dir) / "quality.json", Path(incumbent_dir) / "quality.json"
-    if not (a.exists() and b.exists()):
+def quality_verdict(run_q: Mapping[str, Any] | None, incumbent_q: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The quality check between a candidate's quality.json and the incumbent's when both have one
+    and the check is measurable (`analysis.quality.compare`, the real-model branch); None otherwise."""
+    if run_q is None or incumbent_q is None:
         return None
-    from . import quality
-
-    cmp = quality.compare(json.loads(a.read_text()), json.loads(b.read_text()))
+    cmp = quality.compare(run_q, incumbent_q)
     return cmp if cmp.get("measurable") else None

@@ -167,15 +167,6 @@ class EngineProfile:
                  concurrency: Iterable[int] | None = None) -> list[str]:
         return self.validate_args(args, concurrency) + self.validate_env(env or {})
 
-    def deprecated_flags(self, args: dict[str, Any]) -> list[str]:
-        """Warnings (not errors): flags the engine still accepts but calls deprecated."""
-        out = []
-        for key, val in args.items():
-            spec = self.table.spec(key)
-            if spec and spec.deprecated and val not in (None, False):
-                out.append(f"{key} is deprecated in {self.table.source}")
-        return out
-
     # -- derived values and facts ---------------------------------------------------------
     def apply_derived(self, args: dict[str, Any], concurrency: Iterable[int]) -> dict[str, Any]:
         return dict(args)

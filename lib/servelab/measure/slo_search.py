@@ -160,12 +160,6 @@ def term_interval(trials: list[Trial], term: str, target: float,
     return out
 
 
-def interval_verdict(trials: list[Trial], t: Targets, spreads: dict[str, Any] | None = None) -> str | None:
-    """Pooled over a load's trials: 'fail' when some term's lower bound is over its target, 'pass'
-    when every term's upper bound is under it, else None (undecided)."""
-    return _decide([term_interval(trials, k, v, (spreads or {}).get(k))["decided"] for k, v in t.terms().items()])
-
-
 def _decide(out: list[str | None]) -> str | None:
     return "fail" if "fail" in out else "pass" if out and all(x == "pass" for x in out) else None
 

@@ -13,7 +13,7 @@ import pandas as pd
 from ..analysis.capacity import capacity_result, measurements, prediction_for
 from ..analysis.predict import errors, symptom_evidence
 from ..analysis.tuning import clip
-from ..runfolder import read_json
+from ..runfolder import TUNE_JSON
 from . import html as rh
 from .diagnosis import prefill_fits
 from .load import StudyData
@@ -216,8 +216,7 @@ def tune_value(sd: StudyData, objective: str, v: float) -> str:
 
 
 def tune_record(sd: StudyData) -> dict[str, Any] | None:
-    p = sd.root / "data" / "tune.json"
-    return read_json(p) if p.exists() else None
+    return sd.file(TUNE_JSON)
 
 
 def tune_section(sd: StudyData) -> tuple[str, Any]:

@@ -9,16 +9,17 @@ Pure functions of the published files."""
 
 from __future__ import annotations
 
-import json
 import statistics
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from IPython.display import Markdown
 
 from ..analysis.capacity import capacity_result
-from ..runfolder import load_records, read_json
+from ..runfolder import CHECK_FILES, QUALITY_JSON, RECORDS, RUN_JSON, SPECULATIVE_JSONL
 from . import html as rh
+from .capacity import ends_cell, fit_sentence
+from .fmt import anchor
 from .load import StudyData
 
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
@@ -26,25 +27,17 @@ DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 DRAFTS = "vllm:spec_decode_num_drafts_total"
 
 
-def data_dir(sd: StudyData) -> Path:
-    return sd.root / "data" if (sd.root / "data").is_dir() else sd.root
-
-
 def quality_of(sd: StudyData, cid: str) -> dict[str, Any] | None:
-    p = data_dir(sd) / cid / "quality.json"
-    return json.loads(p.read_text()) if p.exists() else None
+    return sd.file(QUALITY_JSON, cid)
 
 
 def speculative_of(sd: StudyData, cid: str) -> list[dict[str, Any]]:
-    p = data_dir(sd) / cid / "speculative.jsonl"
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+    return sd.file(SPECULATIVE_JSONL, cid) or []
 
 
 def checks_of(sd: StudyData, cid: str) -> list[str]:
     """The check files a configuration published (its measurements when it ran no workload)."""
-    from ..runfolder import CHECK_FILES
-
-    return [f for f in CHECK_FILES if (data_dir(sd) / cid / f).exists()]
+    return [f for f in CHECK_FILES if sd.file(f, cid) is not None]
 
 
 def compare_quality(run_q: dict[str, Any], base_q: dict[str, Any]) -> dict[str, Any]:
@@ -146,11 +139,12 @@ def capacity_runs(sd: StudyData) -> list[tuple[str, dict[str, Any]]]:
     from its records (`analysis.capacity.capacity_result`) under run.json's `capacity.result`."""
     out = []
     for c in sd.study.configurations:
-        d = data_dir(sd) / f"{c.id}-capacity"
-        if (d / "run.json").exists():
-            run = read_json(d / "run.json")
-            if (run.get("capacity") or {}).get("result") and (d / "records.jsonl").exists():
-                run["capacity"]["result"] = capacity_result(run, load_records(d))
+        name = f"{c.id}-capacity"
+        run = sd.file(RUN_JSON, name)
+        if run is not None:
+            f = sd.folder(name)
+            if (run.get("capacity") or {}).get("result") and f.exists(RECORDS):
+                run = {**run, "capacity": {**run["capacity"], "result": capacity_result(run, f.records)}}
             out.append((c.id, run))
     return out
 
@@ -159,8 +153,6 @@ def capacity_section(sd: StudyData) -> tuple[str, Any | None]:
     """The capacity-at-SLO search of each configuration that had one: the highest load meeting the
     SLO; under the table each bracket end's verdict with its confidence, and on a closed loop the
     capacity read off all its trials."""
-    from .capacity import ends_cell, fit_sentence
-
     w, labels = sd.w, sd.labels()
     rows, fits = [], []
     runs = capacity_runs(sd)
@@ -212,10 +204,6 @@ def startup_table(sd: StudyData) -> Any | None:
 def sections(sd: StudyData) -> list[Any]:
     """The write-up's part for these measurements: heading, text and table of each that has data
     (nothing for a study without `device.checks`, `device.capacity` or recorded start-up times)."""
-    from IPython.display import Markdown
-
-    from .fmt import anchor
-
     out: list[Any] = []
     quality = "checks.quality" if sd.meta.get("device") else "checks.quality_generic"  # a GPU study's: the fp8 check
     for key, (text, table) in (("checks.capacity", capacity_section(sd)), (quality, quality_section(sd)),

@@ -9,7 +9,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..runfolder import QUALITY_JSON, read_json
+from ..runfolder import QUALITY_JSON
 from . import html as rh
 from .load import StudyData
 
@@ -91,6 +91,5 @@ def _open_loop(sd: StudyData, config: str) -> bool:
 
 
 def quality(sd: StudyData, cid: str) -> dict[str, Any] | None:
-    """The configuration's quality.json, or None when its run folder has none."""
-    f = sd.folders.get(cid)
-    return read_json(f / QUALITY_JSON) if f is not None and f.exists(QUALITY_JSON) else None
+    """The configuration's quality.json (read once), or None when its run folder has none."""
+    return sd.file(QUALITY_JSON, cid) if cid in sd.folders else None

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -164,13 +163,6 @@ def _set_kinds(sd: StudyData) -> dict[str, str]:
 
 
 # -- time per part -------------------------------------------------------------------------------------
-
-def _iso(s: Any) -> datetime | None:
-    try:
-        return datetime.fromisoformat(str(s))
-    except ValueError:
-        return None
-
 
 def timing_rows(sd: StudyData) -> pd.DataFrame:
     """Per configuration, in seconds: start-up (launch to healthy; `shared_server` when the same

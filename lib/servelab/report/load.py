@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..engines import get as engine_profile
 from ..analysis import verdicts
-from ..runfolder import RECORDS, STUDY_JSON, RunFolder, read_design, read_json, resolve
+from ..runfolder import RECORDS, STUDY_JSON, RunFolder, read_design, read_json, read_jsonl, resolve
 from ..schema import Study, study_from_dict, upgrade
 from ..schema.runfiles import Design, RunInfo
 from ..summary import summarize
@@ -28,6 +28,7 @@ class StudyData:
     study: Study
     folders: dict[str, RunFolder] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)  # study.json beside the study (e.g. device sessions)
+    files: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False)  # what `file` and `folder` read
 
     @property
     def language(self) -> str:
@@ -40,7 +41,31 @@ class StudyData:
 
     def with_language(self, lang: str) -> "StudyData":
         """The same data written up in another language."""
-        return StudyData(self.root, self.study.in_language(lang), self.folders, self.meta)
+        return StudyData(self.root, self.study.in_language(lang), self.folders, self.meta, self.files)
+
+    @property
+    def data_dir(self) -> Path:
+        """Where the study's files are: data/ of a published report, else the runs/<study> folder."""
+        return self.root / "data" if (self.root / "data").is_dir() else self.root
+
+    def file(self, name: str, folder: str = "") -> Any:
+        """A JSON (or, for `.jsonl`, JSON-lines) file beside the configurations (`folder` "": tune.json)
+        or in one folder (a configuration's quality.json, a capacity search's run.json), read once;
+        None where there is none. Also a folder without records (a check-only configuration)."""
+        key = (folder, name)
+        if key not in self.files:
+            p = self.data_dir / folder / name
+            self.files[key] = None if not p.exists() else read_jsonl(p) if name.endswith(".jsonl") else read_json(p)
+        return self.files[key]
+
+    def folder(self, name: str) -> RunFolder:
+        """A folder of the study read once, measured or not (a `<config>-capacity` search)."""
+        if name in self.folders:
+            return self.folders[name]
+        key = (name, "/")  # no file name ends in "/"
+        if key not in self.files:
+            self.files[key] = RunFolder(self.data_dir / name)
+        return self.files[key]
 
     @property
     def config_ids(self) -> list[str]:

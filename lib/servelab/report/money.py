@@ -11,7 +11,8 @@ from typing import Any
 import pandas as pd
 
 from ..analysis.cost import cost_table, replay_cost_table, study_price
-from ..analysis.peers import import_vllm_bench
+from ..analysis.peers import json_objects, vllm_bench_frame
+from ..analysis.sglang_bench import sglang_bench_frame
 from .. import hosts
 from ..prices import load_table, resolve_managed
 from ..summary import summarize
@@ -115,11 +116,10 @@ def peer_files(sd: StudyData) -> list[Any]:
 
 
 def _import_peer(f: Any, cid: str) -> tuple[str, pd.DataFrame]:
+    objs = json_objects(f.read_text(encoding="utf-8"))
     if f.suffix == ".jsonl":
-        from ..analysis.sglang_bench import import_sglang_bench
-
-        return "sglang bench_serving", import_sglang_bench(f, config=cid)
-    return "vllm bench serve", import_vllm_bench(f, config=cid)
+        return "sglang bench_serving", sglang_bench_frame(objs, config=cid)
+    return "vllm bench serve", vllm_bench_frame(objs, config=cid)
 
 
 def peer_section(sd: StudyData) -> tuple[str, Any]:

@@ -14,17 +14,25 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import datetime
 from typing import Any
 
 import pandas as pd
 
 from ..analysis import config_diff, goodput, knee, kv_verdict
 from ..analysis import verdicts as av
-from ..runfolder import ENGINE_LOG, read_json
+from ..analysis.quality import compare
+from ..engines.flags import json_value
+from ..runfolder import ENGINE_LOG, TUNE_JSON
 from . import html as rh
 from . import verdicts as rv
 from . import workload
+from .accuracy import headline as accuracy_headline
+from .capacity import tune_value
+from .gpu import engine_comparison_table
 from .load import StudyData, baselines, engine_layout
+from .money import cost_sentence
+from .why import headline as why_headline
 from .fmt import _open_loop, in_flight, link, num, pct, quality, slo_parts  # noqa: F401  (re-exported)
 
 
@@ -48,8 +56,6 @@ def settings_changed(sd: StudyData, cid: str, base: str) -> list[tuple[str, Any,
 
 
 def _subtree(params: dict[str, Any], path: str) -> Any:
-    from ..engines.flags import json_value
-
     cur: Any = params
     for part in path.split("."):
         cur = json_value(cur).get(part) if isinstance(json_value(cur), dict) else None
@@ -161,8 +167,6 @@ def quality_compare(sd: StudyData, cid: str, base: str) -> dict[str, Any] | None
     q, qb = quality(sd, cid), quality(sd, base)
     if q is None or qb is None or not q.get("measurable") or not qb.get("measurable"):
         return None
-    from ..analysis.quality import compare
-
     return compare(q, qb)
 
 
@@ -306,10 +310,6 @@ def headline(sd: StudyData) -> str:
 
 def _more(sd: StudyData, s: pd.DataFrame) -> list[str]:
     """The headline's further sentences, most telling first (`headline` keeps what fits)."""
-    from .why import headline as why_headline
-
-    from .accuracy import headline as accuracy_headline
-
     out = [why_headline(sd) and why_headline(sd) + " " + link(sd, "why")]
     acc = accuracy_headline(sd)
     out.append(acc and acc + " " + link(sd, "accuracy"))
@@ -330,13 +330,10 @@ def _more(sd: StudyData, s: pd.DataFrame) -> list[str]:
 
 def _tune_sentence(sd: StudyData) -> str:
     """A `tune:` study's search in one sentence: where it ended, its gain, what it kept and rejected."""
-    p = sd.root / "data" / "tune.json"
-    t = read_json(p) if p.exists() else {}
+    t = sd.file(TUNE_JSON) or {}
     fin = t.get("final") or {}
     if not fin:
         return ""
-    from .capacity import tune_value
-
     n = {k: sum(1 for x in t.get("steps", []) if x.get("verdict") == k) for k in ("kept", "rejected", "failed")}
     return sd.w("story.tune", final=sd.labels().get(fin["config"], fin["config"]),
                 objective=sd.w(f"tune.objective.{t['objective']}"), value=tune_value(sd, t["objective"], fin["objective"]),
@@ -366,8 +363,6 @@ def _saturation_sentence(sd: StudyData, best_config: str) -> str:
 
 
 def _engines_and_cost(sd: StudyData) -> list[str]:
-    from .gpu import engine_comparison_table
-    from .money import cost_sentence
 
     out, lab = [], sd.labels()
     cmp_ = engine_comparison_table(sd)
@@ -455,8 +450,6 @@ def compile_s(sd: StudyData, cid: str) -> tuple[float, bool]:
 def _warmup_span(text: str) -> list[float]:
     """Seconds (to the log's whole second) between vLLM CPU's "Warming up model for the
     compilation..." and its "Warming up done." lines."""
-    from datetime import datetime
-
     start, out = None, []
     for stamp, what in _WARMUP.findall(re.sub(r"\x1b\[[0-9;]*m", "", text)):  # without the log's colours
         t = datetime.strptime(stamp, "%m-%d %H:%M:%S")

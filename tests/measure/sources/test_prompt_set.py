@@ -44,8 +44,9 @@ def test_prompt_set_levels_record_ids_and_achieved_lengths(refserver, tmp_path):
     rw = [r for r in recs if r["bucket"] == "rewrite-out8"]
     want = [p.id for p in load_set("rewrite").prompts]
     assert [r["prompt_id"] for r in rw] == want[:3] + want[3:6]  # round-robin continues into the next round
+    rewrite = {p.id: p.text for p in load_set("rewrite").prompts}
     for r in rw:
-        text = load_set("rewrite").by_id(r["prompt_id"]).text
+        text = rewrite[r["prompt_id"]]
         assert r["prompt_set"] == "rewrite" and r["prompt_tokens"] == count_tokens(text) + TEMPLATE_TOKENS
         assert r["target_input_tokens"] == 0
     filler = [r for r in recs if r["bucket"] == "in20-out8"]
@@ -54,7 +55,8 @@ def test_prompt_set_levels_record_ids_and_achieved_lengths(refserver, tmp_path):
     assert list(summ["prompt_set"]) == ["rewrite", "lists", ""]  # one level per set, the filler apart
     row = summ[summ["prompt_set"] == "lists"].iloc[0]
     lists_ids = [p.id for p in load_set("lists").prompts][3:6]  # the measured round
-    lens = sorted(count_tokens(load_set("lists").by_id(i).text) + TEMPLATE_TOKENS for i in lists_ids)
+    lists = {p.id: p.text for p in load_set("lists").prompts}
+    lens = sorted(count_tokens(lists[i]) + TEMPLATE_TOKENS for i in lists_ids)
     assert row["prompt_tokens"] == lens[1]  # median of the achieved lengths
     assert row["output_tokens_p95"] == 8.0
     levels = read_jsonl(tmp_path / "r" / "levels.jsonl")

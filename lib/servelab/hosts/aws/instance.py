@@ -155,20 +155,6 @@ class SingleInstanceHost(BotoHost):
         rec = self.deadline_record(region)
         return {**rec, "region": region, "action": "shutdown -h (instance terminates itself)"} if rec else None
 
-    def wait_healthy(self, url: str, timeout_s: float | None = None) -> None:
-        """Poll <url>/health (through the tunnel) until 200; the guard runs meanwhile."""
-        import httpx
-
-        deadline = self.clock() + (timeout_s or self.p.start_timeout_s)
-
-        def ok() -> bool:
-            try:
-                return httpx.get(url.rstrip("/") + "/health", timeout=5).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        self._wait("engine /health", deadline, ok)
-
     def _stop_in(self, region: str) -> list[str]:
         ids = [i["InstanceId"] for i in self._find(region, ("pending", "running", "stopping", "stopped"))]
         if not ids:
