@@ -14,8 +14,6 @@ from typing import Any
 
 import yaml
 
-from .engines import get as profile
-from .engines.flags import get_flag
 from .errors import UserError
 from .models.facts import facts_from_config, kv_bytes_per_token
 from .schema import load_study
@@ -106,6 +104,8 @@ def _gpu_record(gpu: str | None) -> tuple[dict[str, Any], str]:
 def predict_model(a: argparse.Namespace) -> int:
     """`servelab predict --model`: the facts, then the model's figures for one request shape."""
     from .analysis.perfmodel import predict_configuration
+    from .engines import get as profile  # httpx and prometheus_client: only this command's path needs them
+    from .engines.flags import get_flag
 
     cfg, name = _model_config(a.model)
     facts = facts_from_config(cfg)
