@@ -17,16 +17,39 @@ one at a time; on a CPU one at a time. Not for the model itself (`analysis.perfm
 
 from __future__ import annotations
 
+import copy
+import json
+import shutil
 import statistics
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
+from .analysis import perfmodel as pm
+from .analysis import perfmodel_terms as terms
+from .analysis.calibration import (Machine, calibration_for, fit_collective, fit_engine_bandwidth, fit_fixed_costs,
+                                   fit_graph_costs)
+from .analysis.perfmodel import weight_bytes
 from .engines import get as engine_profile
+from .engines.flags import engine_args
 from .errors import UserError
+from .hosts.local import model_dir_for
+from .hosts.process import Engine
 from .log import progress_line
+from .measure import collectives, hwbench
+from .measure.probe import measure_cpu_bandwidth
+from .measure.runinfo import base_record
+from .measure.runner import run_workload
+from .models.facts import model_facts
+from .models.presets import CALIB_KINDS, CALIB_LAYERS, CALIB_WIDTHS, calib_name
+from .paths import runs_root
+from .report import load_study_data
+from .runfolder import RunFolder
+from .schema import Bucket, Workload
 from .tables import CALIBRATIONS
 
 OUTPUT_TOKENS = 128
@@ -39,8 +62,6 @@ def _slug(s: str) -> str:
 
 def plan(kinds: list[str], widths: list[int], layers: list[int], modes: list[str]) -> list[dict[str, Any]]:
     """The calibration servers: one per kind, width, depth and mode."""
-    from .models.presets import CALIB_KINDS, CALIB_LAYERS, CALIB_WIDTHS, calib_name
-
     for k in kinds:
         if k not in CALIB_KINDS:
             raise UserError(f"calibrate-hw: unknown kind {k!r}; known: {', '.join(CALIB_KINDS)}")
@@ -63,20 +84,12 @@ def _engine_params(item: dict[str, Any], engine: str, port: int, gpu: bool) -> A
 
 
 def _workload() -> Any:
-    from .schema import Bucket, Workload
-
     return Workload(api="completions", buckets=[Bucket(input_tokens=32, output_tokens=OUTPUT_TOKENS)], concurrency=[1],
                     warmup_rounds=1, rounds=REQUESTS, requests_per_round=1, temperature=0, metrics_interval_s=0)
 
 
 def measure_point(engine_obj: Any, item: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     """One calibration server at concurrency 1: its median TPOT and the weight bytes a step reads."""
-    from .analysis.perfmodel import weight_bytes
-    from .measure.runinfo import base_record
-    from .measure.runner import run_workload
-    from .models.facts import model_facts
-    from .runfolder import RunFolder
-
     rec = base_record("calibrate-hw", item["preset"])
     run_workload(engine_obj.server(), _workload(), run_dir, study="calibrate-hw", config_id=item["preset"], record=rec,
                  progress=False)
@@ -93,10 +106,6 @@ def measure_point(engine_obj: Any, item: dict[str, Any], run_dir: Path) -> dict[
 def run_sweep(items: list[dict[str, Any]], engine: str, out_dir: Path, *, gpu: bool, port_base: int,
               concurrent: int) -> list[dict[str, Any]]:
     """Start the servers `concurrent` at a time, measure each once all of its batch answer."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from .hosts.local import model_dir_for
-    from .hosts.process import Engine
 
     points, port = [], port_base
     for i in range(0, len(items), max(1, concurrent)):
@@ -140,8 +149,6 @@ def fit(points: list[dict[str, Any]], micro: dict[str, Any], engine: str,
     """The engine's calibration: fixed costs per mode and kind (narrowest width), and on a CPU its own
     bandwidth from the two widths (else `known`'s, an earlier fit of the same engine: a second pass
     of one width keeps it)."""
-    from .analysis.calibration import fit_engine_bandwidth, fit_fixed_costs, fit_graph_costs
-
     out: dict[str, Any] = {}
     widths = sorted({p["width"] for p in points})
     bw = float(micro["decode_bandwidth_Bps"]["1"])
@@ -149,8 +156,6 @@ def fit(points: list[dict[str, Any]], micro: dict[str, Any], engine: str,
         bw = float(known["bandwidth_Bps"])
         out.update(bandwidth_Bps=bw, bandwidth_source=known.get("bandwidth_source"))
     if len(widths) >= 2 and micro.get("device") == "cpu":
-        import numpy as np
-
         slopes = {}
         for w in widths[:1] + widths[-1:]:
             pts = [p for p in points if p["width"] == w and p["kind"] == "dense" and p["mode"] == "eager"]
@@ -216,9 +221,6 @@ def calibrate_hw(*, engine: str = "vllm", kinds: list[str] | None = None, widths
                  layers: list[int] | None = None, modes: list[str] | None = None, out: str | None = None,
                  cal_id: str | None = None, micro_only: bool = False, concurrent: int | None = None,
                  port_base: int = 8600, quick: bool = False, add_to: str | None = None) -> int:
-    from .measure import hwbench
-    from .paths import runs_root
-
     t0 = time.monotonic()
     micro = hwbench.run(quick=quick)
     gpu = micro["device"] == "cuda"
@@ -235,8 +237,6 @@ def calibrate_hw(*, engine: str = "vllm", kinds: list[str] | None = None, widths
         "engines": {},
     }
     if not gpu:
-        from .measure.probe import measure_cpu_bandwidth
-
         entry["probe"] = measure_cpu_bandwidth(seconds=1.0)
     if not micro_only:
         kinds = kinds or (["dense", "moe", "mla"] if gpu else ["dense"])
@@ -245,7 +245,6 @@ def calibrate_hw(*, engine: str = "vllm", kinds: list[str] | None = None, widths
         modes = modes or (["graphs", "eager"] if gpu else ["eager"])
         items = plan(kinds, widths, layers, modes)
         folder = runs_root() / "calibrate-hw" / cal_id
-        import shutil
 
         shutil.rmtree(folder, ignore_errors=True)  # calibrate-hw's own scratch: a new calibration measures anew
         points = run_sweep(items, engine, folder, gpu=gpu, port_base=port_base, concurrent=concurrent or (len(items) if gpu else 1))
@@ -257,7 +256,6 @@ def calibrate_hw(*, engine: str = "vllm", kinds: list[str] | None = None, widths
                            f"widths {widths}; layers {layers}; {', '.join(modes)})"
     path = Path(out) if out else CALIBRATIONS / f"{cal_id}{'.more' if add_to else ''}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    import json
 
     plain = json.loads(json.dumps(entry, default=lambda x: float(x) if hasattr(x, "__float__") else str(x)))
     path.write_text(yaml.safe_dump(plain, sort_keys=False, width=120), encoding="utf-8")
@@ -282,13 +280,6 @@ def moe_prefill_from(study_dir: Path | str, add_to: str, engine: str = "vllm") -
     `engines.<engine>.moe_prefill` with its points, study and date. Each MoE length's residual (the
     measured TTFT less the model's prefill without the term) less the dense shape's residual at the
     same bucket is what the MoE layers cost beyond the model; fitted per MoE layer against tokens."""
-    import copy
-
-    from .analysis import perfmodel as pm
-    from .analysis import perfmodel_terms as terms
-    from .analysis.calibration import Machine
-    from .engines.flags import engine_args
-    from .report import load_study_data
 
     target = CALIBRATIONS / f"{add_to}.yaml"
     if not target.is_file():
@@ -334,9 +325,6 @@ def calibrate_collectives(add_to: str | None = None) -> dict[str, Any]:
     (`measure.collectives`), fitted as alpha + bytes / beta per op and GPU count
     (`analysis.calibration.fit_collective`) and stored as `micro.collectives` of calibration entry `add_to`
     (default: the newest entry of this GPU). UserError (one line) with fewer than 2 GPUs."""
-    from .analysis.calibration import calibration_for, fit_collective
-    from .measure import collectives
-
     try:
         raw = collectives.run()
     except ValueError as e:
@@ -364,8 +352,6 @@ def calibrate_collectives(add_to: str | None = None) -> dict[str, Any]:
 
 
 def _engine_version(folder: Path) -> str | None:
-    import json
-
     for p in sorted((folder / "runs").glob("*/run.json")):
         v = (json.loads(p.read_text()).get("server") or {}).get("version")
         if v:

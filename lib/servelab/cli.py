@@ -2,18 +2,63 @@
 
 Errors a user can fix (bad params, unreachable server, engine that will not start) print one
 clear message and exit non-zero; no traceback. Not for logic: every command calls the library.
+
+Lazy dispatch: the light modules a command uses are imported at the top; the heavy ones (pandas,
+matplotlib, the measurement client, the pipeline) are `_LazyModule`s, imported on a command's first
+use of them, so `servelab --help` and the light commands load only argparse, the schema and the
+cli_* parsers. `servelab aws` is registered only where boto3 is installed (the GPU device's image
+has none), so cli_aws is imported inside `parser`.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
+from .cli_capacity import add_parser as add_capacity_parser
+from .cli_predict import add_parser as add_predict_parser
 from .errors import ServelabError, UserError
-from .schema import ParamsError, load_study
+from .explain import explain, run_followups
+from .log import set_level
+from .models import list_presets, make_model, model_facts
+from .models.reference import reference_answers, ship
+from .schema import AttachParams, Bucket, ParamsError, Workload, WorkloadBlock, load_params, load_study
+
+
+class _LazyModule:
+    """A servelab module imported on the first use of one of its names (see the module docstring)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def _module(self) -> ModuleType:
+        return importlib.import_module(f".{self._name}", __package__)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._module(), attr)
+
+
+_attach = _LazyModule("hosts.attach")
+_compare = _LazyModule("results.compare")
+_hosts = _LazyModule("hosts")
+_importer = _LazyModule("results.importer")
+_pages = _LazyModule("results.pages")
+_pipeline = _LazyModule("pipeline")
+_preflight = _LazyModule("preflight")
+_quality = _LazyModule("measure.quality")
+_runinfo = _LazyModule("measure.runinfo")
+_runner = _LazyModule("measure.runner")
+_selfcheck = _LazyModule("measure.selfcheck")
+_summary = _LazyModule("summary")
+_trace = _LazyModule("measure.sources.trace")
+_traffic = _LazyModule("analysis.traffic")
+_tune = _LazyModule("tune")
 
 EXIT_USAGE = 2
 EXIT_FAIL = 1
@@ -27,7 +72,6 @@ def _ints(s: str) -> list[int]:
 
 
 def cmd_model(a: argparse.Namespace) -> int:
-    from .models import list_presets, make_model, model_facts
 
     if a.action == "list":
         for p in list_presets():
@@ -44,14 +88,10 @@ def cmd_model(a: argparse.Namespace) -> int:
 
 def _model_reference(a: argparse.Namespace) -> int:
     """The model's own answers (transformers, float32, greedy) to a study's quality prompts."""
-    from .measure.quality import selected_prompts
-    from .models import make_model
-    from .models.reference import reference_answers, ship
-    from .schema import load_study
 
     d = make_model(a.preset)
     qp = load_study(Path(a.params)).quality
-    chosen = selected_prompts(qp.sets, qp.prompts_per_set)
+    chosen = _quality.selected_prompts(qp.sets, qp.prompts_per_set)
     ref = reference_answers(d, [(f"{s}/{p.id}", p.chat()) for s, p in chosen], qp.max_tokens, shipped=not a.ship)
     print(f"{len(ref['answers'])} answers at most {ref['max_tokens']} tokens ({ref['implementation']}, "
           f"{ref['computed_on']}, {ref['computed_at']})")
@@ -61,10 +101,8 @@ def _model_reference(a: argparse.Namespace) -> int:
 
 
 def cmd_validate(a: argparse.Namespace) -> int:
-    from .preflight import preflight
 
     bad = 0
-    from .schema import WorkloadBlock, load_params
 
     for p in a.params:
         try:
@@ -72,7 +110,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
             if isinstance(s, WorkloadBlock):
                 print(f"{p}: ok (a workload block: {len(s.workload.buckets)} buckets)")
                 continue
-            warned = preflight(s, p, warn=lambda line: print(line, file=sys.stderr))
+            warned = _preflight.preflight(s, p, warn=lambda line: print(line, file=sys.stderr))
             note = f", {len(warned)} warnings" if warned else ""
             print(f"{p}: ok ({s.study}: {len(s.configurations)} configurations{note})")
         except ParamsError as e:
@@ -82,14 +120,11 @@ def cmd_validate(a: argparse.Namespace) -> int:
 
 
 def cmd_workload(a: argparse.Namespace) -> int:
-    from .analysis.traffic import from_log, from_trace, trace_kind, workload_yaml
-    from .measure.sources.trace import read_trace
-
     p = Path(a.file)
     log = "" if p.suffix.lower() == ".csv" else p.read_text()
-    kind = trace_kind(p.suffix, log)
-    obs = from_trace(read_trace(p)) if kind else from_log(log, a.file)
-    text = workload_yaml(obs, kind or "request log", p.name, a.buckets)
+    kind = _traffic.trace_kind(p.suffix, log)
+    obs = _traffic.from_trace(_trace.read_trace(p)) if kind else _traffic.from_log(log, a.file)
+    text = _traffic.workload_yaml(obs, kind or "request log", p.name, a.buckets)
     if a.out:
         Path(a.out).write_text(text)
         print(f"{a.out}: workload block from {a.file}")
@@ -99,23 +134,18 @@ def cmd_workload(a: argparse.Namespace) -> int:
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from .hosts.attach import attach
-    from .measure.runinfo import base_record
-    from .measure.runner import run_workload
-    from .schema import AttachParams, Bucket, Workload
-    from .summary import format_table
 
     headers = dict(h.split(":", 1) for h in a.header) if a.header else {}
     headers = {k.strip(): v.strip() for k, v in headers.items()}
-    srv = attach(AttachParams(url=a.url, model=a.model, headers=headers, api_key_env=a.api_key_env,
+    srv = _attach.attach(AttachParams(url=a.url, model=a.model, headers=headers, api_key_env=a.api_key_env,
                               tokenizer=a.tokenizer))
     wl = Workload(api=a.api, buckets=[Bucket(input_tokens=i, output_tokens=a.output) for i in a.input],
                   concurrency=a.concurrency, warmup_rounds=a.warmup, rounds=a.rounds,
                   requests_per_round=a.requests_per_round, timeout_s=a.timeout)
     out = Path(a.out or Path("runs") / "bench" / datetime.now().strftime("%Y%m%d-%H%M%S"))
-    res = run_workload(srv, wl, out, study="bench", config_id=out.name, record=base_record("bench", out.name),
+    res = _runner.run_workload(srv, wl, out, study="bench", config_id=out.name, record=_runinfo.base_record("bench", out.name),
                        progress=not a.quiet)
-    print(format_table(res.summary))
+    print(_summary.format_table(res.summary))
     print(f"records: {out}/records.jsonl ({res.records}), status {res.status}")
     if res.message:
         print(res.message, file=sys.stderr)
@@ -123,26 +153,23 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    from .pipeline import run_study
 
     study = load_study(a.params)
     if a.url:
-        from .hosts import with_url
 
         try:
-            study = with_url(study, a.url)
+            study = _hosts.with_url(study, a.url)
         except ValueError as e:
             raise ParamsError(f"{a.params}: {e}") from None
     if study.tune is not None:  # a search over configurations (servelab.tune)
-        from .tune import run_tune
 
-        return run_tune(study, Path(a.params), force=a.force, resume=a.resume, dry_run=a.dry_run,
+        return _tune.run_tune(study, Path(a.params), force=a.force, resume=a.resume, dry_run=a.dry_run,
                         report=not a.no_report)
-    rc = run_study(study, Path(a.params), only=a.config, reduced=a.reduced, force=a.force,
+    rc = _pipeline.run_study(study, Path(a.params), only=a.config, reduced=a.reduced, force=a.force,
                    dry_run=a.dry_run, notebooks=not a.no_notebooks, report=not a.no_report, resume=a.resume)
     fu = study.followups
     if rc == 0 and fu is not None and fu.enabled and not a.no_report and not a.reduced and not a.config:
-        from .explain import run_followups  # `followups:` in the study: explain every surprise in its budget
+        # `followups:` in the study: explain every surprise in its budget
 
         rc = run_followups(study.study, budget_s=fu.budget_s, max_studies=fu.max_studies, force=a.force,
                            dry_run=a.dry_run)
@@ -151,39 +178,35 @@ def cmd_run(a: argparse.Namespace) -> int:
 
 def cmd_serve(a: argparse.Namespace) -> int:
     """Start (or stop) a configuration's engine detached, for studies that attach to it."""
-    from .hosts.attach import serve, stop_served
 
     study = load_study(a.params)
     if a.stop:
-        print(f"{a.config}: {stop_served(study.study, a.config)}")
+        print(f"{a.config}: {_attach.stop_served(study.study, a.config)}")
         return 0
     env = dict(e.split("=", 1) for e in a.env or [])
-    h = serve(study, a.config, port=a.port, env=env)
+    h = _attach.serve(study, a.config, port=a.port, env=env)
     print(f"{a.config}: serving on {h['base_url']} (pid {h['pid']}, healthy after {h['startup_s']:.0f} s)")
     return 0
 
 
 def cmd_report(a: argparse.Namespace) -> int:
-    from .pipeline import render_reports
 
     if not a.all and not a.study:
         print("servelab report: give a study name or --all", file=sys.stderr)
         return EXIT_USAGE
-    return render_reports(None if a.all else a.study)
+    return _pipeline.render_reports(None if a.all else a.study)
 
 
 def cmd_explain(a: argparse.Namespace) -> int:
     """Follow-up sweeps for a surprise of a published study (servelab.explain)."""
-    from .explain import explain
 
     return explain(a.study, a.config, dry_run=a.dry_run, budget_s=a.budget_s, force=a.force)
 
 
 def cmd_import(a: argparse.Namespace) -> int:
     """Other tools' result files as a run folder (servelab.results.importer)."""
-    from .results.importer import import_files
 
-    res = import_files(a.files, tool=a.tool, out=a.out, study=a.study, config=a.config, bucket=a.bucket,
+    res = _importer.import_files(a.files, tool=a.tool, out=a.out, study=a.study, config=a.config, bucket=a.bucket,
                        force=a.force)
     print(res.line())
     return 0
@@ -191,23 +214,20 @@ def cmd_import(a: argparse.Namespace) -> int:
 
 def cmd_compare(a: argparse.Namespace) -> int:
     """Two runs (or two studies) under the verdict machinery, and a page (servelab.results.compare)."""
-    from .results.compare import compare
-    from .results.pages import compare_page
 
-    res = compare(a.run_a, a.run_b, between_sd_pct=a.between_sd_pct, between_run_sd_pct=a.between_run_sd_pct)
+    res = _compare.compare(a.run_a, a.run_b, between_sd_pct=a.between_sd_pct, between_run_sd_pct=a.between_run_sd_pct)
     for line in res.lines():
         print(line)
     html = Path(a.html or Path("runs") / "compare" / f"{Path(a.run_a).name}-vs-{Path(a.run_b).name}.html")
-    print(f"page: {compare_page(res, html, a.title)}")
+    print(f"page: {_pages.compare_page(res, html, a.title)}")
     return 0
 
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
     """Client self-check against the reference server (servelab.measure.selfcheck)."""
-    from .measure.selfcheck import calibrate
 
     out = Path(a.out or Path("runs") / "selfcheck" / f"{datetime.now():%Y%m%d-%H%M%S}.json")
-    df = calibrate(levels=a.levels, ttft_s=a.ttft, itl_s=a.itl, tokens=a.tokens, workers=a.workers,
+    df = _selfcheck.calibrate(levels=a.levels, ttft_s=a.ttft, itl_s=a.itl, tokens=a.tokens, workers=a.workers,
                    backend="ray" if a.ray or a.ray_address else "local", ray_address=a.ray_address,
                    server_process=not a.in_process, tokens_per_chunk=a.tokens_per_chunk, api=a.api,
                    port=a.port, uvloop_server=a.server_uvloop,
@@ -216,13 +236,8 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     return 0 if len(df) else EXIT_FAIL
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="servelab", description="Reproducible LLM serving benchmarks")
-    p.add_argument("--quiet", action="store_true", help="warnings and errors only (no progress lines)")
-    p.add_argument("--verbose", action="store_true", help="debug lines too")
-    p.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line")
-    sub = p.add_subparsers(dest="cmd", required=True)
-
+def _add_model_parser(sub: Any) -> None:
+    """`servelab model make|list|reference`: offline model directories."""
     m = sub.add_parser("model", help="offline model directories")
     msub = m.add_subparsers(dest="action", required=True)
     mk = msub.add_parser("make", help="build (or reuse) a model directory from a preset")
@@ -236,6 +251,9 @@ def parser() -> argparse.ArgumentParser:
     mr.add_argument("--ship", action="store_true", help="copy them into lib/servelab/data/references (maintainers)")
     m.set_defaults(fn=cmd_model)
 
+
+def _add_params_parsers(sub: Any) -> None:
+    """`servelab validate|workload`: params files, and workload blocks from observed traffic."""
     v = sub.add_parser("validate", help="validate params files")
     v.add_argument("params", nargs="+")
     v.set_defaults(fn=cmd_validate)
@@ -249,6 +267,9 @@ def parser() -> argparse.ArgumentParser:
     fl.add_argument("--out", help="write the block here (default: print it)")
     w.set_defaults(fn=cmd_workload)
 
+
+def _add_bench_parser(sub: Any) -> None:
+    """`servelab bench URL`: one workload against a running server."""
     b = sub.add_parser("bench", help="benchmark a running OpenAI-compatible server")
     b.add_argument("url")
     b.add_argument("--model")
@@ -267,6 +288,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--quiet", action="store_true")
     b.set_defaults(fn=cmd_bench)
 
+
+def _add_study_parsers(sub: Any) -> None:
+    """`servelab run|serve|report`: a study, its engines, its published report."""
     r = sub.add_parser("run", help="run a study: every configuration, then the report")
     r.add_argument("params")
     r.add_argument("--config", action="append", help="only this configuration id (repeatable)")
@@ -293,6 +317,9 @@ def parser() -> argparse.ArgumentParser:
     rep.add_argument("--all", action="store_true")
     rep.set_defaults(fn=cmd_report)
 
+
+def _add_calibrate_parser(sub: Any) -> None:
+    """`servelab calibrate`: the client's own error against the reference server."""
     cal = sub.add_parser("calibrate", help="client self-check: servelab's error against the reference server")
     cal.add_argument("--levels", type=_ints, default=[1, 4, 16, 64, 256, 512, 1024], help="concurrent streams")
     cal.add_argument("--ttft", type=float, default=0.1, help="programmed TTFT (s)")
@@ -311,6 +338,9 @@ def parser() -> argparse.ArgumentParser:
     cal.add_argument("--out", help="result JSON (default runs/selfcheck/<timestamp>.json)")
     cal.set_defaults(fn=cmd_calibrate)
 
+
+def _add_results_parsers(sub: Any) -> None:
+    """`servelab explain|import|compare`: follow-ups, other tools' results, comparisons."""
     ex = sub.add_parser("explain", help="follow-up sweeps that explain a surprise of a published study")
     ex.add_argument("study", help="a published study (reports/<study>)")
     ex.add_argument("config", help="the configuration whose change surprised")
@@ -341,11 +371,21 @@ def parser() -> argparse.ArgumentParser:
     cp.add_argument("--title", help="the page's title")
     cp.set_defaults(fn=cmd_compare)
 
-    from .cli_capacity import add_parser as add_capacity_parser
 
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="servelab", description="Reproducible LLM serving benchmarks")
+    p.add_argument("--quiet", action="store_true", help="warnings and errors only (no progress lines)")
+    p.add_argument("--verbose", action="store_true", help="debug lines too")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    _add_model_parser(sub)
+    _add_params_parsers(sub)
+    _add_bench_parser(sub)
+    _add_study_parsers(sub)
+    _add_calibrate_parser(sub)
+    _add_results_parsers(sub)
     add_capacity_parser(sub)  # servelab capacity URL
-    from .cli_predict import add_parser as add_predict_parser
-
     add_predict_parser(sub)  # servelab calibrate-hw, servelab predict PARAMS
 
     try:  # boto3 is a dependency; the GPU device's image lacks it, and needs no aws commands
@@ -359,7 +399,6 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
-    from .log import set_level
 
     set_level(quiet=a.quiet, verbose=a.verbose)
     if a.debug:  # the traceback of any error, for a bug report

@@ -12,6 +12,7 @@ import argparse
 import shlex
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,6 +24,7 @@ from .hosts.aws import stack as st
 from .hosts.aws.billing import Billable
 from .hosts.aws.errors import Leftovers, StackError
 from .hosts.aws.session import StackParams
+from .prices import PriceError, table_price
 
 EXIT_FAIL = 1
 
@@ -31,8 +33,6 @@ def committed_instance_usd_per_hour(instance_type: str, region: str) -> float | 
     """On-Demand USD/h of `instance_type` in `region` by the one lookup every command uses
     (`prices.table_price`: the committed table, a us-east-1 entry standing in for another region),
     or None when the table has no verified price."""
-    from .prices import PriceError, table_price
-
     try:
         return table_price(instance_type, region).usd_per_hour
     except PriceError:
@@ -158,8 +158,6 @@ def _cmd_tunnel(a: argparse.Namespace) -> int:
 
 
 def _cmd_down(a: argparse.Namespace) -> int:
-    import warnings
-
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         log = st.down(_params(a), force=a.force)

@@ -2,7 +2,8 @@
 
 Parses the options into a search spec, SLO targets and a trial shape, prints the worst-case
 cost first (`--dry-run` stops there), runs `measure.capacity.run_capacity` into a run folder and
-prints its one-line answer. Not for logic: the search lives in `measure.slo_search`.
+prints its one-line answer. Not for logic: the search lives in `measure.slo_search`. `servelab --help`
+imports this module: what loads pandas (the run folder, the client) is imported in `cmd_capacity`.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+from .measure.slo_search import SearchSpec, Targets
+from .schema import AttachParams, Bucket, Workload
+
 EXIT_FAIL = 1
 
 
 def spec_from_args(a: argparse.Namespace):  # -> (SearchSpec, Targets, TrialShape)
     from .measure.capacity import TrialShape
-    from .measure.slo_search import SearchSpec, Targets
 
     if a.slo_ttft_p95_s is None and a.slo_tpot_p95_s is None:
         raise ValueError("give an SLO: --slo-ttft-p95-s and/or --slo-tpot-p95-s")
@@ -35,7 +38,6 @@ def cmd_capacity(a: argparse.Namespace) -> int:
     from .hosts.attach import attach
     from .measure.capacity import run_capacity, worst_case, worst_case_line
     from .measure.runinfo import base_record
-    from .schema import AttachParams, Bucket, Workload
 
     spec, targets, shape = spec_from_args(a)
     print(worst_case_line(worst_case(spec, shape)) + f"; budget {a.budget_s:.0f} s" if a.budget_s else

@@ -2,14 +2,22 @@
 PARAMS` (what a study's configurations should do on a machine) and `servelab predict --model
 DIR_OR_CONFIG_JSON --gpu NAME` (what one model would do, without a params file): the "before I rent"
 answer, before renting or running anything. The commands' words only: `calibrate_hw`,
-`models.facts` and `analysis.perfmodel` do the work. Not for running studies (`pipeline`)."""
+`models.facts` and `analysis.perfmodel` do the work. Not for running studies (`pipeline`). `servelab --help`
+imports this module: the heavy ones (calibrate_hw, stages, analysis) are imported where a command calls them."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from typing import Any
 
+import yaml
+
 from .errors import UserError
+from .models.facts import facts_from_config, kv_bytes_per_token
+from .schema import load_study
+from .schema.parts import Workload
 
 
 def _csv(s: str) -> list[str]:
@@ -43,7 +51,6 @@ def cmd_predict(a: argparse.Namespace) -> int:
         return predict_model(a)
     if a.hardware is None and a.gpu is not None:
         a.hardware = a.gpu
-    from .schema import load_study
     from .stages import prediction_lines, prediction_machine
 
     study = load_study(a.params)
@@ -60,9 +67,6 @@ def cmd_predict(a: argparse.Namespace) -> int:
 
 def _model_config(path: str) -> tuple[dict[str, Any], str]:
     """config.json of a model directory (or the file itself) and the model's name."""
-    import json
-    from pathlib import Path
-
     p = Path(path)
     f = p / "config.json" if p.is_dir() else p
     if not f.is_file():
@@ -100,10 +104,8 @@ def _gpu_record(gpu: str | None) -> tuple[dict[str, Any], str]:
 def predict_model(a: argparse.Namespace) -> int:
     """`servelab predict --model`: the facts, then the model's figures for one request shape."""
     from .analysis.perfmodel import predict_configuration
-    from .engines import get as profile
+    from .engines import get as profile  # httpx and prometheus_client: only this command's path needs them
     from .engines.flags import get_flag
-    from .models.facts import facts_from_config
-    from .schema.parts import Workload
 
     cfg, name = _model_config(a.model)
     facts = facts_from_config(cfg)
@@ -136,8 +138,6 @@ def predict_model(a: argparse.Namespace) -> int:
 
 
 def yaml_scalar(v: str) -> Any:
-    import yaml
-
     return yaml.safe_load(v) if v.strip() else v
 
 
@@ -158,8 +158,6 @@ def _print_model(name: str, f: dict[str, Any], a: argparse.Namespace, gpu: dict[
     kinds = p.get("kinds") or {}
     q = f", {f['quantization']} experts" if f.get("quantization") else ""
     print(f"  weights: {f['weight_bytes'] / 2**30:.2f} GiB ({f['dtype']}{q}: every parameter counted)")
-    from .models.facts import kv_bytes_per_token
-
     layers = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in (f.get("kv_layers") or {}).items())
     print(f"  KV cache: {kv_bytes_per_token(f, kv_dtype, a.tp):,} bytes per token ({kv_dtype}; {layers}); "
           f"{_fmt(p['kv_tokens'])} tokens fit ({p['kv_from']}), {_fmt(p['kv_limited_concurrency'])} requests of "

@@ -36,24 +36,7 @@ def spec_stats(samples_or_delta: pd.DataFrame | Mapping[str, Any],
     out: dict[str, Any] = {"engine": None, "drafts": math.nan, "draft_tokens": math.nan, "accepted_tokens": math.nan,
                            "acceptance_rate": math.nan, "mean_acceptance_length": math.nan, "source": "", "note": ""}
     if isinstance(samples_or_delta, pd.DataFrame):
-        s = samples_or_delta
-        if "t_s" in s.columns:
-            s = s.sort_values("t_s", kind="stable")
-
-        def inc(col: str) -> float:
-            return counter_increase(s[col].tolist()) if col in s.columns else math.nan
-
-        drafts, dtok, acc = inc("spec_drafts_total"), inc("spec_draft_tokens_total"), inc("spec_accepted_tokens_total")
-        gauge = math.nan
-        if "spec_accept_length" in s.columns:
-            g = s
-            if "running" in s.columns:
-                g = s[s["running"].astype(float) > 0]
-            vals = g["spec_accept_length"].astype(float).dropna()
-            vals = vals[vals > 0]
-            gauge = float(vals.mean()) if len(vals) else math.nan
-        if "engine" in s.columns and s["engine"].notna().any():
-            out["engine"] = str(s["engine"].dropna().iloc[-1])
+        drafts, dtok, acc, gauge, out["engine"] = _from_samples(samples_or_delta)
     else:
         d = samples_or_delta
         drafts, dtok, acc = (to_float(d.get("spec_drafts_total")), to_float(d.get("spec_draft_tokens_total")),
@@ -79,6 +62,28 @@ def spec_stats(samples_or_delta: pd.DataFrame | Mapping[str, Any],
     else:
         out["note"] = "no speculative-decoding metrics (speculation off, or the engine does not expose them)"
     return out
+
+
+def _from_samples(s: pd.DataFrame) -> tuple[float, float, float, float, str | None]:
+    """(drafts, draft tokens, accepted tokens, SGLang's mean accept-length gauge, engine) of a samples
+    frame: counters differenced from its first to its last row, the gauge over rows with requests running."""
+    if "t_s" in s.columns:
+        s = s.sort_values("t_s", kind="stable")
+
+    def inc(col: str) -> float:
+        return counter_increase(s[col].tolist()) if col in s.columns else math.nan
+
+    drafts, dtok, acc = inc("spec_drafts_total"), inc("spec_draft_tokens_total"), inc("spec_accepted_tokens_total")
+    gauge = math.nan
+    if "spec_accept_length" in s.columns:
+        g = s
+        if "running" in s.columns:
+            g = s[s["running"].astype(float) > 0]
+        vals = g["spec_accept_length"].astype(float).dropna()
+        vals = vals[vals > 0]
+        gauge = float(vals.mean()) if len(vals) else math.nan
+    engine = str(s["engine"].dropna().iloc[-1]) if "engine" in s.columns and s["engine"].notna().any() else None
+    return drafts, dtok, acc, gauge, engine
 
 
 def spec_levels(summary: pd.DataFrame) -> pd.DataFrame:

@@ -49,6 +49,46 @@ def _post(client: Any, url: str, body: dict[str, Any], headers: dict[str, str]) 
     return rec, data
 
 
+def _chat(c: Any, url: str, model: str, hdrs: dict[str, str], max_tokens: int) -> dict[str, Any]:
+    """The chat request's record: its reply text, reasoning, finish reason and usage (or an error)."""
+    chat_req = {"model": model, "messages": [{"role": "user", "content": SMOKE_PROMPT}],
+                "temperature": 0, "max_tokens": max_tokens}
+    chat, data = _post(c, url, chat_req, hdrs)
+    if data is not None:
+        try:
+            msg = data["choices"][0]["message"]
+            chat.update(text=msg.get("content") or "",
+                        reasoning=msg.get("reasoning_content") or msg.get("reasoning") or "",
+                        finish_reason=data["choices"][0].get("finish_reason"), usage=data.get("usage"))
+        except (KeyError, IndexError, TypeError):
+            chat["error"] = f"no choices[0].message in {json.dumps(data)[:300]}"
+    return chat
+
+
+def _tool_call(c: Any, url: str, model: str, hdrs: dict[str, str], max_tokens: int) -> dict[str, Any]:
+    """The forced get_weather request's record: the function called, its parsed arguments, and `ok`."""
+    tool_req = {"model": model, "messages": [{"role": "user", "content": TOOL_PROMPT}],
+                "tools": [WEATHER_TOOL], "tool_choice": "required", "temperature": 0,
+                "max_tokens": max_tokens}
+    tool, data = _post(c, url, tool_req, hdrs)
+    if data is not None:
+        try:
+            calls = data["choices"][0]["message"].get("tool_calls") or []
+        except (KeyError, IndexError, TypeError, AttributeError):
+            calls = []
+            tool["error"] = f"no choices[0].message in {json.dumps(data)[:300]}"
+        fn = (calls[0].get("function") or {}) if calls else {}
+        tool["function"] = fn or None
+        try:
+            parsed = json.loads(fn.get("arguments") or "null")
+        except (TypeError, ValueError):
+            parsed = None
+        tool["arguments"] = parsed
+    tool["ok"] = bool(tool.get("function")) and tool["function"].get("name") == "get_weather" \
+        and isinstance(tool.get("arguments"), dict) and bool(tool["arguments"].get("city"))
+    return tool
+
+
 def smoke_check(base_url: str, model: str, headers: dict[str, str] | None = None, tool_call: bool = False,
                 dummy_weights: bool = False, *, client: Any = None, timeout_s: float = 120.0,
                 max_tokens: int = 128) -> dict[str, Any]:
@@ -68,40 +108,12 @@ def smoke_check(base_url: str, model: str, headers: dict[str, str] | None = None
     own = client is None
     c = client or httpx.Client(timeout=timeout_s)
     try:
-        chat_req = {"model": model, "messages": [{"role": "user", "content": SMOKE_PROMPT}],
-                    "temperature": 0, "max_tokens": max_tokens}
-        chat, data = _post(c, url, chat_req, hdrs)
-        if data is not None:
-            try:
-                msg = data["choices"][0]["message"]
-                chat.update(text=msg.get("content") or "",
-                            reasoning=msg.get("reasoning_content") or msg.get("reasoning") or "",
-                            finish_reason=data["choices"][0].get("finish_reason"), usage=data.get("usage"))
-            except (KeyError, IndexError, TypeError):
-                chat["error"] = f"no choices[0].message in {json.dumps(data)[:300]}"
+        chat = _chat(c, url, model, hdrs, max_tokens)
         chat_answered = chat.get("status") == 200 and "error" not in chat
         chat["ok"] = chat_answered and bool((chat.get("text") or chat.get("reasoning") or "").strip())
         tool = None
         if tool_call:
-            tool_req = {"model": model, "messages": [{"role": "user", "content": TOOL_PROMPT}],
-                        "tools": [WEATHER_TOOL], "tool_choice": "required", "temperature": 0,
-                        "max_tokens": max_tokens}
-            tool, data = _post(c, url, tool_req, hdrs)
-            if data is not None:
-                try:
-                    calls = data["choices"][0]["message"].get("tool_calls") or []
-                except (KeyError, IndexError, TypeError, AttributeError):
-                    calls = []
-                    tool["error"] = f"no choices[0].message in {json.dumps(data)[:300]}"
-                fn = (calls[0].get("function") or {}) if calls else {}
-                tool["function"] = fn or None
-                try:
-                    parsed = json.loads(fn.get("arguments") or "null")
-                except (TypeError, ValueError):
-                    parsed = None
-                tool["arguments"] = parsed
-            tool["ok"] = bool(tool.get("function")) and tool["function"].get("name") == "get_weather" \
-                and isinstance(tool.get("arguments"), dict) and bool(tool["arguments"].get("city"))
+            tool = _tool_call(c, url, model, hdrs, max_tokens)
             tool_answered = tool.get("status") == 200 and "error" not in tool
         else:
             tool_answered = True

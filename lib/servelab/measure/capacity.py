@@ -216,19 +216,8 @@ def run_capacity(server: Server, wl: Workload, run_dir: Path, spec: SearchSpec, 
     wl1 = trial_workload(wl, spec, shape, spec.snap(spec.start))
     counter = server_counter(server, wl1, warn=log)
     sources = make_sources(server, wl1, warn=log, counter=counter)
-    prev = rf.run if rs else {}
-    if prev:
-        record["started_at"] = prev.get("started_at", record.get("started_at"))
-        record["resumed"] = [*prev.get("resumed", []), {"previous_status": prev.get("status")}]
-        for k in ("prediction",):
-            if k in prev:
-                record[k] = prev[k]  # a prediction stays the one stored before the first trial
-    record.update({"server": server.info, "model_name": server.model, "workload": wl.model_dump(),
-                   "calibration": {k: v.calibration() for k, v in sources.items()},
-                   "capacity": {"spec": asdict(spec), "shape": asdict(shape), "targets": targets.terms(),
-                                "bucket": wl1.buckets[0].label, "budget_s": budget_s,
-                                "worst_case": worst_case(spec, shape)},
-                   "status": "running"})
+    _start_record(record, rf.run if rs else {}, server, wl, wl1.buckets[0].label, sources, spec, shape, targets,
+                  budget_s)
     rf.write_run(record)
     mi = wl.metrics_interval_s if metrics_interval_s is None else metrics_interval_s
     seq = rs.next_seq if rs else 0
@@ -247,11 +236,7 @@ def run_capacity(server: Server, wl: Workload, run_dir: Path, spec: SearchSpec, 
                 status, message = "partial", (f"time budget {budget_s:.0f} s reached after {len(trials)} trials: "
                                               "best result so far (continue with --resume)")
                 break
-            li = max([tr.level for tr in trials], default=-1) + 1
-            ramp = ramp_for(trials, st.next_load, wl.buckets[shape.bucket].output_tokens)  # closed loop only
-            wlt = trial_workload(wl, spec, shape, st.next_load, first=li == 0, ramp_s=ramp)
-            lv = Level(wlt.buckets[0], wlt.max_in_flight if spec.axis == "rate" else int(st.next_load),
-                       st.next_load if spec.axis == "rate" else 0.0)
+            li, wlt, lv = _next_trial(trials, st.next_load, wl, spec, shape)
             lr = LevelRunner(server, wlt, rf, study=study, config_id=config_id, sources=sources, progress=progress,
                              metrics_interval_s=mi, log=log, gpu_devices=gpu_devices, counter=counter,
                              only=(li, lv), first_seq=seq)
@@ -269,14 +254,50 @@ def run_capacity(server: Server, wl: Workload, run_dir: Path, spec: SearchSpec, 
         status, message = "partial", "interrupted by the user (Ctrl-C)"
         raise
     finally:
-        st = state(trials, targets, spec)
-        res = result(st, targets, spec)
-        line = capacity_line(res) if trials else "capacity at SLO: no trial finished"
-        record["capacity"].update(result=res, line=line)
-        if before_final:
-            before_final(record)
-        finalize(rf, record, status=status, message=message)
+        res, line = _finish(rf, record, trials, targets, spec, status, message, before_final)
     return CapacityRun(rf.path, status, res, line, message)
+
+
+def _start_record(record: dict[str, Any], prev: dict[str, Any], server: Server, wl: Workload, bucket: str,
+                  sources: dict[str, Any], spec: SearchSpec, shape: TrialShape, targets: Targets,
+                  budget_s: float | None) -> None:
+    """The run record before the first trial: the search's settings, and what a resumed run keeps."""
+    if prev:
+        record["started_at"] = prev.get("started_at", record.get("started_at"))
+        record["resumed"] = [*prev.get("resumed", []), {"previous_status": prev.get("status")}]
+        for k in ("prediction",):
+            if k in prev:
+                record[k] = prev[k]  # a prediction stays the one stored before the first trial
+    record.update({"server": server.info, "model_name": server.model, "workload": wl.model_dump(),
+                   "calibration": {k: v.calibration() for k, v in sources.items()},
+                   "capacity": {"spec": asdict(spec), "shape": asdict(shape), "targets": targets.terms(),
+                                "bucket": bucket, "budget_s": budget_s,
+                                "worst_case": worst_case(spec, shape)},
+                   "status": "running"})
+
+
+def _next_trial(trials: list[Trial], load: float, wl: Workload, spec: SearchSpec,
+                shape: TrialShape) -> tuple[int, Workload, Level]:
+    """The next trial's level index, workload and level at `load`."""
+    li = max([tr.level for tr in trials], default=-1) + 1
+    ramp = ramp_for(trials, load, wl.buckets[shape.bucket].output_tokens)  # closed loop only
+    wlt = trial_workload(wl, spec, shape, load, first=li == 0, ramp_s=ramp)
+    lv = Level(wlt.buckets[0], wlt.max_in_flight if spec.axis == "rate" else int(load),
+               load if spec.axis == "rate" else 0.0)
+    return li, wlt, lv
+
+
+def _finish(rf: RunFolder, record: dict[str, Any], trials: list[Trial], targets: Targets, spec: SearchSpec, status: str,
+            message: str, before_final: Callable[[dict[str, Any]], None] | None) -> tuple[Any, str]:
+    """The search's result and line into the record, which is finalized; returns them."""
+    st = state(trials, targets, spec)
+    res = result(st, targets, spec)
+    line = capacity_line(res) if trials else "capacity at SLO: no trial finished"
+    record["capacity"].update(result=res, line=line)
+    if before_final:
+        before_final(record)
+    finalize(rf, record, status=status, message=message)
+    return res, line
 
 
 def from_params(p: Any, buckets: list[Any] | None = None) -> tuple[SearchSpec, TrialShape]:

@@ -181,6 +181,18 @@ def measure_offset(actor: Any, samples: int = CLOCK_SAMPLES) -> tuple[float, flo
     return best
 
 
+def _round_stats(stats: list[dict[str, Any]], result_lag_s: list[float]) -> dict[str, Any]:
+    """The workers' round stats merged, with the latest start and the results' lag to the driver."""
+    out = merge_stats(stats)
+    if stats:
+        out["start_late_max_s"] = max(s["start_late_s"] for s in stats)
+    if result_lag_s:
+        result_lag_s.sort()
+        out["result_lag_p50_s"] = result_lag_s[len(result_lag_s) // 2]
+        out["result_lag_max_s"] = result_lag_s[-1]
+    return out
+
+
 class RayWorkerPool:
     """`count` client actors spread over the Ray cluster; a round is split across them and
     merged back (see the module docstring)."""
@@ -234,20 +246,9 @@ class RayWorkerPool:
 
     async def run_round(self, jobs: list[Job], concurrency: int, timeout_s: float,
                         on_result: Callable[[Job, dict[str, Any], float | None], None]) -> dict[str, Any]:
-        live = [w for w in self.workers if w.lost is None]
-        if not live:
-            raise PoolLost(self._lost_message())
-        n = min(len(live), max(1, concurrency))  # never a share without concurrency to send it
-        live = live[:n]
+        active, start_at_s = self._start_round(jobs, concurrency, timeout_s)
         by_seq = {j.seq: j for j in jobs}
-        shares = [jobs[i::n] for i in range(n)]
-        conc = [concurrency // n + (1 if i < concurrency % n else 0) for i in range(n)]
-        active = [(w, s, c) for w, s, c in zip(live, shares, conc) if s and c > 0]
         pending = {w.index: {j.seq for j in s} for w, s, _ in active}
-        start_at_s = time.perf_counter() + START_LEAD_S + 2 * max(w.rtt_s for w in live)  # driver clock
-        for w, share, c in active:
-            w.actor.start_round.remote([(j.seq, asdict(j.spec), j.at_s) for j in share], c, timeout_s,
-                                       start_at_s + w.offset_s)
         wait_s = START_LEAD_S + 1.0
         polls = {asyncio.wrap_future(w.actor.poll.remote(wait_s).future()): w for w, _, _ in active}
         heard = {w.index: time.perf_counter() for w, _, _ in active}
@@ -263,19 +264,7 @@ class RayWorkerPool:
                     self._lose(w, f"{type(e).__name__}: {e}", pending[w.index], by_seq, on_result, start_at_s)
                     continue
                 now = heard[w.index] = time.perf_counter()
-                finished = False
-                for kind, seq, payload, lag in items:
-                    if kind == "done":
-                        stats.append(payload)
-                        finished = True
-                    elif seq in pending[w.index]:
-                        pending[w.index].discard(seq)
-                        payload["start_s"] -= w.offset_s
-                        payload["end_s"] -= w.offset_s
-                        result_lag_s.append(now - payload["end_s"])
-                        on_result(by_seq[seq], payload, lag)
-                    else:
-                        self.duplicates += 1
+                finished = self._take(w, items, pending[w.index], by_seq, on_result, stats, result_lag_s, now)
                 if not finished:
                     polls[asyncio.wrap_future(w.actor.poll.remote(wait_s).future())] = w
                 elif pending[w.index]:  # cannot happen without a stop; never leave a job unrecorded
@@ -287,19 +276,51 @@ class RayWorkerPool:
                     polls.pop(fut).cancel()
                     self._lose(w, f"no answer for {now - heard[w.index]:.0f} s", pending[w.index], by_seq,
                                on_result, start_at_s)
-        out = merge_stats(stats)
-        if stats:
-            out["start_late_max_s"] = max(s["start_late_s"] for s in stats)
-        if result_lag_s:
-            result_lag_s.sort()
-            out["result_lag_p50_s"] = result_lag_s[len(result_lag_s) // 2]
-            out["result_lag_max_s"] = result_lag_s[-1]
+        out = _round_stats(stats, result_lag_s)
         out["workers_lost"] = sum(w.lost is not None for w in self.workers)
         if all(w.lost is not None for w in self.workers):
             # Lost in this round (not only before the next): the level must not be summed up as
             # finished with a round of worker_lost records; it ends the run and --resume redoes it.
             raise PoolLost(self._lost_message())
         return out
+
+    def _start_round(self, jobs: list[Job], concurrency: int,
+                     timeout_s: float) -> tuple[list[tuple[_Worker, list[Job], int]], float]:
+        """The round's jobs and concurrency shared over the live workers, each told to start at one
+        instant (driver clock); returns (worker, share, concurrency) of those with a share, and that instant."""
+        live = [w for w in self.workers if w.lost is None]
+        if not live:
+            raise PoolLost(self._lost_message())
+        n = min(len(live), max(1, concurrency))  # never a share without concurrency to send it
+        live = live[:n]
+        shares = [jobs[i::n] for i in range(n)]
+        conc = [concurrency // n + (1 if i < concurrency % n else 0) for i in range(n)]
+        active = [(w, s, c) for w, s, c in zip(live, shares, conc) if s and c > 0]
+        start_at_s = time.perf_counter() + START_LEAD_S + 2 * max(w.rtt_s for w in live)  # driver clock
+        for w, share, c in active:
+            w.actor.start_round.remote([(j.seq, asdict(j.spec), j.at_s) for j in share], c, timeout_s,
+                                       start_at_s + w.offset_s)
+        return active, start_at_s
+
+    def _take(self, w: _Worker, items: list[Any], pending: set[int], by_seq: dict[int, Job],
+              on_result: Callable[[Job, dict[str, Any], float | None], None], stats: list[dict[str, Any]],
+              result_lag_s: list[float], now: float) -> bool:
+        """One poll's items of worker `w`: results shifted to the driver's clock and recorded (a
+        duplicate dropped), its round stats kept; True once the worker reported its round done."""
+        finished = False
+        for kind, seq, payload, lag in items:
+            if kind == "done":
+                stats.append(payload)
+                finished = True
+            elif seq in pending:
+                pending.discard(seq)
+                payload["start_s"] -= w.offset_s
+                payload["end_s"] -= w.offset_s
+                result_lag_s.append(now - payload["end_s"])
+                on_result(by_seq[seq], payload, lag)
+            else:
+                self.duplicates += 1
+        return finished
 
     def _lost_message(self) -> str:
         return "every Ray client worker is lost: " + "; ".join(f"worker {w.index}: {w.lost}" for w in self.workers)

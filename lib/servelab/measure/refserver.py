@@ -18,7 +18,7 @@ import selectors
 import threading
 import time
 from dataclasses import dataclass, field
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 TEMPLATE_TOKENS = 5  # what the fake chat template adds to a prompt
@@ -298,18 +298,19 @@ class RefServer:
             thinking = sent < self.b.reasoning_tokens  # a chunk is on one channel: where it starts
             sent += step
             if (step, thinking) not in templates:
-                text = " tok" * step
-                choice = ({"index": 0, "delta": {"reasoning_content" if thinking else "content": text},
-                           "finish_reason": None} if chat
-                          else {"index": 0, "text": text, "finish_reason": None})
-                # performance: the bytes json.dumps({**base, "choices": [...], **stamp}) gives,
-                # serialized once per chunk shape; only the two stamps change per chunk
-                body = json.dumps({**base, "choices": [] if fault == "empty_choices" else [choice]})
-                templates[step, thinking] = (body[:-1] + ', "servelab_t_ns": %d, "servelab_due_ns": %d}').encode()
+                templates[step, thinking] = _chunk_template(base, chat, step, thinking, fault)
             # emission time on the machine-wide monotonic clock: the self-check compares it with
             # the client's arrival time, and with the schedule (server lateness)
             await event(templates[step, thinking] % (time.perf_counter_ns(), int((t0 + due) * 1e9)))
             self.stats.generation_tokens_total += step
+        await self._stream_end(event, base, chat, n_tok, p_tok, include_usage, fault)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return fault != "no_done"
+
+    async def _stream_end(self, event: Callable[[Any], Awaitable[None]], base: dict[str, Any], chat: bool,
+                          n_tok: int, p_tok: int, include_usage: bool, fault: str | None) -> None:
+        """After the tokens: the finish chunk, the usage chunk when asked, and [DONE] (each unless a fault drops it)."""
         if fault != "empty_choices":
             fin = ({"index": 0, "delta": {}, "finish_reason": "length"} if chat
                    else {"index": 0, "text": "", "finish_reason": "length"})
@@ -321,10 +322,6 @@ class RefServer:
             await event({**base, "choices": [], "usage": usage})
         if fault != "no_done":
             await event(b"[DONE]")
-        writer.write(b"0\r\n\r\n")
-        await writer.drain()
-        return fault != "no_done"
-
 
     async def _stream_answer(self, writer: asyncio.StreamWriter, chat: bool, words: list[str], ids: bool, cap: int,
                              p_tok: int, include_usage: bool) -> bool:
@@ -357,6 +354,18 @@ class RefServer:
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         return True
+
+
+def _chunk_template(base: dict[str, Any], chat: bool, step: int, thinking: bool, fault: str | None) -> bytes:
+    """A text chunk of `step` tokens (on the reasoning channel when `thinking`) with %d for its two stamps."""
+    text = " tok" * step
+    choice = ({"index": 0, "delta": {"reasoning_content" if thinking else "content": text},
+               "finish_reason": None} if chat
+              else {"index": 0, "text": text, "finish_reason": None})
+    # performance: the bytes json.dumps({**base, "choices": [...], **stamp}) gives,
+    # serialized once per chunk shape; only the two stamps change per chunk
+    body = json.dumps({**base, "choices": [] if fault == "empty_choices" else [choice]})
+    return (body[:-1] + ', "servelab_t_ns": %d, "servelab_due_ns": %d}').encode()
 
 
 def main(argv: list[str] | None = None) -> None:

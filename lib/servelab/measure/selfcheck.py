@@ -34,9 +34,11 @@ else "client-limited". Not a load generator for studies (`runner`), not a report
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import math
 import os
+import platform
 import socket
 import subprocess
 import sys
@@ -47,9 +49,14 @@ from typing import Any, Callable, Iterable
 import httpx
 import numpy as np
 import pandas as pd
+import psutil
 
+from ..hosts.base import Server
+from ..runfolder import write_json
+from ..schema.parts import WorkerBackend
 from . import client as sc
 from .pools import make_pool
+from .refserver import Behaviour, RefServer
 from .rounds import Job, run_round, run_sync
 
 DEFAULT_LEVELS = (1, 4, 16, 64, 256, 512, 1024)
@@ -125,8 +132,6 @@ class RefProcess:
         if self.proc is None:
             return None
         try:
-            import psutil
-
             t = psutil.Process(self.proc.pid).cpu_times()
             return t.user + t.system
         except Exception:
@@ -300,45 +305,17 @@ def calibrate(levels: Iterable[int] = DEFAULT_LEVELS, ttft_s: float = 0.1, itl_s
         server_cm = RefProcess(ttft_s=ttft_s, itl_s=itl_s, tokens_per_chunk=tokens_per_chunk, port=port,
                                uvloop=uvloop_server)
     else:
-        from .refserver import Behaviour, RefServer
-
         server_cm = RefServer(Behaviour(ttft_s=ttft_s, itl_s=itl_s, tokens_per_chunk=tokens_per_chunk),
                               port=port or 0)
     with server_cm as srv:
-        from ..hosts.base import Server
-        from ..schema.parts import WorkerBackend
-
         spec = workers if backend == "local" else WorkerBackend(backend=backend, count=workers, address=ray_address)
         pool = make_pool(spec, Server(base_url=srv.url, model="ref"), max(levels))
         try:
             for c in levels:
                 n = max(c * requests_per_stream, min_requests)
-                specs = [sc.RequestSpec(prompt="calibrate the client", max_tokens=tokens, model="ref", api=api,
-                                        seed=None) for _ in range(n)]
-                load0 = os.getloadavg()[0]
-                cpu0, t0 = (srv.cpu_s() if server_process else None), time.perf_counter()
-                if pool:
-                    results: list[Any] = []
-
-                    def on_result(job: Job, res: dict[str, Any], lag: float | None) -> None:
-                        results.append(res)
-
-                    run_sync(pool.run_round(_warm_jobs(c, api), c, timeout_s, lambda *a: None))
-                    stats = run_sync(pool.run_round([Job(i, s) for i, s in enumerate(specs)], c, timeout_s, on_result))
-                else:
-                    results, stats = run_sync(_run_level_inprocess(srv.url, specs, c, timeout_s))
-                wall = time.perf_counter() - t0
-                cpu1 = srv.cpu_s() if server_process else None
-                row: dict[str, Any] = {"streams": c, "wall_s": wall}
-                row.update(level_errors(results, tokens=tokens, itl_s=itl_s, ttft_s=ttft_s,
-                                        tokens_per_chunk=tokens_per_chunk, late_ms=late_ms))
-                row["server_cpu_frac"] = ((cpu1 - cpu0) / wall) if cpu0 is not None and cpu1 is not None else float("nan")
-                row["loop_lag_p50_ms"] = stats.get("loop_lag_p50_s", float("nan")) * 1e3
-                row["loop_lag_p99_ms"] = stats.get("loop_lag_p99_s", float("nan")) * 1e3
-                row["client_cpu_frac"] = stats.get("cpu_frac", float("nan"))
-                row["load_avg_1m"] = max(load0, os.getloadavg()[0])
-                row["verdict"], row["reason"] = verdict(row, server_late_limit_ms=max(SERVER_LATE_LIMIT_MS,
-                                                                                      0.1 * itl_s * 1e3))
+                row = _level_row(srv, pool, c, n, server_process=server_process, tokens=tokens, itl_s=itl_s,
+                                 ttft_s=ttft_s, tokens_per_chunk=tokens_per_chunk, late_ms=late_ms, api=api,
+                                 timeout_s=timeout_s)
                 rows.append(row)
                 if not quiet:
                     log(f"  {c:>5} streams: TTFT err p50 {row['ttft_err_p50_ms']:.2f} ms, ITL err "
@@ -356,22 +333,48 @@ def calibrate(levels: Iterable[int] = DEFAULT_LEVELS, ttft_s: float = 0.1, itl_s
     return df
 
 
-def machine_facts() -> dict[str, Any]:
-    import platform
+def _level_row(srv: Any, pool: Any, c: int, n: int, *, server_process: bool, tokens: int, itl_s: float,
+               ttft_s: float, tokens_per_chunk: int, late_ms: float, api: str, timeout_s: float) -> dict[str, Any]:
+    """One level: n requests with c in flight (after a warmup round), measured against the server's stamps."""
+    specs = [sc.RequestSpec(prompt="calibrate the client", max_tokens=tokens, model="ref", api=api,
+                            seed=None) for _ in range(n)]
+    load0 = os.getloadavg()[0]
+    cpu0, t0 = (srv.cpu_s() if server_process else None), time.perf_counter()
+    if pool:
+        results: list[Any] = []
 
+        def on_result(job: Job, res: dict[str, Any], lag: float | None) -> None:
+            results.append(res)
+
+        run_sync(pool.run_round(_warm_jobs(c, api), c, timeout_s, lambda *a: None))
+        stats = run_sync(pool.run_round([Job(i, s) for i, s in enumerate(specs)], c, timeout_s, on_result))
+    else:
+        results, stats = run_sync(_run_level_inprocess(srv.url, specs, c, timeout_s))
+    wall = time.perf_counter() - t0
+    cpu1 = srv.cpu_s() if server_process else None
+    row: dict[str, Any] = {"streams": c, "wall_s": wall}
+    row.update(level_errors(results, tokens=tokens, itl_s=itl_s, ttft_s=ttft_s,
+                            tokens_per_chunk=tokens_per_chunk, late_ms=late_ms))
+    row["server_cpu_frac"] = ((cpu1 - cpu0) / wall) if cpu0 is not None and cpu1 is not None else float("nan")
+    row["loop_lag_p50_ms"] = stats.get("loop_lag_p50_s", float("nan")) * 1e3
+    row["loop_lag_p99_ms"] = stats.get("loop_lag_p99_s", float("nan")) * 1e3
+    row["client_cpu_frac"] = stats.get("cpu_frac", float("nan"))
+    row["load_avg_1m"] = max(load0, os.getloadavg()[0])
+    row["verdict"], row["reason"] = verdict(row, server_late_limit_ms=max(SERVER_LATE_LIMIT_MS,
+                                                                          0.1 * itl_s * 1e3))
+    return row
+
+
+def machine_facts() -> dict[str, Any]:
     return {"cpu_count": os.cpu_count(), "load_avg": list(os.getloadavg()), "python": platform.python_version(),
             "platform": platform.platform(), "uvloop_available": _has("uvloop")}
 
 
 def _has(mod: str) -> bool:
-    import importlib.util
-
     return importlib.util.find_spec(mod) is not None
 
 
 def write_result(df: pd.DataFrame, path: Path, settings: dict[str, Any]) -> Path:
-    from ..runfolder import write_json
-
     recs = json.loads(df.to_json(orient="records"))
     ok = df[df["verdict"] == "ok"]["streams"]
     write_json(path, {"settings": settings, "machine": machine_facts(),

@@ -298,6 +298,21 @@ def state(trials: list[Trial], t: Targets, spec: SearchSpec) -> SearchState:
     """Where the search stands after `trials`, and the next load to run (None = stop). The first
     trial is repeated before anything else; when the repeat says it was an outlier, it is left out
     of every verdict (it stays in the run folder)."""
+    st = _bracket(trials, t, spec)
+    if len(trials) >= spec.max_trials:
+        st.reason = f"trial budget spent ({spec.max_trials} trials)"
+        return st
+    if not trials:
+        st.next_load, st.reason = spec.snap(spec.start), "first trial"
+        return st
+    if len(trials) == 1:
+        st.next_load, st.reason = trials[0].load, "repeat the first trial: was the warmed server steady?"
+        return st
+    return _next_load(st, spec)
+
+
+def _bracket(trials: list[Trial], t: Targets, spec: SearchSpec) -> SearchState:
+    """Each load's verdict and the bracket they make (no next load yet)."""
     outlier = first_outlier(trials)
     usable = trials[1:] if outlier else trials
     by_load = group(usable)
@@ -313,16 +328,12 @@ def state(trials: list[Trial], t: Targets, spec: SearchSpec) -> SearchState:
     below = [v for v in rest if v.passes and (hi is None or v.load < hi.load)]
     lo = below[-1] if below else None
     odd = [v.load for v in rest if v.passes and hi is not None and v.load > hi.load]
-    st = SearchState(vs, lo, hi, None, "", odd, outlier, at)
-    if len(trials) >= spec.max_trials:
-        st.reason = f"trial budget spent ({spec.max_trials} trials)"
-        return st
-    if not trials:
-        st.next_load, st.reason = spec.snap(spec.start), "first trial"
-        return st
-    if len(trials) == 1:
-        st.next_load, st.reason = trials[0].load, "repeat the first trial: was the warmed server steady?"
-        return st
+    return SearchState(vs, lo, hi, None, "", odd, outlier, at)
+
+
+def _next_load(st: SearchState, spec: SearchSpec) -> SearchState:
+    """`st` with the next load to run and why, or the reason the search stops (next_load None)."""
+    lo, hi, at = st.lo, st.hi, st.at
     tried_at = {v.load for v in at}
 
     def step(x: float, factor: float) -> float:  # the next load that way, past loads already at the target

@@ -169,22 +169,9 @@ def _fix_text(sd: StudyData, surprises: list[su.Surprise], parent: StudyData | N
     return parts
 
 
-def why_section(sd: StudyData) -> tuple[str, list[tuple[str, Any, dict[str, float] | None]]]:
-    """(Markdown, figures) of the section: the surprises first, then each sweep's law (c=1 decode time
-    against the knob where it follows it, else each level's throughput change and knee), then the
-    fixes measured. A figure is (knob, sweep points, knees) for the throughput sweep, or (knob, the
-    time law, None) for the decode-time law."""
-    lab, parts, figs = sd.labels(), [], []
-    found = study_surprises(sd)
-    parent, inherited = parent_of(sd)
-    if parent is not None and inherited:  # a follow-up: what it explains, in the parent's numbers
-        x = min(inherited, key=lambda y: y.effect)
-        parts.append(sd.w("why.follows", study=parent.study.study, config=parent.labels().get(x.config, x.config),
-                          baseline=parent.labels().get(x.baseline, x.baseline), flag=x.flag, n=len(inherited),
-                          worst=pct(x.effect * 100), level=x.level))
-        found_here = [y for y in inherited if y.config in sd.config_ids]
-    else:
-        found_here = []
+def _surprise_text(sd: StudyData, found: list[su.Surprise]) -> list[str]:
+    """One sentence per surprising change and lever (its levels listed), then the follow-ups to run."""
+    lab, parts = sd.labels(), []
     grouped: dict[tuple[str, str, str, str], list[su.Surprise]] = {}
     for s in found:  # one sentence per change and lever, its levels listed
         grouped.setdefault((s.config, s.baseline, s.flag, s.rule), []).append(s)
@@ -200,38 +187,68 @@ def why_section(sd: StudyData) -> tuple[str, list[tuple[str, Any, dict[str, floa
                           configs=", ".join(sorted({s.config for s in found})),
                           knobs=", ".join(sorted({x.knob for f in suspects for x in (load_levers().of(f).suspects
                                                                                     if load_levers().of(f) else [])}))))
+    return parts
+
+
+def _sweep_text(sd: StudyData, sw: su.Sweep, surprises: list[su.Surprise],
+                parent: StudyData | None) -> tuple[str, tuple[str, Any, dict[str, float] | None]]:
+    """One sweep's sentence (its decode-time law, else each level's throughput law and knee) and figure."""
+    lab = sd.labels()
+    pts = sweep_points(sd, sw)
+    kn = knees(pts)
+    lines = []
+    tl = time_law(sd, sw)
+    timed = tl is not None and tl["matters"]
+    for lv, g in ([] if timed else pts.groupby("level", sort=False)):  # a time law explains it: no effect law
+        law = su.fit_law(g["value"].map(lambda x: math.log2(x) if x and x > 0 else math.nan), g["effect"])
+        k = kn.get(lv)
+        knee_text = (sd.w("why.knee", value=f"{k:g}") if k is not None else sd.w("why.no_knee"))
+        if law["matters"]:
+            lines.append(sd.w("why.law", level=lv, slope=pct(law["slope"] * 100), lo=pct(law["slope_ci"][0] * 100),
+                              hi=pct(law["slope_ci"][1] * 100), r2=num(law["r2"], 2), knee=knee_text))
+        else:
+            lines.append(sd.w("why.no_law", level=lv, knee=knee_text))
+    if timed:
+        k, unit = _unit([x for x, _ in tl["points"]])
+        lines.append(sd.w("why.time_law", knob=sw.flag, slope=num(tl["slope"] * k * 1000, 3), unit=unit,
+                          lo=num(tl["slope_ci"][0] * k * 1000, 3), hi=num(tl["slope_ci"][1] * k * 1000, 3),
+                          r2=num(tl["r2"], 3), at0=num(tl["intercept"] * 1000, 2),
+                          points=", ".join(f"{x:,.0f}: {y * 1000:.2f} ms" for x, y in sorted(tl["points"]))))
+        ref = next((x.baseline for x in surprises if x.config == sw.reference), None)
+        if ref is not None:  # what the law leaves: its empty-pool decode time against the reference's
+            t_ref, ref_label = reference(sd, parent, ref, sw.reference)
+            lines.append(sd.w("why.rest", at0=num(tl["intercept"] * 1000, 2), ref=ref_label,
+                              t_ref=num(t_ref * 1000, 2), rest=num((tl["intercept"] - t_ref) * 1000, 2)))
+    elif tl is not None:
+        lines.append(sd.w("why.no_time_law", knob=sw.flag, lo=num(tl["slope_ci"][0] * 1000, 4),
+                          hi=num(tl["slope_ci"][1] * 1000, 4)))
+    return (sd.w("why.sweep", knob=sw.flag, reference=lab.get(sw.reference, sw.reference),
+                 n=len(sw.values), lines=" ".join(lines)),
+            (sw.flag, pts, kn) if not timed else (sw.flag, tl, None))
+
+
+def why_section(sd: StudyData) -> tuple[str, list[tuple[str, Any, dict[str, float] | None]]]:
+    """(Markdown, figures) of the section: the surprises first, then each sweep's law (c=1 decode time
+    against the knob where it follows it, else each level's throughput change and knee), then the
+    fixes measured. A figure is (knob, sweep points, knees) for the throughput sweep, or (knob, the
+    time law, None) for the decode-time law."""
+    parts: list[str] = []
+    figs: list[tuple[str, Any, dict[str, float] | None]] = []
+    found = study_surprises(sd)
+    parent, inherited = parent_of(sd)
+    if parent is not None and inherited:  # a follow-up: what it explains, in the parent's numbers
+        x = min(inherited, key=lambda y: y.effect)
+        parts.append(sd.w("why.follows", study=parent.study.study, config=parent.labels().get(x.config, x.config),
+                          baseline=parent.labels().get(x.baseline, x.baseline), flag=x.flag, n=len(inherited),
+                          worst=pct(x.effect * 100), level=x.level))
+        found_here = [y for y in inherited if y.config in sd.config_ids]
+    else:
+        found_here = []
+    parts += _surprise_text(sd, found)
     for sw in study_sweeps(sd):
-        pts = sweep_points(sd, sw)
-        kn = knees(pts)
-        lines = []
-        tl = time_law(sd, sw)
-        timed = tl is not None and tl["matters"]
-        for lv, g in ([] if timed else pts.groupby("level", sort=False)):  # a time law explains it: no effect law
-            law = su.fit_law(g["value"].map(lambda x: math.log2(x) if x and x > 0 else math.nan), g["effect"])
-            k = kn.get(lv)
-            knee_text = (sd.w("why.knee", value=f"{k:g}") if k is not None else sd.w("why.no_knee"))
-            if law["matters"]:
-                lines.append(sd.w("why.law", level=lv, slope=pct(law["slope"] * 100), lo=pct(law["slope_ci"][0] * 100),
-                                  hi=pct(law["slope_ci"][1] * 100), r2=num(law["r2"], 2), knee=knee_text))
-            else:
-                lines.append(sd.w("why.no_law", level=lv, knee=knee_text))
-        if timed:
-            k, unit = _unit([x for x, _ in tl["points"]])
-            lines.append(sd.w("why.time_law", knob=sw.flag, slope=num(tl["slope"] * k * 1000, 3), unit=unit,
-                              lo=num(tl["slope_ci"][0] * k * 1000, 3), hi=num(tl["slope_ci"][1] * k * 1000, 3),
-                              r2=num(tl["r2"], 3), at0=num(tl["intercept"] * 1000, 2),
-                              points=", ".join(f"{x:,.0f}: {y * 1000:.2f} ms" for x, y in sorted(tl["points"]))))
-            ref = next((x.baseline for x in found + found_here if x.config == sw.reference), None)
-            if ref is not None:  # what the law leaves: its empty-pool decode time against the reference's
-                t_ref, ref_label = reference(sd, parent, ref, sw.reference)
-                lines.append(sd.w("why.rest", at0=num(tl["intercept"] * 1000, 2), ref=ref_label,
-                                  t_ref=num(t_ref * 1000, 2), rest=num((tl["intercept"] - t_ref) * 1000, 2)))
-        elif tl is not None:
-            lines.append(sd.w("why.no_time_law", knob=sw.flag, lo=num(tl["slope_ci"][0] * 1000, 4),
-                              hi=num(tl["slope_ci"][1] * 1000, 4)))
-        parts.append(sd.w("why.sweep", knob=sw.flag, reference=lab.get(sw.reference, sw.reference),
-                          n=len(sw.values), lines=" ".join(lines)))
-        figs.append((sw.flag, pts, kn) if not timed else (sw.flag, tl, None))
+        text, fig = _sweep_text(sd, sw, found + found_here, parent)
+        parts.append(text)
+        figs.append(fig)
     parts += _fix_text(sd, found + found_here, parent)
     if not parts:
         return sd.w("why.none"), []

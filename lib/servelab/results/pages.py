@@ -15,14 +15,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import matplotlib.pyplot as plt
+import nbformat
 import numpy as np
 import pandas as pd
 
 from ..analysis import verdicts as v
 from ..analysis.harmonise import definitions, recompute_per_request
+from ..paths import portable
 from ..report import html as rh
 from ..report import plots
+from ..report.render import notebook_to_html
 from ..runfolder import RunFolder, read_json
+from ..secrets import scrub
 from ..summary import summarize
 from .compare import CompareResult, fmt, pct, run_term_text, signed
 from .formats import SCHEMAS
@@ -33,15 +38,11 @@ TIMES = "times.json"  # beside them: each tool run's wall time and CPU seconds (
 
 
 def _md(text: str) -> Any:
-    import nbformat
-
     return nbformat.v4.new_markdown_cell(text)
 
 
 def _out(obj: Any) -> Any:
     """A code cell whose only output is `obj`'s HTML (a table or figure of report.html)."""
-    import nbformat
-
     html = obj.data if hasattr(obj, "data") else str(obj)
     cell = nbformat.v4.new_code_cell("")
     cell.outputs = [nbformat.v4.new_output("display_data", data={"text/html": html})]
@@ -49,12 +50,6 @@ def _out(obj: Any) -> Any:
 
 
 def _render(cells: list[Any], out: Path, title: str) -> Path:
-    import nbformat
-
-    from ..paths import portable
-    from ..report.render import notebook_to_html
-    from ..secrets import scrub
-
     nb = nbformat.v4.new_notebook()
     nb.cells = cells
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -242,8 +237,6 @@ def _mean(s: pd.Series) -> float:
 
 
 def _ecdf(runs: Mapping[str, RunFolder], column: str, xlabel: str, colors: Mapping[str, str]) -> Any:
-    import matplotlib.pyplot as plt
-
     levels = sorted({int(c) for rf in runs.values() for c in rf.records["concurrency"].unique()})
     fig, axes = plt.subplots(1, len(levels), figsize=(3.6 * len(levels) + 0.6, 3.6), squeeze=False)
     for j, c in enumerate(levels):
@@ -265,8 +258,6 @@ def _ecdf(runs: Mapping[str, RunFolder], column: str, xlabel: str, colors: Mappi
 
 
 def _diff_figure(cond: pd.DataFrame) -> Any:
-    import matplotlib.pyplot as plt
-
     d = cond.dropna(subset=["largest difference %"])
     labels = [f"{t}: {f} (c={c})" for t, f, c in zip(d["tool"], d["figure"], d["c"])]
     fig, ax = plt.subplots(figsize=(7.5, 0.24 * len(d) + 1.4))
@@ -296,6 +287,16 @@ def tools_page(study: str | Path, out: str | Path | None = None, *, title: str |
     summ = side_by_side(runs)
     h = harmonised(runs)
     cond = condensed(h) if len(h) else pd.DataFrame()
+    cells = _tools_intro(runs, cond, title)
+    cells += _tools_summary(study, runs, summ, colors)
+    if len(cond):
+        cells += _tools_own_figures(cond)
+    cells += _tools_definitions(runs)
+    return _render(cells, Path(out) if out else study / "index.html", title)
+
+
+def _tools_intro(runs: Mapping[str, RunFolder], cond: pd.DataFrame, title: str) -> list[Any]:
+    """The page's title paragraph (the server, the tools, how many figures agree) and what was imported."""
     first = next(iter(runs.values())).run
     who = ", ".join(f"{t} ({_who(rf)})" for t, rf in runs.items())
     unexpl = cond[cond["why they differ"].str.startswith("unexplained")] if len(cond) else cond
@@ -319,10 +320,17 @@ def tools_page(study: str | Path, out: str | Path | None = None, *, title: str |
                           "the tool left them out) and how many requests of that window the files store of those "
                           "the tool counted."),
                       _out(rh.table(imp, "The imported files: tool, version, format, window and sample size"))]
+    return cells
+
+
+def _tools_summary(study: Path, runs: Mapping[str, RunFolder], summ: pd.DataFrame,
+                   colors: Mapping[str, str]) -> list[Any]:
+    """Each tool's requests summarised by servelab, the CPU table, and Figures 1 to 4."""
     cols = {"config": "tool", "concurrency": "c", "sent": "requests", "ttft_p50_s": "TTFT p50 (s)",
             "tpot_p50_s": "TPOT p50 (s)", "decode_tps_p50": "decode tok/s p50", "itl_p50_s": "ITL p50 (s)",
             "e2e_p50_s": "e2e p50 (s)", "aggregate_output_tps": "aggregate tok/s", "rounds": "runs"}
     t = summ[list(cols)].rename(columns=cols)
+    cells: list[Any] = []
     cells.append(_out(rh.table(t, "Each tool's requests summarised by servelab (median over requests; aggregate "
                                   "tok/s: median over the tool's runs)",
                                notes={rh.MISSING: "GuideLLM keeps no chunk times: no pooled ITL"})))
@@ -348,21 +356,32 @@ def tools_page(study: str | Path, out: str | Path | None = None, *, title: str |
                                 "Figure 3. Every request's TTFT (first chunk carrying text), per tool.")))
     cells.append(_out(rh.figure(_ecdf(runs, "decode_tps", "decode tok/s per request", colors),
                                 "Figure 4. Every request's decode tok/s = (output tokens - 1) / (e2e - TTFT), per tool.")))
-    if len(cond):
-        cells.append(_md("## Each tool's own figures beside servelab's recomputation\n\n"
-                         "*servelab* is the recomputation from the tool's own per-request data with servelab's "
-                         "definition and statistic (linear percentiles); *servelab, tool's definition* "
-                         "recomputes the same requests the tool's way (its percentile, its per-request values where "
-                         "the records keep them, its weights and its duration window). A difference above 2 % needs "
-                         "a reason: it is *definitional* only where the definition that differs is named and the "
-                         "recomputation by the tool's definition agrees with the tool (*not checked* where the "
-                         "records do not keep the tool's own values); otherwise *unexplained*, with the numbers."))
-        cells.append(_out(rh.table(cond, "Tool's figure and servelab's recomputation (mean over the tool's runs; "
-                                         "largest difference of one run)",
-                                   formats={"largest difference %": "{:+.2f}"},
-                                   notes={rh.MISSING: "not reported by the tool or not computable"})))
-        cells.append(_out(rh.figure(_diff_figure(cond), "Figure 5. Largest difference of each figure from "
-                                    "servelab's recomputation (green: same definition, orange: different).")))
+    return cells
+
+
+def _tools_own_figures(cond: pd.DataFrame) -> list[Any]:
+    """Each tool's own figures beside servelab's recomputation, and Figure 5."""
+    cells: list[Any] = []
+    cells.append(_md("## Each tool's own figures beside servelab's recomputation\n\n"
+                     "*servelab* is the recomputation from the tool's own per-request data with servelab's "
+                     "definition and statistic (linear percentiles); *servelab, tool's definition* "
+                     "recomputes the same requests the tool's way (its percentile, its per-request values where "
+                     "the records keep them, its weights and its duration window). A difference above 2 % needs "
+                     "a reason: it is *definitional* only where the definition that differs is named and the "
+                     "recomputation by the tool's definition agrees with the tool (*not checked* where the "
+                     "records do not keep the tool's own values); otherwise *unexplained*, with the numbers."))
+    cells.append(_out(rh.table(cond, "Tool's figure and servelab's recomputation (mean over the tool's runs; "
+                                     "largest difference of one run)",
+                               formats={"largest difference %": "{:+.2f}"},
+                               notes={rh.MISSING: "not reported by the tool or not computable"})))
+    cells.append(_out(rh.figure(_diff_figure(cond), "Figure 5. Largest difference of each figure from "
+                                "servelab's recomputation (green: same definition, orange: different).")))
+    return cells
+
+
+def _tools_definitions(runs: Mapping[str, RunFolder]) -> list[Any]:
+    """What the tools' data cannot give, and each figure's definition: servelab's and the tool's."""
+    cells: list[Any] = []
     nr = [(t, m, why) for t in runs for m, why in ((read_json(runs[t].path / HARMONISED).get("not_recomputable") or {})
                                                    if (runs[t].path / HARMONISED).exists() else {}).items()]
     if nr:
@@ -376,7 +395,7 @@ def tools_page(study: str | Path, out: str | Path | None = None, *, title: str |
     cells.append(_out(rh.table(pd.DataFrame(rows, columns=["tool", "figure", "servelab metric", "the tool's definition",
                                                            "same as servelab's"]),
                                "How each tool defines the figures compared above")))
-    return _render(cells, Path(out) if out else study / "index.html", title)
+    return cells
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -243,13 +243,24 @@ def find_billable(session: Any, stack_name: str, *, physical_ids: Mapping[str, I
     instance without a price gets hourly_usd None. Raises botocore errors (credentials,
     throttling) unchanged.
     """
-    region = session.region_name
-    prices = load_fixed_prices(region)
+    prices = load_fixed_prices(session.region_name)
     ec2 = session.client("ec2")
     ids = {k: set(v) for k, v in physical_ids.items()}
-    out: list[Billable] = []
-
     instances = _instances(ec2, stack_name, ids.get("instances", ()))
+    out, public_ips_of_instances = _billable_instances(instances, instance_hourly_usd)
+    out += _billable_volumes(ec2, stack_name, instances, prices)
+    nats, nat_ips = _billable_nat_gateways(ec2, stack_name, ids, prices)
+    out += nats
+    out += _billable_public_ips(ec2, stack_name, ids, nat_ips, public_ips_of_instances, prices)
+    out += _billable_vpc_endpoints(ec2, stack_name, ids, prices)
+    out += _billable_load_balancers(session.client("elbv2"), stack_name, ids, prices)
+    return out
+
+
+def _billable_instances(instances: Mapping[str, dict[str, Any]],
+                        instance_hourly_usd: Mapping[str, float] | float | None) -> tuple[list[Billable], set[str]]:
+    """The live instances (a stopped one at 0 USD/h) and the public IPv4 addresses they hold."""
+    out: list[Billable] = []
     public_ips_of_instances: set[str] = set()
     for iid, inst in sorted(instances.items()):
         state = inst["State"]["Name"]
@@ -262,7 +273,13 @@ def find_billable(session: Any, stack_name: str, *, physical_ids: Mapping[str, I
         out.append(Billable("instance", iid, f"{itype} {state}", 0.0 if state == "stopped" else price, state))
         if inst.get("PublicIpAddress"):
             public_ips_of_instances.add(inst["PublicIpAddress"])
+    return out, public_ips_of_instances
 
+
+def _billable_volumes(ec2: Any, stack_name: str, instances: Mapping[str, Any],
+                      prices: Mapping[str, float]) -> list[Billable]:
+    """The stack's EBS volumes and those attached to its instances."""
+    out: list[Billable] = []
     gib_hour = prices["ebs_gp3_gb_month"] / hours_per_month()
     volumes: dict[str, dict[str, Any]] = {}
     queries = [{"Filters": _tag_filter(stack_name)}]
@@ -276,7 +293,13 @@ def find_billable(session: Any, stack_name: str, *, physical_ids: Mapping[str, I
             # gp3 price for every type: the template only makes gp3 (others differ a little)
             out.append(Billable("ebs-volume", vid, f"{vol.get('VolumeType')} {vol['Size']} GiB {vol['State']}",
                                 gib_hour * vol["Size"], vol["State"]))
+    return out
 
+
+def _billable_nat_gateways(ec2: Any, stack_name: str, ids: Mapping[str, set[str]],
+                           prices: Mapping[str, float]) -> tuple[list[Billable], set[str]]:
+    """The stack's live NAT gateways and their public IPv4 addresses."""
+    out: list[Billable] = []
     nats: dict[str, dict[str, Any]] = {}
     for q in ([{"Filters": _tag_filter(stack_name)}]
               + ([{"NatGatewayIds": sorted(ids["AWS::EC2::NatGateway"])}] if ids.get("AWS::EC2::NatGateway") else [])):
@@ -287,7 +310,13 @@ def find_billable(session: Any, stack_name: str, *, physical_ids: Mapping[str, I
         if nat["State"] in ALIVE_NAT:
             out.append(Billable("nat-gateway", nid, nat["State"], prices["nat_gateway_hour"], nat["State"]))
             nat_ips |= {a.get("PublicIp") for a in nat.get("NatGatewayAddresses", []) if a.get("PublicIp")}
+    return out, nat_ips
 
+
+def _billable_public_ips(ec2: Any, stack_name: str, ids: Mapping[str, set[str]], nat_ips: set[str],
+                         public_ips_of_instances: set[str], prices: Mapping[str, float]) -> list[Billable]:
+    """The stack's Elastic IPs (its own, its NAT gateways') and its instances' other public IPv4s."""
+    out: list[Billable] = []
     eips: dict[str, dict[str, Any]] = {}
     eip_ids = ids.get("AWS::EC2::EIP", set())
     for addr in ec2.describe_addresses()["Addresses"]:  # no paginator; one page per region
@@ -299,7 +328,13 @@ def find_billable(session: Any, stack_name: str, *, physical_ids: Mapping[str, I
         out.append(Billable("public-ipv4", key, f"Elastic IP {addr['PublicIp']}", prices["public_ipv4_hour"]))
     for ip in sorted(public_ips_of_instances - {a["PublicIp"] for a in eips.values()}):
         out.append(Billable("public-ipv4", ip, "instance public IPv4", prices["public_ipv4_hour"]))
+    return out
 
+
+def _billable_vpc_endpoints(ec2: Any, stack_name: str, ids: Mapping[str, set[str]],
+                            prices: Mapping[str, float]) -> list[Billable]:
+    """The live interface endpoints of the stack or its VPC, priced per AZ."""
+    out: list[Billable] = []
     endpoints: dict[str, dict[str, Any]] = {}
     vpcs = sorted(ids.get("AWS::EC2::VPC", ()))
     for q in ([{"Filters": _tag_filter(stack_name)}]
@@ -311,8 +346,13 @@ def find_billable(session: Any, stack_name: str, *, physical_ids: Mapping[str, I
             azs = max(1, len(ep.get("SubnetIds", [])))
             out.append(Billable("vpc-endpoint", eid, f"{ep['ServiceName'].split('.')[-1]} x {azs} AZ",
                                 prices["vpc_endpoint_az_hour"] * azs, ep["State"].lower()))
+    return out
 
-    elbv2 = session.client("elbv2")
+
+def _billable_load_balancers(elbv2: Any, stack_name: str, ids: Mapping[str, set[str]],
+                             prices: Mapping[str, float]) -> list[Billable]:
+    """The load balancers tagged with the stack or named by it (1 LCU assumed)."""
+    out: list[Billable] = []
     lbs = {lb["LoadBalancerArn"]: lb for lb in _pages(elbv2, "describe_load_balancers", "LoadBalancers")}
     arns = sorted(lbs)
     tagged = set()

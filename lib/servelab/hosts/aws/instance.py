@@ -94,39 +94,7 @@ class SingleInstanceHost(BotoHost):
             inst = existing[0]
             self.log(f"{region}: reusing {inst['InstanceId']}")
         else:
-            ami = self.ami(region)
-            subnets, sgs = self._network(region)
-            ud = self.user_data(command, env, region)
-            last = None
-            inst = None
-            for subnet in subnets or [None]:
-                kw: dict[str, Any] = dict(
-                    ImageId=ami, InstanceType=self.p.instance_type, MinCount=1, MaxCount=1, UserData=ud,
-                    InstanceInitiatedShutdownBehavior="terminate",
-                    BlockDeviceMappings=[{"DeviceName": "/dev/xvda", "Ebs": {
-                        "VolumeSize": self.p.root_volume_gib, "VolumeType": "gp3", "Encrypted": True,
-                        "DeleteOnTermination": True}}],
-                    MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled",
-                                     "HttpPutResponseHopLimit": 2},
-                    TagSpecifications=[{"ResourceType": "instance", "Tags": [
-                        {"Key": TAG_KEY, "Value": self.p.name}, {"Key": "Name", "Value": f"servelab-{self.p.name}"}]}])
-                if subnet:
-                    kw["SubnetId"] = subnet
-                if sgs:
-                    kw["SecurityGroupIds"] = sgs
-                if self.p.instance_profile:
-                    kw["IamInstanceProfile"] = {"Name": self.p.instance_profile}
-                try:
-                    inst = ec2.run_instances(**kw)["Instances"][0]
-                    break
-                except Exception as e:  # noqa: BLE001
-                    if err_code(e) in CAPACITY_CODES or CAPACITY_TEXT.search(str(e)):
-                        last = f"{err_code(e) or 'capacity'} in {subnet}: {str(e)[:200]}"
-                        continue
-                    raise
-            if inst is None:
-                raise RegionCapacity(last or "run_instances found no capacity")
-            self.log(f"{region}: ec2:RunInstances -> {inst['InstanceId']}")
+            inst = self._launch(ec2, region, command, env)
         iid = inst["InstanceId"]
         launched = epoch(inst.get("LaunchTime")) or self.clock()
         self.started_at = min(launched, self.clock()) if self.started_at is None else self.started_at
@@ -149,6 +117,43 @@ class SingleInstanceHost(BotoHost):
                         url=f"http://127.0.0.1:{self.p.local_port}",
                         tunnel=port_forward_command(region, iid, self.p.container_port, self.p.local_port),
                         started_at=self.started_at, hourly_usd=hourly, deadline=self._deadline(region))
+
+    def _launch(self, ec2: Any, region: str, command: list[str], env: dict[str, str]) -> dict[str, Any]:
+        """ec2:RunInstances in the first of the region's subnets with capacity (RegionCapacity if none)."""
+        ami = self.ami(region)
+        subnets, sgs = self._network(region)
+        ud = self.user_data(command, env, region)
+        last = None
+        inst = None
+        for subnet in subnets or [None]:
+            kw: dict[str, Any] = dict(
+                ImageId=ami, InstanceType=self.p.instance_type, MinCount=1, MaxCount=1, UserData=ud,
+                InstanceInitiatedShutdownBehavior="terminate",
+                BlockDeviceMappings=[{"DeviceName": "/dev/xvda", "Ebs": {
+                    "VolumeSize": self.p.root_volume_gib, "VolumeType": "gp3", "Encrypted": True,
+                    "DeleteOnTermination": True}}],
+                MetadataOptions={"HttpTokens": "required", "HttpEndpoint": "enabled",
+                                 "HttpPutResponseHopLimit": 2},
+                TagSpecifications=[{"ResourceType": "instance", "Tags": [
+                    {"Key": TAG_KEY, "Value": self.p.name}, {"Key": "Name", "Value": f"servelab-{self.p.name}"}]}])
+            if subnet:
+                kw["SubnetId"] = subnet
+            if sgs:
+                kw["SecurityGroupIds"] = sgs
+            if self.p.instance_profile:
+                kw["IamInstanceProfile"] = {"Name": self.p.instance_profile}
+            try:
+                inst = ec2.run_instances(**kw)["Instances"][0]
+                break
+            except Exception as e:  # noqa: BLE001
+                if err_code(e) in CAPACITY_CODES or CAPACITY_TEXT.search(str(e)):
+                    last = f"{err_code(e) or 'capacity'} in {subnet}: {str(e)[:200]}"
+                    continue
+                raise
+        if inst is None:
+            raise RegionCapacity(last or "run_instances found no capacity")
+        self.log(f"{region}: ec2:RunInstances -> {inst['InstanceId']}")
+        return inst
 
     def _deadline(self, region: str) -> dict[str, Any] | None:
         """The user data's `shutdown -h` (terminate on shutdown): the instance's own deadline."""

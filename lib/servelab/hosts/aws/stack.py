@@ -285,6 +285,28 @@ def down(params: StackParams, *, force: bool = False, session_factory: SessionFa
             sleep(poll_s)
         log.append(f"{what}: done")
 
+    own = _stop_service(ecs, cluster, service, waited)
+    _check_shared_capacity(ecs, cluster, outs, own, params.stack_name, force, log)
+    instance_ids = _scale_asg_to_zero(session, asg, ids, outs, waited, log)
+    ids["instances"] = instance_ids
+    try:
+        cf.delete_stack(StackName=stack["StackId"])
+    except ClientError as e:
+        raise StackError(f"delete of {params.stack_name} refused: {e}") from e
+    final = _wait_stack(cf, stack["StackId"], sleep=sleep, clock=clock,
+                        timeout_s=max(1.0, timeout_s - (clock() - start)), poll_s=poll_s)
+    if final != "DELETE_COMPLETE":
+        raise StackError(f"stack {params.stack_name} ended {final}: "
+                         + "; ".join(_failed_events(cf, stack["StackId"])))
+    log.append(f"stack {params.stack_name} deleted")
+
+    _verify_nothing_left(session, params.stack_name, ids, waited, log)
+    return log
+
+
+def _stop_service(ecs: Any, cluster: str | None, service: str | None,
+                  waited: Callable[[str, Callable[[], bool]], None]) -> set[str]:
+    """The stack's ECS service at desired 0, its tasks stopped; returns its ARNs (none without one)."""
     own = set()
     if cluster and service:
         svc = ecs.describe_services(cluster=cluster, services=[service])["services"]
@@ -298,17 +320,28 @@ def down(params: StackParams, *, force: bool = False, session_factory: SessionFa
                 s = ecs.describe_services(cluster=cluster, services=[service])["services"][0]
                 return not running and s.get("runningCount", 0) == 0 and s.get("pendingCount", 0) == 0
             waited(f"service {service} desired 0, tasks stopped", tasks_stopped)
+    return own
+
+
+def _check_shared_capacity(ecs: Any, cluster: str | None, outs: dict[str, str], own: set[str], stack_name: str,
+                           force: bool, log: list[str]) -> None:
+    """SharedCapacity when another service uses the stack's capacity provider (force: a warning)."""
     cps = {outs["CapacityProviderName"]} if outs.get("CapacityProviderName") else set()
     for c in ecs.describe_clusters(clusters=[cluster])["clusters"] if cluster else []:
         cps |= set(c.get("capacityProviders", []))  # the association counts even without the output
     others = other_services_on(ecs, cps, own) if cps else []
     if others:
-        msg = (f"capacity provider {', '.join(sorted(cps))} of {params.stack_name} is still used by "
+        msg = (f"capacity provider {', '.join(sorted(cps))} of {stack_name} is still used by "
                f"{'; '.join(others)}")
         if not force:
             raise SharedCapacity(msg + " - stop those first or pass force=True (--force)", others)
-        warnings.warn(msg + " - force: scaling the group to 0 and deleting anyway", stacklevel=2)
+        warnings.warn(msg + " - force: scaling the group to 0 and deleting anyway", stacklevel=3)
         log.append(f"WARNING (force): {msg}")
+
+
+def _scale_asg_to_zero(session: Any, asg: Any, ids: dict[str, set[str]], outs: dict[str, str],
+                       waited: Callable[[str, Callable[[], bool]], None], log: list[str]) -> set[str]:
+    """The stack's auto-scaling groups at 0 and their instances terminated; returns those instances."""
     asg_names = ids.get("AWS::AutoScaling::AutoScalingGroup", set()) | ({outs["AsgName"]} if outs.get("AsgName") else set())
     instance_ids = asg_instances(session, asg_names)
     for name in sorted(asg_names):
@@ -322,28 +355,21 @@ def down(params: StackParams, *, force: bool = False, session_factory: SessionFa
         waited(f"ASG {', '.join(sorted(asg_names))} at 0, {len(instance_ids)} instance(s) terminated", terminated)
     else:
         log.append(f"ASG {', '.join(sorted(asg_names)) or '-'} at 0: no instances")
-    ids["instances"] = instance_ids
-    try:
-        cf.delete_stack(StackName=stack["StackId"])
-    except ClientError as e:
-        raise StackError(f"delete of {params.stack_name} refused: {e}") from e
-    final = _wait_stack(cf, stack["StackId"], sleep=sleep, clock=clock,
-                        timeout_s=max(1.0, timeout_s - (clock() - start)), poll_s=poll_s)
-    if final != "DELETE_COMPLETE":
-        raise StackError(f"stack {params.stack_name} ended {final}: "
-                         + "; ".join(_failed_events(cf, stack["StackId"])))
-    log.append(f"stack {params.stack_name} deleted")
+    return instance_ids
 
+
+def _verify_nothing_left(session: Any, stack_name: str, ids: dict[str, set[str]],
+                         waited: Callable[[str, Callable[[], bool]], None], log: list[str]) -> None:
+    """After the delete: deletions in flight waited for, then Leftovers if anything still bills."""
     in_flight = ("deleting", "shutting-down")  # NAT gateways, endpoints, instances pass through these
     waited("deletions in flight finished", lambda: not [
-        b for b in find_billable(session, params.stack_name, physical_ids=ids) if b.state in in_flight])
-    left = find_billable(session, params.stack_name, physical_ids=ids)
+        b for b in find_billable(session, stack_name, physical_ids=ids) if b.state in in_flight])
+    left = find_billable(session, stack_name, physical_ids=ids)
     if left:
-        raise Leftovers(f"{len(left)} billable resource(s) of {params.stack_name} survived down "
+        raise Leftovers(f"{len(left)} billable resource(s) of {stack_name} survived down "
                         f"({hourly_total_usd(left):.4f} USD/h): " + ", ".join(f"{b.kind} {b.resource_id}" for b in left),
                         left)
     log.append("verified: no instance, NAT gateway, load balancer, EBS volume, EIP or endpoint left")
-    return log
 
 
 def logs(params: StackParams, *, since_min: float = 30, session_factory: SessionFactory | None = None,
