@@ -49,7 +49,7 @@ from .models.presets import CALIB_KINDS, CALIB_LAYERS, CALIB_WIDTHS, calib_name
 from .paths import runs_root
 from .report import load_study_data
 from .runfolder import RunFolder
-from .schema import Bucket, Workload
+from .schema import Bucket, EngineParams, Workload
 from .tables import CALIBRATIONS
 
 OUTPUT_TOKENS = 128
@@ -76,8 +76,6 @@ def plan(kinds: list[str], widths: list[int], layers: list[int], modes: list[str
 
 
 def _engine_params(item: dict[str, Any], engine: str, port: int, gpu: bool) -> Any:
-    from .schema import EngineParams
-
     args = engine_profile(engine).calibration_args(eager=item["mode"] == "eager", gpu=gpu)
     return EngineParams(kind=engine, model={"preset": item["preset"]}, port=port, args=args, load_format="dummy",
                         entrypoint="api_server", startup_timeout_s=900)
