@@ -1,8 +1,9 @@
 """Executing the stage notebooks: papermill on a jupytext notebook from the repository root (the
 executed copy kept, scrubbed), their `[servelab]` lines forwarded to the terminal, a stage's failure
 as `StageFailed`, and the stop signals (SIGTERM, SIGHUP -> `Stopped`, as Ctrl-C) with what a stop
-leaves to close: the kernels this process started, a run.json still "running". Not for deciding
-what runs (`pipeline`, `sidebyside`).
+leaves to close: the kernels this process started, a run.json still "running". `run_stage` is the one
+way to run a stage: its notebook, or its stage functions directly (`StageParams` either way). Not for
+deciding what runs (`pipeline`, `sidebyside`).
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import stages
 from .log import progress_line
 from .errors import ServelabError
 from .measure.runfiles import finalize
+from .plan import ConfigPlan
 from .runfolder import RECORDS, RunFolder, project_root
 from .secrets import scrub_file
 
@@ -154,8 +158,88 @@ def stop_children() -> None:
 
 
 class StageFailed(ServelabError, RuntimeError):
-    def __init__(self, stage: str, rdir: Path, err: Exception) -> None:
+    def __init__(self, stage: str, rdir: Path, err: Exception | None = None) -> None:
+        if err is None:  # rebuilt in the parent of a worker process (`__reduce__`): the message as it was
+            super().__init__(stage)
+            return
         ename = getattr(err, "ename", type(err).__name__)
         evalue = getattr(err, "evalue", str(err))
         super().__init__(f"stage {stage} failed for {rdir.name}: {ename}: {evalue}\n"
                          f"executed notebook: {rdir / 'notebooks' / (stage + '.ipynb')}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), Path()))
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """A stage's parameters, typed: papermill injects them into the notebook's first cell (the notebook
+    rebuilds its plan from `params_path`, the run folder's study file); the direct path has the plan."""
+
+    params_path: Path
+    config_id: str
+    run_dir: Path
+    reduced: bool = False
+    resume: bool = False  # 03_benchmark: continue an interrupted run from its first incomplete level
+    start: bool = True  # 02_launch, 03_benchmark: start the engine, send the load (False: show the plan)
+    check_quality: bool = True  # 02_launch: answer the quality set once up (False: the interleaved benchmark does)
+    configs: tuple[str, ...] = ()  # 03_benchmark: the configurations measured together, interleaved
+    deadline_unix: float = 0.0  # 03_benchmark: when the study's time budget ends (0: no budget)
+
+    def papermill(self, name: str) -> dict[str, Any]:
+        """The parameters notebook `name` declares."""
+        out = {"params_path": str(Path(self.params_path).resolve()), "config_id": self.config_id,
+               "run_dir": str(Path(self.run_dir).resolve()), "reduced": self.reduced, "resume": self.resume,
+               "start": self.start}
+        if name == STAGES[1]:
+            out["check_quality"] = self.check_quality
+        if name == STAGES[2]:
+            out |= {"configs": list(self.configs), "deadline_unix": self.deadline_unix}
+        return out
+
+
+def _provision(plan: ConfigPlan, p: StageParams, together: Sequence[ConfigPlan]) -> None:
+    stages.provision(plan, p.run_dir)
+
+
+def _launch(plan: ConfigPlan, p: StageParams, together: Sequence[ConfigPlan]) -> None:
+    stages.launch(plan, p.run_dir)
+    if p.check_quality:
+        stages.quality(plan, p.run_dir)
+
+
+def _benchmark(plan: ConfigPlan, p: StageParams, together: Sequence[ConfigPlan]) -> None:
+    if p.configs:  # quality one engine at a time, then the interleaved benchmark
+        for q in together:
+            stages.quality(q, p.run_dir.parent / q.config_id)
+        stages.benchmark_interleaved(list(together), [p.run_dir.parent / c for c in p.configs],
+                                     deadline_unix=p.deadline_unix or None)
+        return
+    res = stages.benchmark(plan, p.run_dir, resume=p.resume, progress=False)
+    if res.message:
+        log(res.message)
+
+
+def _diagnose(plan: ConfigPlan, p: StageParams, together: Sequence[ConfigPlan]) -> None:
+    """04_diagnose shows what the run's files hold: without a notebook there is nothing to do."""
+
+
+DIRECT = dict(zip(STAGES, (_provision, _launch, _benchmark, _diagnose)))
+
+
+def run_stage(name: str, plan: ConfigPlan | None, p: StageParams, *, notebooks: bool,
+              together: Sequence[ConfigPlan] = (), where: Path | None = None) -> None:
+    """Stage `name` of configuration `plan`: its notebook executed headless (into `where`, default the run
+    folder's notebooks/; the kernel rebuilds the plan, which may be None), or with `notebooks` False its
+    stage functions called directly. `together`: the plans of `p.configs` (an interleaved benchmark). A
+    stage's failure in a notebook is `StageFailed`."""
+    if not notebooks:
+        assert plan is not None, "the direct path runs the plan it is given"
+        DIRECT[name](plan, p, together)
+        return
+    try:
+        execute_notebook(name, where or Path(p.run_dir) / "notebooks", p.papermill(name))
+    except KeyboardInterrupt:
+        raise
+    except Exception as e:  # papermill wraps the cell's exception
+        raise StageFailed(name, Path(p.run_dir), e) from None

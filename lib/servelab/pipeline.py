@@ -22,8 +22,8 @@ from typing import Any
 
 from . import stages
 from .errors import RunFolderExists, ServelabError
-from .execute import (STAGES, WRITEUP, StageFailed, Stopped, close_partial, execute_notebook, log, stop_children,
-                      stop_signals)
+from .execute import (STAGES, WRITEUP, StageFailed, StageParams, Stopped, close_partial, execute_notebook, log, run_stage,
+                      stop_children, stop_signals)
 from .hosts import EngineError, for_study
 from .plan import ConfigPlan, plan_study
 from .runfolder import (CHECK_FILES, DESIGN_JSON, ENGINE_JSON, ENGINE_LOG, PUBLISHED_FILES, RECORDS, STUDY_JSON, RunFolder,
@@ -106,28 +106,15 @@ def run_config(plan: ConfigPlan, params_path: Path, rdir: Path, *, notebooks: bo
     With notebooks, each stage kernel rebuilds the plan from `params_path` (the run folder's
     study file); without, the stages get `plan` itself."""
     host, config_id = plan.host, plan.config_id
-    params = {"params_path": str(params_path.resolve()), "config_id": config_id, "run_dir": str(rdir.resolve()),
-              "reduced": reduced, "resume": resume, "start": True}
+    p = StageParams(params_path, config_id, rdir, reduced=reduced, resume=resume)
     if (rdir / ENGINE_JSON).exists():  # an engine left by a killed run would hold the port
         log(f"{config_id}: leftover engine from an earlier run: {host.stop(rdir)}")
     try:
-        if notebooks:
-            for name in STAGES:
-                t0 = time.monotonic()
-                try:
-                    execute_notebook(name, rdir / "notebooks", params)
-                except KeyboardInterrupt:
-                    raise
-                except Exception as e:  # papermill wraps the cell's exception
-                    raise StageFailed(name, rdir, e) from None
+        for name in STAGES:
+            t0 = time.monotonic()
+            run_stage(name, plan, p, notebooks=notebooks)
+            if notebooks:
                 log(f"{config_id}: {name} done in {time.monotonic() - t0:.1f} s")
-        else:
-            stages.provision(plan, rdir)
-            stages.launch(plan, rdir)
-            stages.quality(plan, rdir)
-            res = stages.benchmark(plan, rdir, resume=resume, progress=False)
-            if res.message:
-                log(res.message)
     except KeyboardInterrupt as e:
         reason = e.name if isinstance(e, Stopped) else "the user (Ctrl-C)"
         stop_children()

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import yaml
 
-from . import stages
-from .execute import STAGES, StageFailed, Stopped, close_partial, execute_notebook, log, stop_children
+from .execute import STAGES, StageFailed, StageParams, Stopped, close_partial, log, run_stage, stop_children
 from .hosts import EngineError
-from .plan import ConfigPlan, plan_config
+from .plan import ConfigPlan, load_plan, plan_config
 from .runfolder import ENGINE_JSON, PARAMS_EFFECTIVE, RunFolder, read_engine, write_design
 from .schema import Study
 from .schema.runfiles import Design, LaunchTimes
@@ -84,34 +83,19 @@ def _launch_stages(plan: ConfigPlan, effective: Path, rdir: Path, notebooks: boo
     for the interleaved benchmark: two engines decoding at once on this CPU slow each other down
     tens of times, measured: 1-9 tok/s instead of ~40); returns the seconds it took. Raises StageFailed."""
     t0 = time.monotonic()
-    params = {"params_path": str(effective.resolve()), "config_id": plan.config_id, "run_dir": str(rdir.resolve()),
-              "reduced": False, "resume": False, "start": True, "check_quality": False}
+    p = StageParams(effective, plan.config_id, rdir, check_quality=False)
     for name in STAGES[:2]:
-        if notebooks:
-            try:
-                execute_notebook(name, rdir / "notebooks", params)
-            except KeyboardInterrupt:
-                raise
-            except Exception as e:  # papermill wraps the cell's exception
-                raise StageFailed(name, rdir, e) from None
-        elif name == "01_provision":
-            stages.provision(plan, rdir)
-        else:
-            stages.launch(plan, rdir)
+        run_stage(name, plan, p, notebooks=notebooks)
     return time.monotonic() - t0
 
 
 def _launch_in_worker(params_path: str, config_id: str, rdir: str, notebooks: bool) -> float:
     """`_launch_stages` in a worker process (its own plan and host, rebuilt from the study file)."""
-    from .plan import load_plan
-
     return _launch_stages(load_plan(params_path, config_id), Path(params_path), Path(rdir), notebooks)
 
 
 def _diagnose_in_worker(params_path: str, config_id: str, rdir: str) -> None:
-    execute_notebook(STAGES[3], Path(rdir) / "notebooks", {
-        "params_path": str(Path(params_path).resolve()), "config_id": config_id, "run_dir": str(Path(rdir).resolve()),
-        "reduced": False, "resume": False, "start": True})
+    run_stage(STAGES[3], None, StageParams(Path(params_path), config_id, Path(rdir)), notebooks=True)
 
 
 LANES = 2  # engines started at once: start-up is mostly one busy core (imports, compilation)
@@ -181,14 +165,9 @@ def measure_interleaved(study: Study, todo: list[ConfigPlan], root: Path, *, not
         write_design(root, Design(interleaved=True, lanes=LANES, memory=why,
                                   launch=LaunchTimes(wall_s=time.monotonic() - t0, per_config_s=took)))
         t1 = time.monotonic()
-        if notebooks:
-            execute_notebook("03_benchmark", root / "notebooks", {
-                "params_path": str(effective.resolve()), "config_id": ids[0], "run_dir": str((root / ids[0]).resolve()),
-                "reduced": False, "resume": False, "start": True, "configs": ids, "deadline_unix": deadline or 0.0})
-        else:
-            for plan in plans:
-                stages.quality(plan, root / plan.config_id)
-            stages.benchmark_interleaved(plans, [root / c for c in ids], deadline_unix=deadline)
+        run_stage(STAGES[2], plans[0], StageParams(effective, ids[0], root / ids[0], configs=tuple(ids),
+                                                   deadline_unix=deadline or 0.0),
+                  notebooks=notebooks, together=plans, where=root / "notebooks")
         log(f"interleaved benchmark of {len(ids)} configurations done in {time.monotonic() - t1:.1f} s")
     except (StageFailed, EngineError) as e:
         log(str(e))
