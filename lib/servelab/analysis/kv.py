@@ -68,6 +68,25 @@ def parse_size_bytes(value: Any) -> int:
     return int(round(num * mult))
 
 
+def kv_block(args: Mapping[str, Any]) -> int:
+    """Tokens per KV-cache block (vLLM's block-size, SGLang's page-size; 16 by default)."""
+    return int(get_flag(args, "block-size") or get_flag(args, "page-size") or 16)
+
+
+def flag_kv_tokens(args: Mapping[str, Any], bytes_per_token: float) -> tuple[float, str] | None:
+    """KV-cache tokens fixed by the flags, with the flag's name: forced blocks (num-gpu-blocks-override
+    times the block or page size) or a byte budget (kv-cache-memory-bytes, whole blocks); None when
+    the pool is sized from the memory left after the weights."""
+    block = kv_block(args)
+    blocks = get_flag(args, "num-gpu-blocks-override")
+    if blocks:
+        return float(int(blocks) * block), "num-gpu-blocks-override"
+    mem = get_flag(args, "kv-cache-memory-bytes")
+    if mem is not None:
+        return float(parse_size_bytes(mem) // (bytes_per_token * block) * block), "kv-cache-memory-bytes"
+    return None
+
+
 def kv_capacity_check(facts: Mapping[str, Any], kv_memory_bytes: Any, server_capacity_tokens: float | None,
                       block_size: int | None = None, kv_dtype: str = "auto",
                       tensor_parallel_size: int = 1) -> dict[str, Any]:

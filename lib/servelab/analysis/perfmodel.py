@@ -66,6 +66,7 @@ from ..engines.flags import get_flag
 from ..models.facts import kv_bytes_per_token, kv_read_bytes_per_token
 from . import perfmodel_terms as terms
 from .calibration import Machine, machine_for
+from .kv import flag_kv_tokens, kv_block
 from .perfmodel_parallel import Parallel, distinct_experts, parallel_for, replicas_tpot
 from .roofline import decode_weight_bytes, prefill_matmul_params
 
@@ -210,19 +211,12 @@ def kv_tokens(engine: str, facts: Mapping[str, Any], args: Mapping[str, Any], m:
     budget), else the memory share left after the weights (an upper bound: activations and graphs
     take some of it)."""
     from .predict import DEFAULT_GPU_MEMORY_UTILIZATION
-    from .kv import parse_size_bytes
 
-    forced = engines.get(engine).forced_kv_tokens(args)
+    bpt = kv_bytes_per_token(facts, kv_dtype, n_gpus)
+    block = kv_block(args)
+    forced = engines.get(engine).forced_kv_tokens(args) or flag_kv_tokens(args, bpt)
     if forced:
         return forced
-    bpt = kv_bytes_per_token(facts, kv_dtype, n_gpus)
-    block = int(get_flag(args, "block-size") or get_flag(args, "page-size") or 16)
-    blocks = get_flag(args, "num-gpu-blocks-override")
-    if blocks:
-        return float(int(blocks) * block), "num-gpu-blocks-override"
-    mem = get_flag(args, "kv-cache-memory-bytes")
-    if mem is not None:
-        return float(parse_size_bytes(mem) // (bpt * block) * block), "kv-cache-memory-bytes"
     if m is not None and m.memory_bytes:
         util = float(get_flag(args, "gpu-memory-utilization") or get_flag(args, "mem-fraction-static")
                      or DEFAULT_GPU_MEMORY_UTILIZATION)

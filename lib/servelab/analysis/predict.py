@@ -20,7 +20,7 @@ from typing import Any
 
 from ..engines.flags import engine_args as args_of, get_flag
 from ..models.facts import kv_bytes_per_token
-from .kv import parse_size_bytes
+from .kv import flag_kv_tokens, kv_block
 from .roofline import (decode_bound_s_per_token, decode_weight_bytes, flops_for, get_hardware, local_cpu_entry,
                        prefill_bound_s, prefill_matmul_params)
 
@@ -51,13 +51,10 @@ def kv_tokens(facts: Mapping[str, Any], args: Mapping[str, Any], hw: Mapping[str
     """KV-cache tokens the engine's flags allow, and from which flag (forced blocks, a byte
     budget, or the GPU memory share left after the weights)."""
     bpt = kv_bytes_per_token(facts, get_flag(args, "kv-cache-dtype") or "auto", n)
-    block = int(get_flag(args, "block-size") or 16)
-    blocks = get_flag(args, "num-gpu-blocks-override")
-    if blocks:
-        return float(int(blocks) * block), "num-gpu-blocks-override"
-    mem = get_flag(args, "kv-cache-memory-bytes")
-    if mem is not None:
-        return float(parse_size_bytes(mem) // (bpt * block) * block), "kv-cache-memory-bytes"
+    block = kv_block(args)
+    forced = flag_kv_tokens(args, bpt)
+    if forced:
+        return forced
     if hw and hw.get("memory_bytes"):
         util = float(get_flag(args, "gpu-memory-utilization") or DEFAULT_GPU_MEMORY_UTILIZATION)
         free = util * float(hw["memory_bytes"]) - float(facts["weight_bytes"]) / n
