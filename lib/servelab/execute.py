@@ -11,9 +11,13 @@ import contextlib
 import logging
 import signal
 import sys
+import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from .log import progress_line
 from .errors import ServelabError
@@ -69,10 +73,7 @@ def _kernel_manager_class() -> Any:
     """A kernel manager on IPC sockets: the kernel and papermill talk through files in the
     runtime folder, not TCP on localhost (and the kernel's 'running over TCP without
     encryption' warning does not reach the terminal)."""
-    import tempfile
-    import uuid
-
-    from jupyter_client.manager import AsyncKernelManager
+    from jupyter_client.manager import AsyncKernelManager  # with papermill: only a run that executes notebooks
     from traitlets import CaselessStrEnum, default
 
     class IpcKernelManager(AsyncKernelManager):
@@ -103,7 +104,7 @@ def notebooks_dir() -> Path:
 def execute_notebook(name: str, out_dir: Path, parameters: dict[str, Any], *, out_name: str | None = None) -> Path:
     """Execute notebooks/<name>.py (jupytext percent, kernelspec in its header) with papermill
     from the repository root; the executed copy is written scrubbed to out_dir/<name>.ipynb."""
-    import jupytext
+    import jupytext  # jupytext and papermill are slow to import: only a run that executes notebooks pays
     import papermill as pm
 
     src = notebooks_dir() / f"{name}.py"
@@ -140,8 +141,6 @@ def close_partial(rdir: Path, reason: str) -> None:
 
 def stop_children() -> None:
     """End the papermill kernels this process started (a signal may leave one running)."""
-    import psutil
-
     procs = psutil.Process().children(recursive=True)
     for p in procs:
         with contextlib.suppress(psutil.Error):
