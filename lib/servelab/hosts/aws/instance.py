@@ -7,6 +7,8 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+import httpx
+
 from ...secrets import SECRET_NAME
 from .base import CAPACITY_CODES, CAPACITY_TEXT, TAG_KEY, BotoHost, HostInfo, container_argv, epoch, err_code, guard_line
 from .errors import AwsHostError, NotDeployed, RegionCapacity
@@ -157,8 +159,6 @@ class SingleInstanceHost(BotoHost):
 
     def wait_healthy(self, url: str, timeout_s: float | None = None) -> None:
         """Poll <url>/health (through the tunnel) until 200; the guard runs meanwhile."""
-        import httpx
-
         deadline = self.clock() + (timeout_s or self.p.start_timeout_s)
 
         def ok() -> bool:
