@@ -15,6 +15,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from ..engines.flags import get_flag
@@ -85,8 +86,6 @@ def step_terms(engine: str, args: Mapping[str, Any], facts: Mapping[str, Any], m
 
 def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
     """(intercept, slope, r2) of the least-squares line through the points."""
-    import numpy as np
-
     x, y = np.asarray(xs, float), np.asarray(ys, float)
     if len(set(xs)) < 2:
         raise ValueError("a line needs points at two values at least")

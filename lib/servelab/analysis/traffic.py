@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from ..measure.arrivals import burstiness_of
 from ..measure.sources.trace import read_trace
@@ -149,8 +150,6 @@ def propose(obs: list[Observed], n_buckets: int = 3) -> tuple[dict[str, Any], di
 
 def workload_yaml(path: str | Path, n_buckets: int = 3) -> str:
     """The proposed `workload:` block as YAML, with what it was derived from in comments."""
-    import yaml
-
     obs, kind = read_log(path)
     wl, info = propose(obs, n_buckets)
     head = [f"# workload from {Path(path).name} ({kind}): {info['requests']} requests",

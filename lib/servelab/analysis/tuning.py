@@ -7,13 +7,16 @@ have quality.json, flags a candidate whose outputs changed. Not for running anyt
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from . import quality
 from .capacity import capacity_result
 
 N_BOOT = 2000
@@ -73,13 +76,8 @@ def decide(cand: Mapping[str, Any], inc: Mapping[str, Any]) -> tuple[str, str, f
 def quality_verdict(run_dir: Any, incumbent_dir: Any) -> dict[str, Any] | None:
     """The quality check between a candidate and the incumbent when both have quality.json and
     the check is measurable (`analysis.quality.compare`, the real-model branch); None otherwise."""
-    import json
-    from pathlib import Path
-
     a, b = Path(run_dir) / "quality.json", Path(incumbent_dir) / "quality.json"
     if not (a.exists() and b.exists()):
         return None
-    from . import quality
-
     cmp = quality.compare(json.loads(a.read_text()), json.loads(b.read_text()))
     return cmp if cmp.get("measurable") else None
