@@ -13,10 +13,12 @@ from __future__ import annotations
 import math
 import re
 from datetime import datetime
+from importlib import resources
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from ..analysis.stats import pct_change as _pct_change
 from ..engines import get as engine_profile
@@ -26,6 +28,7 @@ from .fmt import quality
 from .progress import compile_s
 from .fmt import minutes
 from .sections import pct
+from .verdicts import design
 
 SPEC_COLUMNS = ["spec_acceptance_rate", "spec_mean_accepted_len", "spec_draft_tokens_per_s",
                 "spec_accepted_per_position"]
@@ -148,10 +151,6 @@ def prompt_set_table(sd: StudyData) -> tuple[str, Any]:
 def _set_kinds(sd: StudyData) -> dict[str, str]:
     """Prompt set name -> kind (copy | free), from the shipped sets when they can be read."""
     try:
-        from importlib import resources
-
-        import yaml
-
         out = {}
         for p in (resources.files("servelab") / "data" / "prompts").iterdir():
             if p.name.endswith(".yaml"):
@@ -175,8 +174,6 @@ def timing_rows(sd: StudyData) -> pd.DataFrame:
     """Per configuration, in seconds: start-up (launch to healthy; `shared_server` when the same
     server process was started once for an earlier configuration), torch.compile's share, the
     benchmark (first send -> last end, warm-up included) and the quality check."""
-    from .verdicts import design
-
     interleaved = bool(design(sd).get("interleaved"))
     rows, seen = [], set()
     for cid in sd.config_ids:
@@ -208,8 +205,6 @@ def budget_text(sd: StudyData, quality_s: float) -> str:
     """Where an interleaved study's time went (design.json): engine starts two at a time, the
     quality checks one engine at a time, the rounds per level and why each level stopped, against
     the time budget."""
-    from .verdicts import design
-
     d = design(sd)
     if not d.get("interleaved") or not d.get("launch"):
         return ""

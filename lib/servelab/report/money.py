@@ -12,6 +12,7 @@ import pandas as pd
 
 from ..analysis.cost import cost_table, replay_cost_table, study_price
 from ..analysis.peers import import_vllm_bench
+from ..analysis.sglang_bench import import_sglang_bench
 from .. import hosts
 from ..prices import load_table, resolve_managed
 from ..summary import summarize
@@ -116,8 +117,6 @@ def peer_files(sd: StudyData) -> list[Any]:
 
 def _import_peer(f: Any, cid: str) -> tuple[str, pd.DataFrame]:
     if f.suffix == ".jsonl":
-        from ..analysis.sglang_bench import import_sglang_bench
-
         return "sglang bench_serving", import_sglang_bench(f, config=cid)
     return "vllm bench serve", import_vllm_bench(f, config=cid)
 
