@@ -11,6 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from . import ParamsError, format_errors
 from .parts import Strict
 
 LEVERS_PATH = Path(__file__).resolve().parents[1] / "data" / "levers.yaml"
@@ -73,8 +74,6 @@ class Levers(Strict):
 
 def parse_levers(data: dict[str, Any], source: str = "levers") -> Levers:
     """The table from a mapping; ParamsError naming the key path on any problem."""
-    from . import ParamsError, format_errors
-
     try:
         return Levers.model_validate(data)
     except ValidationError as e:
