@@ -11,6 +11,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from ..engines import get
 from . import ParamsError, format_errors
 from .parts import Strict
 
@@ -27,8 +28,6 @@ class Suspect(Strict):
 
     @model_validator(mode="after")
     def _known(self) -> "Suspect":
-        from ..engines import get
-
         for kind in self.engines:
             prof = get(kind)
             if self.knob not in prof.known_flags():
@@ -43,8 +42,6 @@ class Fix(Strict):
 
     @model_validator(mode="after")
     def _known(self) -> "Fix":
-        from ..engines import get
-
         for kind in self.engines:
             prof = get(kind)
             for knob in self.args:
