@@ -18,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from . import stages
+import tempfile
+import uuid
+import psutil
 from .log import progress_line
 from .errors import ServelabError
 from .measure.runfiles import finalize
@@ -73,10 +76,7 @@ def _kernel_manager_class() -> Any:
     """A kernel manager on IPC sockets: the kernel and papermill talk through files in the
     runtime folder, not TCP on localhost (and the kernel's 'running over TCP without
     encryption' warning does not reach the terminal)."""
-    import tempfile
-    import uuid
-
-    from jupyter_client.manager import AsyncKernelManager
+    from jupyter_client.manager import AsyncKernelManager  # with papermill: only a run that executes notebooks
     from traitlets import CaselessStrEnum, default
 
     class IpcKernelManager(AsyncKernelManager):
@@ -107,7 +107,7 @@ def notebooks_dir() -> Path:
 def execute_notebook(name: str, out_dir: Path, parameters: dict[str, Any], *, out_name: str | None = None) -> Path:
     """Execute notebooks/<name>.py (jupytext percent, kernelspec in its header) with papermill
     from the repository root; the executed copy is written scrubbed to out_dir/<name>.ipynb."""
-    import jupytext
+    import jupytext  # jupytext and papermill are slow to import: only a run that executes notebooks pays
     import papermill as pm
 
     src = notebooks_dir() / f"{name}.py"
@@ -144,8 +144,6 @@ def close_partial(rdir: Path, reason: str) -> None:
 
 def stop_children() -> None:
     """End the papermill kernels this process started (a signal may leave one running)."""
-    import psutil
-
     procs = psutil.Process().children(recursive=True)
     for p in procs:
         with contextlib.suppress(psutil.Error):

@@ -18,6 +18,11 @@ import yaml
 from .errors import UserError
 from .log import progress_line
 from .paths import reports_root, runs_root
+from .pipeline import run_study
+from .report import load_study_data
+from .report.why import study_surprises
+from .schema import study_from_dict
+from .schema.levers import load_levers
 
 
 def _slug(v: Any) -> str:
@@ -27,10 +32,6 @@ def _slug(v: Any) -> str:
 def followup_params(study_dir: Path, config: str, *, budget_s: float | None = None) -> tuple[dict[str, Any], list[str]]:
     """(the follow-up study's params, the lines that describe its sweeps); raises UserError when the
     configuration shows no surprise."""
-    from .report import load_study_data
-    from .report.why import study_surprises
-    from .schema.levers import load_levers
-
     sd = load_study_data(study_dir)
     if config not in sd.config_ids:
         raise UserError(f"{sd.study.study} has no measured configuration {config!r}; have {sd.config_ids}")
@@ -86,8 +87,6 @@ class NoSurprise(UserError):
 def explain(study: str, config: str, *, dry_run: bool = False, budget_s: float | None = None,
             force: bool = False) -> int:
     """Plan (and unless `dry_run`, run and publish) the follow-up study of one surprise."""
-    from .schema import study_from_dict
-
     try:
         params, lines = followup_params(reports_root() / study, config, budget_s=budget_s)
     except NoSurprise as e:
@@ -103,8 +102,6 @@ def explain(study: str, config: str, *, dry_run: bool = False, budget_s: float |
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(params, sort_keys=False))
     progress_line(f"explain: {path}")
-    from .pipeline import run_study
-
     return run_study(st, path, force=force)
 
 
@@ -112,9 +109,6 @@ def run_followups(study: str, *, budget_s: float, max_studies: int, force: bool 
                   dry_run: bool = False) -> int:
     """The study option `followups:`: after a published study, `explain` every configuration with a
     surprise (at most `max_studies`, the worst first), each within `budget_s`. Returns the worst exit."""
-    from .report import load_study_data
-    from .report.why import study_surprises
-
     sd = load_study_data(reports_root() / study)
     worst: dict[str, float] = {}
     for s in study_surprises(sd):

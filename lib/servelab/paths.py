@@ -6,6 +6,7 @@ Standard library only: every layer may use it."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 
@@ -72,8 +73,6 @@ _PORTABLE = [
 def portable(text: str, root: Path | None = None) -> str:
     """`text` with this machine's paths rewritten (see `_PORTABLE`): the cache first, then `root`
     (default: the project root) made relative, so its own files keep their names, then the rest."""
-    import re
-
     root = root or project_root(default=None)
     (cache, cache_repl), rest = _PORTABLE[0], _PORTABLE[1:]
     text = re.sub(cache, cache_repl, text)

@@ -16,23 +16,39 @@ import json
 import os
 import shlex
 import shutil
+import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from . import stages
+from .analysis.cost import cost_estimate_lines
 from .errors import RunFolderExists, ServelabError
 from .execute import (STAGES, WRITEUP, StageFailed, StageParams, Stopped, close_partial, execute_notebook, log, run_stage,
                       stop_children, stop_signals)
 from .hosts import EngineError, for_study
+from .measure.capacity import study_worst_case_lines
+from .measure.grid import planned_requests
 from .plan import ConfigPlan, plan_study
+from .preflight import preflight
+from .report.i18n import words
+from .report.index import write_index
+from .report.load import load_study_data
+from .report.render import notebook_to_html
+from .report.verdicts import write_study_verdicts
 from .runfolder import (CHECK_FILES, DESIGN_JSON, ENGINE_JSON, ENGINE_LOG, PUBLISHED_FILES, RECORDS, STUDY_JSON, RunFolder,
-                        read_json, reports_root, runs_root, write_json, write_design)
+                        read_json, reports_root, runs_root, write_design, write_json)
 from .schema import FORMAT_VERSION, Study
 from .schema.runfiles import Design
 from .paths import portable, portable_tree
 from .secrets import scrub_tree
 from .sidebyside import LANES, interleave_blocked, measure_interleaved, with_ports, write_effective
+from .schema import device_gpus, study_from_dict, upgrade
+from .secrets import scrub
+from .summary import format_table
 
 
 class PublishedReportExists(RunFolderExists):
@@ -42,12 +58,8 @@ class PublishedReportExists(RunFolderExists):
 def describe(study: Study) -> str:
     """What `--dry-run` prints: the workload, every launch command (shell-quoted), what the
     host will do, and the estimated cost. Starts nothing and calls nothing."""
-    from .analysis.cost import cost_estimate_lines
-
     lines = [f"study {study.study}: {study.title}"]
     wl = study.workload
-    from .measure.grid import planned_requests
-
     n = planned_requests(wl)
     lines.append(f"workload: {len(wl.buckets)} buckets x concurrency {wl.concurrency}, "
                  f"{wl.warmup_rounds} warmup + {wl.rounds} rounds, {n} requests per configuration")
@@ -69,8 +81,6 @@ def describe(study: Study) -> str:
         lines += layout_lines(study, plan)
     lines += next(iter(plans.values())).host.plan_lines({cid: p.engine for cid, p in plans.items()})
     lines += prediction_lines(study)
-    from .measure.capacity import study_worst_case_lines
-
     lines += study_worst_case_lines(study)
     lines += cost_estimate_lines(study)
     return "\n".join(lines)
@@ -79,8 +89,6 @@ def describe(study: Study) -> str:
 def layout_lines(study: Study, plan: ConfigPlan) -> list[str]:
     """The dry run's line on a configuration's parallel layout: its name, the GPUs it takes and, on the
     device machine, the CUDA_VISIBLE_DEVICES it is started with (`schema.device_gpus`)."""
-    from .schema import device_gpus
-
     lay = plan.profile.layout(plan.engine.args)
     visible = device_gpus(study).get(plan.config_id) or plan.engine.env.get("CUDA_VISIBLE_DEVICES")
     where = f", CUDA_VISIBLE_DEVICES={visible}" if visible else ""
@@ -138,15 +146,11 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
     """Measure every (or `only` the named) configuration, then publish the report. Returns an exit status.
     Raises ParamsError, before anything starts, for what the engine, host or model would refuse
     (`preflight`; its warnings are printed)."""
-    from .preflight import preflight
-
     t0 = time.monotonic()  # the study's time budget (design.budget_s) counts from here
     preflight(study.reduced_copy() if reduced else study, params_path, warn=log)
     if dry_run:
         print(describe(study))
         return 0
-    from .summary import format_table
-
     if reduced:
         study = study.reduced_copy()
     configs = [c.id for c in study.configurations if not only or c.id in only]
@@ -197,8 +201,6 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
 
 
 def _concat(frames: list[Any]) -> Any:
-    import pandas as pd
-
     frames = [f for f in frames if f is not None and not f.empty]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
@@ -274,14 +276,6 @@ def render(study_id: str, keep_dir: Path | None = None, *, index: bool = True, p
 
     The executed notebooks are kept in `keep_dir` when given (nbval checks them), else discarded.
     """
-    import tempfile
-
-    from .report.i18n import words
-    from .report.index import write_index
-    from .report.render import notebook_to_html
-    from .schema import study_from_dict, upgrade
-    from .secrets import scrub
-
     pub = reports_root() / study_id
     if not (pub / "data").exists():
         raise FileNotFoundError(f"{pub / 'data'} does not exist: nothing to render")
@@ -290,9 +284,6 @@ def render(study_id: str, keep_dir: Path | None = None, *, index: bool = True, p
     study = study_from_dict(upgrade(sj["study"], sj.get("format_version")), str(pub / "data" / STUDY_JSON))
     langs = [study.language, *[x for x in study.translations if x != study.language]]
     pages = {lang: "index.html" if i == 0 else f"index.{lang}.html" for i, lang in enumerate(langs)}
-    from .report.load import load_study_data
-    from .report.verdicts import write_study_verdicts
-
     write_study_verdicts(load_study_data(pub))  # data/verdicts.json: what the write-up's verdicts read
     with tempfile.TemporaryDirectory(prefix="servelab-render-") as tmp:
         work = Path(keep_dir) if keep_dir else Path(tmp)
@@ -308,8 +299,6 @@ def render(study_id: str, keep_dir: Path | None = None, *, index: bool = True, p
                              scrub=lambda text: portable(scrub(text)))
 
         if parallel and len(jobs) > 1:  # a language per core: a write-up is one busy core
-            from concurrent.futures import ThreadPoolExecutor
-
             with ThreadPoolExecutor(min(len(jobs), os.cpu_count() or 1)) as pool:
                 for f in [pool.submit(one, *j) for j in jobs]:
                     f.result()
@@ -334,10 +323,6 @@ def render_reports(study_id: str | None) -> int:
         return 0
     # each study renders in its own process (a write-up is one busy core: pandas, matplotlib),
     # as many at once as there are cores; reports/index.html is written once, after all of them
-    from concurrent.futures import ProcessPoolExecutor
-
-    from .report.index import write_index
-
     with ProcessPoolExecutor(min(len(ids), os.cpu_count() or 1)) as pool:
         for f in [pool.submit(render, s, index=False, parallel=False) for s in ids]:
             f.result()

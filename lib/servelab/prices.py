@@ -12,6 +12,7 @@ with its peak/off-peak tiers, Atlas Cloud). Not for arithmetic on throughput (`c
 
 from __future__ import annotations
 
+import difflib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -23,6 +24,7 @@ from typing import Any, Iterable
 import yaml
 
 from .errors import ServelabError
+from .paths import cache_root
 
 TABLE_PATH = Path(__file__).with_name("data") / "prices.yaml"
 SEED001_PATH = TABLE_PATH.with_name("seed001.yaml")  # seed 001's published figures, with source and date
@@ -138,8 +140,6 @@ def managed_prices(table: dict[str, Any] | None = None) -> dict[str, ManagedPric
 def managed_price(key: str, table: dict[str, Any] | None = None) -> ManagedPrice:
     prices = managed_prices(table)
     if key not in prices:
-        import difflib
-
         close = difflib.get_close_matches(key, list(prices), n=1)
         raise PriceError(f"no managed API price {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
                          + f"; known: {sorted(prices)}")
@@ -258,8 +258,6 @@ def _write_cache(cache_dir: str | Path | None, key: str, price: Price) -> None:
 
 
 def default_cache_dir() -> Path:
-    from .paths import cache_root
-
     return cache_root() / "prices"
 
 

@@ -11,14 +11,18 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
+import psutil
 import yaml
 
 from .execute import STAGES, StageFailed, StageParams, Stopped, close_partial, log, run_stage, stop_children
 from .hosts import EngineError
 from .plan import ConfigPlan, load_plan, plan_config
 from .runfolder import ENGINE_JSON, PARAMS_EFFECTIVE, RunFolder, read_engine, write_design
+from .hosts.process import tree_rss_bytes
+from .measure.pools import worker_count
 from .schema import Study
 from .schema.runfiles import Design, LaunchTimes
 
@@ -33,8 +37,6 @@ def write_effective(study: Study, rdir: Path) -> Path:
 def interleave_blocked(study: Study, todo: list[ConfigPlan], resume: bool) -> str | None:
     """Why these configurations cannot be measured side by side and interleaved (None: they can;
     whether their engines fit in memory is checked once the first one runs)."""
-    from .measure.pools import worker_count
-
     if study.design.interleave == "off":
         return "design.interleave is off"
     if len(todo) < 2:
@@ -64,10 +66,6 @@ def with_ports(study: Study, ids: list[str]) -> Study:
 def fits_side_by_side(rdir: Path, n: int, headroom_bytes: float = 2**30) -> tuple[bool, str]:
     """Whether n engines like the one running for `rdir` fit in this machine's free memory (its
     resident memory now, 15 % more each for growth, and `headroom_bytes`), with the numbers."""
-    import psutil
-
-    from .hosts.process import tree_rss_bytes
-
     pid = read_engine(rdir / ENGINE_JSON).get("pid")
     rss = tree_rss_bytes(pid) if pid else 0
     free = psutil.virtual_memory().available
@@ -106,8 +104,6 @@ def _launch_all(plans: list[ConfigPlan], effective: Path, root: Path, notebooks:
     """Launch `plans` two at a time (each lane takes the next configuration when its last is up).
     When the first engine is up, check that all of them fit in memory side by side; if not,
     launch nothing more. Returns (seconds per launched configuration, fits, the memory check)."""
-    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-
     took: dict[str, float] = {}
     # the long start-ups (compilation) first, so the two lanes end close together
     queue = sorted(plans, key=lambda p: not p.profile.compiles_at_startup(p.engine.args))
@@ -187,8 +183,6 @@ def measure_interleaved(study: Study, todo: list[ConfigPlan], root: Path, *, not
 def _diagnose_all(plans: list[ConfigPlan], effective: Path, root: Path, notebooks: bool) -> list[str]:
     """04_diagnose for each configuration (files only), two at a time; the configurations whose
     run did not complete."""
-    from concurrent.futures import ProcessPoolExecutor
-
     if notebooks:
         with ProcessPoolExecutor(LANES) as pool:
             for f in [pool.submit(_diagnose_in_worker, str(effective), p.config_id, str(root / p.config_id))

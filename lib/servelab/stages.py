@@ -13,21 +13,38 @@ an AWS host is the plan's `Host` (`servelab.hosts`). Not for diagnosis or the wr
 from __future__ import annotations
 
 import math
+import shlex
+import statistics
+import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import pandas as pd
 
+from .analysis import verdicts
+from .analysis.calibration import calibration_for, calibrations
+from .analysis.perfmodel import predict_configuration
+from .analysis.quality import compare
 from .engines.smoke import smoke_check
+from .errors import UserError
+from .hosts import get as host_class
 from .hosts.attach import serve, stop_served
+from .hosts.local import model_dir_for
 from .hosts.process import RssWatcher
+from .measure.capacity import run_capacity_study
+from .measure.interleave import Start, run_interleaved
+from .measure.probe import measure_cpu_bandwidth
+from .measure.quality import DUMMY_REASON, run_quality, selected_prompts
 from .measure.runinfo import base_record, engine_gpu_devices, layout_record, model_record
-from .measure.runner import RunResult, run_workload
+from .measure.runner import RunResult, levels, requests_per_round, run_workload
+from .measure.workload import token_counter
 from .models import model_facts
+from .models.reference import cpu_name, reference_answers
 from .plan import ConfigPlan
-from .runfolder import (ENGINE_JSON, HOST_JSON, PREDICTION_JSON, QUALITY_JSON, RunFolder, read_engine, read_json, runs_root,
-                        write_design, write_engine, write_json)
-from .measure.grid import levels
+from .prompts import load_set
+from .runfolder import (ENGINE_JSON, HOST_JSON, PREDICTION_JSON, QUALITY_JSON, RunFolder, now_iso, read_engine, read_json,
+                        runs_root, write_design, write_engine, write_json)
 from .schema.runfiles import Design
 
 
@@ -81,8 +98,6 @@ def _run_record(plan: ConfigPlan, h: dict[str, Any], rdir: Path, hardware: dict[
         rec["gpus_used"] = gpus
     if host.engine_on_this_machine(h) and not rec["client_host"].get("gpus"):
         # the engine runs on this CPU: measure its memory bandwidth and matmul rate for the roofline
-        from .measure.probe import measure_cpu_bandwidth
-
         rec["hardware_measured"] = hardware or measure_cpu_bandwidth(seconds=1.0)
     if not (resume and (Path(rdir) / PREDICTION_JSON).exists()):
         write_json(Path(rdir) / PREDICTION_JSON, _prediction(study, config_id, rec, host.server(config_id, h)))
@@ -111,8 +126,6 @@ def benchmark(plan: ConfigPlan, rdir: Path, *, progress: bool = True,
               gpu_devices=[g["index"] for g in gpus] if gpus else None, before_final=_add_rss(rss))
     cap = study.capacity_for(config_id)
     if cap is not None:  # the search chooses the levels; each trial is an ordinary level
-        from .measure.capacity import run_capacity_study
-
         return run_capacity_study(server, plan.workload, rdir, cap, study.slo, **kw)
     return run_workload(server, plan.workload, rdir, **kw)
 
@@ -124,12 +137,6 @@ def benchmark_interleaved(plans: list[ConfigPlan], rdirs: list[Path], *, deadlin
     settled or the study's time budget (`deadline_unix`, time.time() seconds) is spent
     (`measure.interleave`, `analysis.verdicts`). Writes design.json beside the run folders;
     returns it."""
-    import time as _time
-
-    from .measure.interleave import Start, run_interleaved
-    from .measure.probe import measure_cpu_bandwidth
-    from .runfolder import now_iso
-
     study, design = plans[0].study, plans[0].study.design
     starts, hw = [], None
     for plan, rdir in zip(plans, rdirs):
@@ -139,15 +146,15 @@ def benchmark_interleaved(plans: list[ConfigPlan], rdirs: list[Path], *, deadlin
         rec, rss, _ = _run_record(plan, h, Path(rdir), hw)
         starts.append(Start(plan.config_id, plan.host.server(plan.config_id, h), Path(rdir), rec, h.get("pid"),
                             _add_rss(rss)))
-    deadline = (_time.monotonic() + max(0.0, deadline_unix - _time.time())) if deadline_unix else None
+    deadline = (time.monotonic() + max(0.0, deadline_unix - time.time())) if deadline_unix else None
     decide = sampling_rule(plans) if deadline is not None else None  # no budget: the workload's rounds
-    t0, began = _time.monotonic(), now_iso()
+    t0, began = time.monotonic(), now_iso()
     results, sampling = run_interleaved(starts, plans[0].workload, study=study.study, decide=decide,
                                         deadline=deadline, max_rounds=design.max_rounds, log=log)
     out = Design(interleaved=True, order=[p.config_id for p in plans], started_at=began,
-                 benchmark_s=_time.monotonic() - t0, budget_s=design.budget_s, mde_target=design.mde_target_pct / 100.0,
+                 benchmark_s=time.monotonic() - t0, budget_s=design.budget_s, mde_target=design.mde_target_pct / 100.0,
                  max_rounds=design.max_rounds, first_rounds=plans[0].workload.rounds,
-                 left_s=(deadline - _time.monotonic()) if deadline else None, levels=sampling,
+                 left_s=(deadline - time.monotonic()) if deadline else None, levels=sampling,
                  status={cid: r.status for cid, r in results.items()})
     return write_design(Path(rdirs[0]).parent, out, update=True)
 
@@ -155,14 +162,12 @@ def benchmark_interleaved(plans: list[ConfigPlan], rdirs: list[Path], *, deadlin
 def sampling_rule(plans: list[ConfigPlan]) -> Callable[[int, pd.DataFrame], tuple[set[str], str]]:
     """The study's sampling rule (`analysis.verdicts.sampling_rule`) for these configurations: their
     comparisons under the one baseline rule, on the levels each plans to measure."""
-    from .analysis import verdicts as v
-
     study = plans[0].study
     ids = [p.config_id for p in plans]
-    groups = v.setting_groups({p.config_id: p.engine.model_dump() for p in plans})
+    groups = verdicts.setting_groups({p.config_id: p.engine.model_dump() for p in plans})
     planned = {p.config_id: {(lv.bucket.label, lv.concurrency) for lv in levels(p.workload)} for p in plans}
-    base = v.baselines(ids, {c: study.config(c).baseline for c in ids}, study.same_model, planned)
-    return v.sampling_rule(v.comparisons(base, groups), groups, target=study.design.mde_target_pct / 100.0,
+    base = verdicts.baselines(ids, {c: study.config(c).baseline for c in ids}, study.same_model, planned)
+    return verdicts.sampling_rule(verdicts.comparisons(base, groups), groups, target=study.design.mde_target_pct / 100.0,
                            given_sd_pct=study.design.between_starts_sd_pct)
 
 
@@ -171,9 +176,6 @@ def _prediction(study: Any, config_id: str, rec: dict[str, Any], server: Any = N
     and the machine's calibration), to be stored in prediction.json before the first request so it
     can never be fitted to the result it is compared with; what is missing says "not predictable"
     with the fact. Never raises: a prediction is a record, not a reason to stop a measurement."""
-    from .analysis.perfmodel import predict_configuration
-    from .runfolder import now_iso
-
     wl = study.workload_for(config_id)
     try:
         return predict_configuration(rec, wl, study.slo.model_dump(), bucket_lengths(wl, server), now_iso("microseconds"))
@@ -185,10 +187,6 @@ def _prediction(study: Any, config_id: str, rec: dict[str, Any], server: Any = N
 def prediction_machine(study: Any, hardware: str | None) -> tuple[dict[str, Any], str]:
     """A run record's machine fields for a prediction before anything runs (`servelab predict`, the dry run):
     the GPU named (or the study's: a device study or a remote host, the newest calibrated GPU), else this CPU."""
-    from .analysis.calibration import calibration_for, calibrations
-    from .errors import UserError
-    from .hosts import get as host_class
-
     name = hardware
     if name is None and (study.device is not None or not host_class(study.host.kind).engine_here):
         gpus = [c for c in calibrations() if c["machine"]["kind"] == "gpu"]
@@ -199,8 +197,6 @@ def prediction_machine(study: Any, hardware: str | None) -> tuple[dict[str, Any]
         entry, own = calibration_for("gpu", name)
         mem = (entry or {}).get("machine", {}).get("memory_bytes") if own else None
         return {"gpus_used": [{"name": name, "memory": f"{mem / 2**20:.0f} MiB" if mem else ""}]}, name
-    from .measure.probe import measure_cpu_bandwidth
-
     probe = measure_cpu_bandwidth(seconds=1.0)
     return {"hardware_measured": probe}, f"this CPU ({probe.get('cpu_model')}, {probe.get('cpu_count')} cores)"
 
@@ -209,12 +205,6 @@ def prediction_lines(study: Any, config_id: str, machine: dict[str, Any]) -> lis
     """A configuration's prediction in words (`servelab predict`, the dry run): the calibration it used, per
     bucket TPOT at every concurrency with its kind (estimate or bound), TTFT, prefill, the KV-limited
     concurrency and the capacity, and why a bound is one. Builds the model directory (offline) for its facts."""
-    from types import SimpleNamespace
-
-    from .analysis.perfmodel import predict_configuration
-    from .hosts.local import model_dir_for
-    from .runfolder import now_iso
-
     eng, wl = study.engine_for(config_id), study.workload_for(config_id)
     mdir = model_dir_for(eng)
     rec = {"study": study.study, "config": config_id, "engine_params": eng.model_dump(), **machine,
@@ -250,11 +240,6 @@ def bucket_lengths(wl: Any, server: Any = None) -> dict[str, tuple[int | None, i
     """Each bucket's (input, output) tokens for a prediction: as set, or for a prompt set the
     median of its prompts counted by the server's tokenizer (no request is sent); None where
     neither is known (a trace, a session, no server to count with)."""
-    import statistics
-
-    from .measure.workload import token_counter
-    from .prompts import load_set
-
     out: dict[str, tuple[int | None, int | None]] = {}
     counter = None
     for b in wl.buckets:
@@ -273,8 +258,6 @@ def bucket_lengths(wl: Any, server: Any = None) -> dict[str, tuple[int | None, i
 def quality(plan: ConfigPlan, rdir: Path) -> dict[str, Any] | None:
     """The output check after the benchmark (`measure.quality`): quality.json in the run folder;
     None when the study turns it off. With dummy weights it records that it is not measurable."""
-    from .measure.quality import DUMMY_REASON, run_quality
-
     qp, rdir = plan.study.quality, Path(rdir)
     if qp.enabled is False:
         return None
@@ -300,10 +283,6 @@ def against_reference(q: dict[str, Any], rdir: Path, qp: Any, model_dir: Path | 
     float32, greedy), with where and how those were made; {"available": False, "reason"} when the
     model directory is not on this machine (`model_dir` names it for a published run folder) or the
     reference could not be made."""
-    from .analysis.quality import compare
-    from .measure.quality import selected_prompts
-    from .models.reference import cpu_name, reference_answers
-
     if model_dir is None:
         model_dir = read_json(rdir / HOST_JSON).get("model_dir") if (rdir / HOST_JSON).exists() else None
     if not model_dir or not Path(model_dir).is_dir():
@@ -339,8 +318,6 @@ def launch_plan(plan: ConfigPlan, python: str | None = None) -> str:
 
 def level_plan(plan: ConfigPlan) -> pd.DataFrame:
     """The load levels `benchmark` will send: bucket, concurrency (or rate), rounds, requests."""
-    from .measure.runner import levels, requests_per_round
-
     wl = plan.workload
     rows = [{"bucket": lv.bucket.label, "load": lv.label.split(" ", 1)[1], "warmup rounds": wl.warmup_rounds,
              "measured rounds": wl.rounds, "requests per round": requests_per_round(wl, lv)} for lv in levels(wl)]
@@ -356,8 +333,6 @@ def model_facts_table(host: dict[str, Any]) -> pd.DataFrame:
 
 
 def launch_table(handle: dict[str, Any]) -> pd.DataFrame:
-    import shlex
-
     info = handle.get("info", {})
     rows = {"mode": handle.get("mode"), "base_url": handle.get("base_url"), "model": handle.get("model"),
             "version": info.get("version"),

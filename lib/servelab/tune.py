@@ -25,8 +25,9 @@ import yaml
 from .log import progress_line
 from .analysis.tuning import REASON_CHARS, clip, decide, objective, quality_verdict
 from .hosts import EngineError, Host, for_study
+from .measure.capacity import from_params, worst_case, worst_case_line
 from .execute import StageFailed, stop_signals
-from .pipeline import RunIncomplete, publish, run_config
+from .pipeline import RunIncomplete, describe, publish, run_config
 from .plan import plan_config
 from .runfolder import (ENGINE_LOG, PARAMS_EFFECTIVE, QUALITY_JSON, STUDY_JSON, TUNE_JSON, RunFolder, now_iso, read_json,
                         runs_root, write_json)
@@ -66,8 +67,6 @@ def with_candidate(study: Study, base_id: str, cid: str, flag: str, value: Any, 
 
 def worst_case_lines(study: Study) -> list[str]:
     """What a tune costs at most: one engine start per candidate (and the base), each a capacity search."""
-    from .measure.capacity import from_params, worst_case, worst_case_line
-
     t = study.tune
     n = 1 + min(len(t.candidates()), t.max_candidates)
     base = t.base or study.configurations[0].id
@@ -208,8 +207,6 @@ def run_tune(study: Study, params_path: Path, *, force: bool = False, resume: bo
              report: bool = True) -> int:
     """`servelab run` for a study with a `tune:` block. Returns an exit status."""
     if dry_run:
-        from .pipeline import describe
-
         print(describe(study))
         print("\n".join(worst_case_lines(study)))
         return 0

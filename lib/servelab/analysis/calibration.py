@@ -8,11 +8,13 @@ throughput by rows, the engine's CPU-side and GPU fixed costs per step). The ent
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..tables import calibration_entries
+import numpy as np
 
 
 def calibrations(folder: Path | str | None = None) -> list[dict[str, Any]]:
@@ -42,8 +44,6 @@ def fit_fixed_costs(points: Sequence[Mapping[str, float]], bandwidth_Bps: float)
     """Per-layer and per-step cost of one kind and mode from calibration runs: `points` of
     layers, tpot_s (median c=1) and weight_bytes (read per step); the weight time (bytes over
     `bandwidth_Bps`) is taken off, the rest fitted as step + layers x layer by least squares."""
-    import numpy as np
-
     xs = np.array([float(p["layers"]) for p in points])
     ys = np.array([float(p["tpot_s"]) - float(p["weight_bytes"]) / bandwidth_Bps for p in points])
     if len(set(xs)) < 2:
@@ -64,8 +64,6 @@ def fit_graph_costs(points: Sequence[Mapping[str, float]], bandwidth_Bps: float,
     more than 10 %), else its TPOT over its layers, an upper bound (its GPU time stayed under the
     floor). The floor moves with the host's load (1.9-2.5 ms in one hold), so a middle depth is not
     trusted to have risen above it."""
-    import statistics
-
     shallow = [p for p in points if p["layers"] <= shallow_max]
     floor = statistics.median(float(p["tpot_s"]) for p in shallow) if shallow else 0.0
     out: dict[str, Any] = {"floor_s": floor}
@@ -84,8 +82,6 @@ def fit_collective(points: Sequence[Mapping[str, float]]) -> dict[str, Any]:
     """A collective's cost as alpha + bytes / beta from timed sizes (`points` of bytes and seconds), fitted by
     least squares on the relative error (1/seconds weights: the small sizes, a decode step's, count as much
     as the large); alpha and 1/beta kept non-negative."""
-    import numpy as np
-
     x = np.array([float(p["bytes"]) for p in points])
     y = np.array([float(p["seconds"]) for p in points])
     if len(set(x.tolist())) < 2:

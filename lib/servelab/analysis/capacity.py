@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import fields
 from typing import Any
 
 import pandas as pd
 
 from ..measure.capacity import trial_of
-from ..measure.slo_search import Targets, binding, load_verdict, measured, point_verdict
+from ..measure.slo_search import SearchSpec, Targets, binding, load_verdict, measured, point_verdict, result, state
 from .predict import predict_run
 
 
@@ -26,10 +27,6 @@ def capacity_result(run: Mapping[str, Any], records: pd.DataFrame | None = None)
     stored = cap.get("result") or None
     if stored is None or records is None or records.empty or not cap.get("spec"):
         return stored
-    from dataclasses import fields
-
-    from ..measure.slo_search import SearchSpec, result, state
-
     spec = SearchSpec(**{f.name: cap["spec"][f.name] for f in fields(SearchSpec) if f.name in cap["spec"]})
     t = Targets(**{k: cap.get("targets", {}).get(k) for k in ("ttft_p95_s", "tpot_p95_s")},
                 error_rate=cap.get("targets", {}).get("error_rate", 1.0))

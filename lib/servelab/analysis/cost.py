@@ -26,6 +26,8 @@ from typing import Any, Iterable
 import pandas as pd
 
 from ..prices import ManagedPrice, PriceError, fixed_prices_table, managed_prices, resolve_managed, seed001_table
+from .. import hosts
+from ..prices import Price, ec2_hourly_usd
 from ..schema import HOURS_PER_MONTH, CostParams
 
 
@@ -177,8 +179,6 @@ def seed001_monthly(region: str = "us-east-1", instance_hourly_usd: float | None
     itemise. Returns {"items": [(label, usd, basis, source)], "itemised_usd", "published_usd",
     "not_itemised_usd"}. Raises KeyError for a region without fixed prices, PriceError without
     an instance price."""
-    from ..prices import ec2_hourly_usd
-
     pub = seed001_published()
     hours = pub["hours"]
     if instance_hourly_usd is None:
@@ -244,8 +244,6 @@ def _money(x: float) -> str:
 
 def study_price(study: Any, *, use_api: bool = False, cache_dir: Any = None) -> Any:
     """Price of the study's instance (cost.hourly_usd wins), or None when none applies."""
-    from ..prices import Price, ec2_hourly_usd
-
     cost = study.cost
     aws = getattr(study.host, "aws", None)
     if cost is not None and cost.hourly_usd:
@@ -260,8 +258,6 @@ def study_price(study: Any, *, use_api: bool = False, cache_dir: Any = None) -> 
 
 def cost_estimate_lines(study: Any) -> list[str]:
     """What `servelab run --dry-run` prints about money. Never calls AWS (committed table only)."""
-    from .. import hosts
-
     cost = study.cost
     aws = getattr(study.host, "aws", None)
     basis = hosts.get(study.host.kind).cost_basis

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..engines.base import Layout
 from .roofline import _dtype_bytes, decode_weight_bytes
 
 ALL_REDUCE, ALL_TO_ALL = "all_reduce", "all_to_all"
@@ -131,8 +132,6 @@ def distinct_experts(E: float, k: float, tokens: float) -> float:
 def parallel_for(layout: Any, n_gpus: int, collective: Any) -> Parallel | None:
     """The layout's terms (`n_gpus` > 1 without a layout: that many tensor-parallel GPUs), or None on one GPU
     (the single-GPU arithmetic, unchanged)."""
-    from ..engines.base import Layout
-
     layout = layout if layout is not None else Layout(tp=max(1, int(n_gpus)))
     return Parallel.of(layout, collective) if layout.gpus > 1 else None
 

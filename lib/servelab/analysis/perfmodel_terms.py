@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from ..engines.flags import get_flag
 from ..models.facts import kv_bytes_per_token
 from ..tables import engine_terms
@@ -76,8 +77,6 @@ def step_terms(engine: str, args: Mapping[str, Any], facts: Mapping[str, Any], m
 
 def _line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
     """(intercept, slope, r2) of the least-squares line through the points."""
-    import numpy as np
-
     x, y = np.asarray(xs, float), np.asarray(ys, float)
     if len(set(xs)) < 2:
         raise ValueError("a line needs points at two values at least")

@@ -8,6 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..measure.quality import score_answer
+from ..prompts import load_set
+
 
 def _first_divergence(a: list[int], b: list[int]) -> int:
     """Index of the first token where the two differ (the shorter length if one is a prefix)."""
@@ -98,9 +101,6 @@ def canaries(records: Any, alone_q: Mapping[str, Any] | None) -> list[dict[str, 
     load and one-at-a-time on the same prompts, and whether the score holds within
     `NON_INFERIORITY_MARGIN` ("holds": the interval's lower end is above one-at-a-time's share less
     the margin; "drops": its upper end is below it; else "undecided")."""
-    from ..measure.quality import score_answer
-    from ..prompts import load_set
-
     if records is None or len(records) == 0 or "canary" not in records:
         return []
     c = records[records["canary"].fillna(False).astype(bool) & records["ok"].astype(bool)]

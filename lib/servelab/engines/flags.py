@@ -16,6 +16,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 AUTO = "auto"
 DATA = Path(__file__).with_name("data")
 
@@ -151,8 +153,6 @@ class FlagTable:
 def load_engine_env() -> dict[str, dict[str, Any]]:
     """The engine environment variables the seeds set, from `engines/data/engine-env.yaml`:
     {name: {"engine", "type" (bool values are checked), "doc"}}."""
-    import yaml
-
     return yaml.safe_load((DATA / "engine-env.yaml").read_text())
 
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 # -- smoke check -----------------------------------------------------------------------------
@@ -98,8 +99,6 @@ def smoke_check(base_url: str, model: str, headers: dict[str, str] | None = None
     With dummy weights the requests are still sent (the server must answer 200 with a
     well-formed body: `answered`), but `applies` is False and `ok` None, with the reason.
     """
-    import httpx
-
     base = base_url.rstrip("/")
     if base.endswith("/v1"):
         base = base[:-3]

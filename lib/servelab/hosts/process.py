@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -19,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from ..schema import EngineParams
 from ..secrets import SECRET_NAME, scrub
 from ..engines import get
 from ..errors import ServelabError
+from ..models import default_cache_root
 
 LOG_TAIL_LINES = 30
 
@@ -32,9 +35,6 @@ def engine_env(p: EngineParams) -> dict[str, str]:
     """The engine's whole environment: ours, the profile's additions, a project-owned compile
     cache and a short TMPDIR (the engine binds ZeroMQ IPC sockets there: path limit 107
     bytes), then `engine.env`; the API key of `engine.api_key_env` the profile's way."""
-    from ..models import default_cache_root
-
-
     prof = get(p.kind)
     env = dict(os.environ)
     extra = prof.environment(p)
@@ -71,8 +71,6 @@ def log_tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
 
 
 def _port_in_use(host: str, port: int) -> bool:
-    import socket
-
     with socket.socket() as s:
         s.settimeout(0.5)
         return s.connect_ex((host if host != "0.0.0.0" else "127.0.0.1", port)) == 0
@@ -91,8 +89,6 @@ class Server:
 
 def tree_rss_bytes(pid: int) -> int:
     """Resident memory of a process and all its children now (0 when it is gone)."""
-    import psutil
-
     try:
         root = psutil.Process(pid)
         procs = [root, *root.children(recursive=True)]
@@ -116,8 +112,6 @@ class RssWatcher(threading.Thread):
         self._stop = threading.Event()
 
     def run(self) -> None:
-        import psutil
-
         if not psutil.pid_exists(self.pid):
             return
         while not self._stop.is_set():

@@ -11,6 +11,8 @@ run.json carries the search's spec and targets from the start and its result at 
 
 from __future__ import annotations
 
+import math
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,7 +24,7 @@ from ..runfolder import LEVELS, RECORDS, RunFolder, read_typed
 from ..schema import Workload
 from .grid import make_sources
 from .runfiles import finalize, open_run_folder
-from .runner import Level, LevelRunner, server_counter
+from .runner import Level, LevelRunner, RunResult, server_counter
 from .slo_search import SearchSpec, Targets, Trial, result, state
 from .rounds import run_sync
 
@@ -46,9 +48,6 @@ def ramp_for(trials: list[Trial], load: float, output_tokens: int | None) -> flo
     """Seconds over which a closed-loop trial at `load` starts its workers: one request's duration
     (median TTFT + (output - 1) x median TPOT) at the nearest load tried, the higher of two as
     near; 0 before any trial or without an output length."""
-    import math
-    import statistics
-
     done = [t for t in trials if t.ttft_s and t.tpot_s and t.load > 0]
     if not done or not output_tokens or load <= 0:
         return 0.0
@@ -316,8 +315,6 @@ def from_params(p: Any, buckets: list[Any] | None = None) -> tuple[SearchSpec, T
 def run_capacity_study(server: Server, wl: Workload, run_dir: Path, params: Any, slo: Any, **kw: Any) -> Any:
     """`run_capacity` for a study's configuration (its `capacity:` block and the study's `slo:`),
     answered as the runner's RunResult (the capacity line as its message)."""
-    from .runner import RunResult
-
     spec, shape = from_params(params, wl.buckets)
     kw.setdefault("budget_s", params.budget_s)
     out = run_capacity(server, wl, run_dir, spec, Targets.of(slo), shape=shape, **kw)

@@ -13,6 +13,7 @@ import httpx
 from ..hosts.base import Server
 from ..schema import Bucket, Workload
 from . import arrivals
+from .metrics import snapshot
 from .sources import make_source
 from .sources.trace import load as load_trace, mean_rate_rps
 from .rounds import run_sync
@@ -70,8 +71,6 @@ def make_sources(server: Server, wl: Workload, warn: Callable[[str], None] = pri
                                        wl.chat_template_kwargs, warn=warn)
     block = None
     if any(b.prefix_reuse is not None for b in wl.buckets):
-        from .metrics import snapshot
-
         try:
             sample = run_sync(snapshot(server.base_url, server.headers))
         except (httpx.HTTPError, ValueError):
@@ -84,8 +83,6 @@ def make_sources(server: Server, wl: Workload, warn: Callable[[str], None] = pri
 
 async def cache_counters(server: Server) -> tuple[float, float] | None:
     """(prefix-cache tokens queried, tokens hit) from the server's counters, None without them."""
-    from .metrics import snapshot
-
     try:
         s = await snapshot(server.base_url, server.headers)
     except (httpx.HTTPError, ValueError):  # no counters is no check, never a failed run

@@ -16,9 +16,12 @@ model (`analysis.perfmodel`) nor the engine sweep (`calibrate_hw`).
 
 from __future__ import annotations
 
+import os
 import platform
 import time
 from typing import Any, Callable
+
+from .runinfo import cpu_model
 
 DECODE_BATCHES = (1, 8, 32)
 PREFILL_M = (256, 1024, 4096)
@@ -46,10 +49,6 @@ def machine(torch: Any, dev: str) -> dict[str, Any]:
         p = torch.cuda.get_device_properties(0)
         return {"kind": "gpu", "name": p.name, "memory_bytes": int(p.total_memory), "count": torch.cuda.device_count(),
                 "torch": torch.__version__, "cuda": torch.version.cuda}
-    import os
-
-    from .runinfo import cpu_model
-
     return {"kind": "cpu", "name": cpu_model() or platform.processor() or "unknown CPU",
             "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
             "torch": torch.__version__}
@@ -67,7 +66,7 @@ def _copy(torch: Any, dev: str, best: Any, reps: int, quick: bool) -> float:
 def _decode(torch: Any, dev: str, best: Any, reps: int, quick: bool) -> tuple[dict[str, float], int]:
     """Weight bytes per second of `F.linear` of a [B, K] activation through a stack of bf16 weight
     matrices of a model-like size, far larger than the caches (one decode step's reads), per B."""
-    import torch.nn.functional as F
+    F = torch.nn.functional  # loaded with torch (the caller imports it)
 
     gpu = dev == "cuda"
     k = 4096 if gpu else 1024
@@ -91,7 +90,7 @@ def _decode(torch: Any, dev: str, best: Any, reps: int, quick: bool) -> tuple[di
 
 def _gemm(torch: Any, dev: str, best: Any, reps: int, quick: bool) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
     """FLOP/s of bf16 (and on a GPU with `torch._scaled_mm`, fp8) [M, K] x [K, N] at prefill-like M."""
-    import torch.nn.functional as F
+    F = torch.nn.functional  # loaded with torch (the caller imports it)
 
     gpu = dev == "cuda"
     kk = nn = 4096 if gpu else 1024

@@ -33,11 +33,12 @@ from typing import Any
 import pandas as pd
 
 from ..schema.runfiles import SampledLevel
+from ..runfolder import RECORDS, mark_records
 from ..summary import round_throughput
 from .disturbed import Attempt, Disturbances
 from .machine import MachineMeter, busy, wait_quiet
-from .rounds import PoolLost
-from .runner import STOP_SIGNALS, LevelRunner, RunAborted
+from .rounds import PoolLost, run_sync
+from .runner import STOP_SIGNALS, LevelRunner, RunAborted, finish_run, prepare_run
 
 #: decide(level index, rounds so far: summary.round_throughput rows with `config` = start id) ->
 #: (the starts that need another round, a short note for the progress line)
@@ -285,10 +286,6 @@ def run_interleaved(starts: Sequence[Start], wl: Any, *, study: str, decide: Dec
     """Prepare every start's run folder (`runner.prepare_run`), send the grid interleaved
     (`Interleaved`), and close each run.json (`runner.finish_run`), also on Ctrl-C. Returns
     ({start id: RunResult}, the sampling of each level)."""
-    from ..runfolder import RECORDS, mark_records
-    from .rounds import run_sync
-    from .runner import finish_run, prepare_run
-
     prepared = {s.id: prepare_run(s.server, wl, s.run_dir, study=study, config_id=s.id, record=s.record,
                                   progress=progress, log=log, before_final=s.before_final) for s in starts}
     il = Interleaved({sid: p.runner for sid, p in prepared.items()}, decide=decide, deadline=deadline,

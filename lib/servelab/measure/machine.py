@@ -8,6 +8,7 @@ re-measure (`measure.interleave`)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import time
@@ -121,8 +122,6 @@ def busy(stats: Mapping[str, Any]) -> float:
 async def wait_quiet(meter: MachineMeter, *, most_s: float, step_s: float = 1.0) -> tuple[float, float]:
     """Wait, one `step_s` window at a time, until other processes and steal use less than
     `FOREIGN_CPU` cores or `most_s` has passed. Returns (seconds waited, cores busy in the last window)."""
-    import asyncio
-
     t0, last = time.monotonic(), 0.0
     while True:
         w = meter.window()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..extras import require
 from ..hosts.base import Server
 from .workers import WorkerPool
 
@@ -23,8 +24,6 @@ def make_pool(spec: Any, server: Server, max_c: int) -> Any:
     if isinstance(spec, int) or spec.backend == "local":
         n = worker_count(spec)
         return WorkerPool(n, server, max_c) if n > 1 else None
-    from ..extras import require
-
     require("ray")  # MissingExtra with the install line, before ray_pool imports it
     from .ray_pool import RayWorkerPool
 

@@ -10,6 +10,7 @@ Not a model: the text is filler, `/tokenize` counts words plus a fixed template 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import math
@@ -370,8 +371,6 @@ def _chunk_template(base: dict[str, Any], chat: bool, step: int, thinking: bool,
 
 def main(argv: list[str] | None = None) -> None:
     """Run the reference server in the foreground (its own process: own core, own GIL)."""
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m servelab.measure.refserver")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8100)

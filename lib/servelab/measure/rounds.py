@@ -8,6 +8,7 @@ this process (`runner`), the local worker processes (`workers`) and the Ray acto
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
@@ -158,7 +159,5 @@ def run_sync(coro: Any) -> Any:
         asyncio.get_running_loop()
     except RuntimeError:
         return run_loop(coro)
-    import concurrent.futures
-
     with concurrent.futures.ThreadPoolExecutor(1) as ex:
         return ex.submit(run_loop, coro).result()

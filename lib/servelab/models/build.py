@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 
 import copy
+import fcntl
 import hashlib
 import json
 import os
@@ -25,6 +26,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tokenizers import Regex, Tokenizer, decoders, pre_tokenizers, processors
+from tokenizers.models import BPE
+from tokenizers.trainers import BpeTrainer
 
 from .cache import move_into_place
 from ..paths import cache_root
@@ -103,11 +108,8 @@ def load_corpus(
 
 def train_tokenizer(vocab_size: int, corpus: Corpus | None = None):
     """Train a byte-level BPE `tokenizers.Tokenizer` (specials at ids 0..5)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-    from tokenizers.trainers import BpeTrainer
-
     corpus = corpus or load_corpus()
-    tok = Tokenizer(models.BPE())
+    tok = Tokenizer(BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Split(Regex(LLAMA3_SPLIT_PATTERN), behavior="isolated"),
@@ -214,8 +216,6 @@ def _tokenizer_for(vocab_size: int, corpus: Corpus) -> tuple[Any, float]:
     """`train_tokenizer` and the seconds its training took, trained once per vocabulary size and
     corpus in a process: training is deterministic, so presets of one vocabulary (the five real
     shapes: 32000) share it, and each manifest records the one training's time."""
-    from tokenizers import Tokenizer
-
     k = (vocab_size, corpus.sha256)
     if k not in _TRAINED:
         t0_s = time.perf_counter()
@@ -291,8 +291,6 @@ def make_model(preset: str, root: Path | None = None, *, force: bool = False) ->
 def build_lock(root: Path) -> Iterator[None]:
     """An exclusive lock on the cache folder itself (no lock file left behind) while one process
     builds (or finds) a model: builds into one folder happen one at a time."""
-    import fcntl
-
     root.mkdir(parents=True, exist_ok=True)
     fd = os.open(root, os.O_RDONLY)
     try:

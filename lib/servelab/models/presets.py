@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .gguf import GGUF_PRESETS
+
 # Bump when anything about how a directory is produced changes (tokenizer
 # training, files written, template); it is part of the directory hash.
 RECIPE_VERSION = "modelmake-1"
@@ -384,7 +386,5 @@ for _k in CALIB_KINDS:
 def list_presets() -> list[str]:
     """Names accepted by `make_model`, CPU default first, then the real-weights presets
     (`models.gguf`), then the calibration models."""
-    from .gguf import GGUF_PRESETS
-
     calib = [n for n in PRESETS if n.startswith("calib-")]
     return [n for n in PRESETS if n not in calib] + list(GGUF_PRESETS) + calib

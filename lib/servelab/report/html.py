@@ -22,6 +22,9 @@ import numbers
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import matplotlib.pyplot as plt
+import pandas as pd
+
 try:
     from .render import figure_png, png_size
 except ImportError:  # loaded by file path, outside the servelab.report package
@@ -83,11 +86,9 @@ def is_missing(v: Any) -> bool:
     if v is None:
         return True
     try:
-        import pandas as pd
-
         r = pd.isna(v)
         return bool(r) if isinstance(r, (bool,)) or getattr(r, "ndim", 1) == 0 else False
-    except (TypeError, ValueError, ImportError):
+    except (TypeError, ValueError):
         return isinstance(v, float) and math.isnan(v)
 
 
@@ -200,8 +201,6 @@ def _column_info(df: Any, cols: list[Any], formats: Mapping[Any, Format] | None,
                  align: Mapping[Any, str] | None) -> list[dict[str, Any]]:
     """Per column: its format, whether it holds whole numbers, and the cell and header classes
     (numbers right, text left, long text wrapped)."""
-    import pandas as pd
-
     col_info = []
     for j, c in enumerate(cols):
         s = df.iloc[:, j]
@@ -286,8 +285,6 @@ def table(df: Any, caption: str, *, formats: Mapping[Any, Format] | None = None,
     index: "auto" (default): a named index (set_index("config"), pivot tables) becomes ordinary
         leading columns, an unnamed positional index is dropped; True: always shown; False: never.
     """
-    import pandas as pd
-
     if not isinstance(df, pd.DataFrame):
         df = pd.DataFrame(df)
     names = [n for n in df.index.names if n is not None]
@@ -323,8 +320,6 @@ def figure(fig: Any, caption: str, *, alt: str | None = None, dpi: int = 200, cl
     """
     png = figure_png(fig, dpi=dpi)
     if close:
-        import matplotlib.pyplot as plt
-
         plt.close(fig)
     w, h = png_size(png)
     scale = 100 / dpi

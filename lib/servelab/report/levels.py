@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import math
 import re
+from importlib import resources
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from ..analysis.stats import pct_change as _pct_change
 from ..engines import get as engine_profile
@@ -148,10 +150,6 @@ def prompt_set_table(sd: StudyData) -> tuple[str, Any]:
 def _set_kinds(sd: StudyData) -> dict[str, str]:
     """Prompt set name -> kind (copy | free), from the shipped sets when they can be read."""
     try:
-        from importlib import resources
-
-        import yaml
-
         out = {}
         for p in (resources.files("servelab") / "data" / "prompts").iterdir():
             if p.name.endswith(".yaml"):

@@ -20,6 +20,7 @@ Problems reported by lint_html, tables and images numbered from 1 in document or
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from pathlib import Path
@@ -203,8 +204,6 @@ def lint_html(path: str | Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m servelab.report.lint", description=__doc__.split("\n\n")[0])
     ap.add_argument("pages", nargs="+", type=Path)
     a = ap.parse_args(argv)

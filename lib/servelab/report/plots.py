@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib import font_manager
+from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
 
 from .i18n import table, words
 
@@ -63,8 +64,6 @@ def _legend_below(fig: plt.Figure, handles: list[Any], labels: list[str]) -> Non
 
 def _conc_axis(ax: Any, values: Any) -> None:
     """Log2 concurrency axis labelled with the measured levels as plain numbers."""
-    from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
-
     ax.set_xscale("log", base=2)
     ticks = sorted({int(v) for v in values})
     if len(ticks) > 8:
@@ -306,8 +305,6 @@ def effect_vs_knob(points: pd.DataFrame, knob: str, knee: Mapping[str, float] | 
 def time_law(law: Mapping[str, Any], knob: str, lang: str = "en") -> plt.Figure:
     """c=1 decode time against a knob's value: the measured points and the least-squares line with
     its slope's 95 % interval as a band (`report.why.time_law`)."""
-    import numpy as np
-
     L = _labels(lang)
     xs = np.array([p[0] for p in law["points"]], dtype=float)
     ys = np.array([p[1] for p in law["points"]], dtype=float) * 1000

@@ -15,25 +15,15 @@ from ..analysis import flatten
 from ..schema.runfiles import RunInfo
 from ..summary import DEFINED_METRICS
 from . import html as rh
+from .accuracy import reference_text  # noqa: F401  (the notebooks' sec.reference_text)
+from .checks import checks_of
 from .fmt import anchor, dash_note, link, num, pct, slo_parts, span  # noqa: F401  (the notebooks' sec.anchor etc.)
 from .load import StudyData, baselines, engine_gpus, engine_layout
+# the headline (3-6 sentences, each pointing to its section), what changed (one lever per item) and the
+# progression (one row per change, judged level by level) are report.progress's; the notebooks call them sec.*
+from .progress import change_text, headline, layout_name, method_text_prompt_sets, progression_table  # noqa: F401
+from .verdicts import verdict_table, verdicts_text  # noqa: F401  (the notebooks' sec.verdicts_text, sec.verdict_table)
 from .workload import extra_definitions
-
-
-def change_text(sd: StudyData, cid: str, base: str) -> str:
-    """What changed, one lever per item (`report.progress.change_text`)."""
-    from .progress import change_text as levers
-
-    return levers(sd, cid, base)
-
-
-# -- headline -----------------------------------------------------------------------------------
-
-def headline(sd: StudyData) -> str:
-    """3-6 sentences computed from the data, each pointing to its section (`report.progress`)."""
-    from .progress import headline as story_headline
-
-    return story_headline(sd)
 
 
 # -- set-up and method -------------------------------------------------------------------------
@@ -44,8 +34,6 @@ def config_table(sd: StudyData) -> Any:
     cols = sd.w("configs.columns")
     for c in sd.study.configurations:
         if c.id not in sd.folders:
-            from .checks import checks_of
-
             done = checks_of(sd, c.id)
             rows.append([c.id, c.label or c.id, rh.MISSING, c.baseline or rh.MISSING,
                          w("checks.checks_only", checks=", ".join(done)) if done else w("configs.not_measured")])
@@ -73,8 +61,6 @@ def fixed_settings(sd: StudyData) -> Any:
 def method_text(sd: StudyData) -> str:
     wl = sd.study.workload
     if any(b.prompt_set for b in wl.buckets):
-        from .progress import method_text_prompt_sets
-
         return method_text_prompt_sets(sd)
     first = next(iter(sd.runs.values()), {})
     cal = first.get("calibration", {})
@@ -150,31 +136,6 @@ def _load(r: Any) -> Any:
     return f"{rate:.3g} req/s" if rate > 0 else int(r.concurrency)
 
 
-def verdicts_text(sd: StudyData) -> str:
-    from .verdicts import verdicts_text as text
-
-    return text(sd)
-
-
-def verdict_table(sd: StudyData) -> Any:
-    from .verdicts import verdict_table as table
-
-    return table(sd)
-
-
-def reference_text(sd: StudyData) -> str:
-    from .accuracy import reference_text as text
-
-    return text(sd)
-
-
-def progression_table(sd: StudyData) -> Any:
-    """One row per change, judged level by level (`report.progress`)."""
-    from .progress import progression_table as story_table
-
-    return story_table(sd)
-
-
 # -- reproducibility ------------------------------------------------------------------------------
 
 def _revision(sd: StudyData, run: RunInfo) -> str:
@@ -209,8 +170,6 @@ def _hardware(sd: StudyData, cid: str) -> str:
 
 def _layout(sd: StudyData, cid: str) -> str:
     """The parallel layout, with its GPU count where the run had GPUs ("TP=1" alone on a CPU)."""
-    from .progress import layout_name
-
     run, lay = sd.info(cid), engine_layout(sd, cid)
     return layout_name(sd, lay) if run.gpus_used or run.client_host.gpus else lay.label()
 

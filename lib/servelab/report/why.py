@@ -7,14 +7,16 @@ Words from i18n/why.yaml; numbers from the study's verdicts."""
 from __future__ import annotations
 
 import math
+from datetime import datetime
 from typing import Any
 
 import pandas as pd
 
 from ..analysis import surprises as su
+from ..paths import reports_root
 from ..schema.levers import load_levers
 from .fmt import num, pct
-from .load import StudyData, baselines
+from .load import StudyData, baselines, load_study_data
 from .verdicts import verdict_key, rows
 
 
@@ -105,8 +107,6 @@ def fix_configs(sd: StudyData, surprises: list[su.Surprise]) -> list[tuple[str, 
 
 def _started(sd: StudyData, cid: str) -> float:
     """When a configuration's run started (seconds since the epoch; 0 when the run does not say)."""
-    from datetime import datetime
-
     try:
         return datetime.fromisoformat(str(sd.runs[cid].get("started_at"))).timestamp()
     except ValueError:
@@ -119,9 +119,6 @@ def parent_of(sd: StudyData) -> tuple[StudyData | None, list[su.Surprise]]:
     ex = sd.study.explains
     if ex is None:
         return None, []
-    from ..paths import reports_root
-    from .load import load_study_data
-
     root = reports_root() / ex.study
     if not (root / "data").exists():
         return None, []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
@@ -87,8 +88,6 @@ def sources_text(sd: StudyData) -> str:
 
 def lengths_figure(sd: StudyData) -> Any:
     """Histograms of input and output tokens per request (measured, successful), by bucket."""
-    import matplotlib.pyplot as plt
-
     w = sd.w
     m = sd.records[~sd.records["warmup"] & sd.records["ok"]]
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.4))

@@ -35,6 +35,7 @@ import pandas as pd
 
 from .. import __version__
 from ..analysis.harmonise import agreement, definitions, harmonised_rows, recompute_per_request, unexplained
+from ..analysis.peers import guidellm_window
 from ..errors import RunFolderExists, UserError
 from ..measure.runfiles import finalize
 from ..runfolder import LEVELS, RECORDS, RunFolder, now_iso, read_json, runs_root, write_json
@@ -191,8 +192,6 @@ def reharmonise(path: str | Path) -> ImportResult:
     not all at hand. Records are not rewritten; a request outside the tool's window is flagged in
     the harmonisation only (the published records keep what they had); per-request values of the
     tool that the old records do not keep stay unchecked (said in the reason)."""
-    from ..analysis.peers import guidellm_window
-
     path = Path(path)
     rf = RunFolder(path)
     run = rf.run

@@ -187,7 +187,7 @@ class Study(Strict):
 def validate_engines(study: "Study") -> list[str]:
     """Every engine problem of every configuration, prefixed with where it is ([] = fine):
     the engine profiles' flag tables and conflicts (`servelab.engines`)."""
-    from ..engines import validate_engine
+    from ..engines import validate_engine  # engines loads httpx: servelab.schema imports without it (test_structure)
 
     out = [f"engine: {e}" for e in validate_engine(study.engine.kind, study.engine.args, study.engine.env)]
     base = set(out)
@@ -200,7 +200,7 @@ def validate_engines(study: "Study") -> list[str]:
 
 def layout_of(study: "Study", config_id: str) -> Any:
     """The configuration's parallel layout (`engines.Layout`: TP, PP, DP, EP and the GPUs it takes)."""
-    from ..engines import get
+    from ..engines import get  # not at the top: engines loads httpx (see validate_engines)
 
     eng = study.engine_for(config_id)
     return get(eng.kind).layout(eng.args)
@@ -257,7 +257,7 @@ def device_lanes(study: "Study") -> tuple[list[list[str]], list[str]]:
 
 def resolve_profile(study: "Study", config_id: str) -> "EngineParams":
     """The configuration's EngineParams with the profile's derived values applied (what launches)."""
-    from ..engines import get
+    from ..engines import get  # not at the top: engines loads httpx (see validate_engines)
 
     eng = study.engine_for(config_id)
     return eng.model_copy(update={"args": get(eng.kind).apply_derived(eng.args, study.workload_for(config_id).concurrency)})

@@ -11,6 +11,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from ..engines import get
+from . import ParamsError, format_errors
 from .parts import Strict
 
 LEVERS_PATH = Path(__file__).resolve().parents[1] / "data" / "levers.yaml"
@@ -26,8 +28,6 @@ class Suspect(Strict):
 
     @model_validator(mode="after")
     def _known(self) -> "Suspect":
-        from ..engines import get
-
         for kind in self.engines:
             prof = get(kind)
             if self.knob not in prof.known_flags():
@@ -42,8 +42,6 @@ class Fix(Strict):
 
     @model_validator(mode="after")
     def _known(self) -> "Fix":
-        from ..engines import get
-
         for kind in self.engines:
             prof = get(kind)
             for knob in self.args:
@@ -73,8 +71,6 @@ class Levers(Strict):
 
 def parse_levers(data: dict[str, Any], source: str = "levers") -> Levers:
     """The table from a mapping; ParamsError naming the key path on any problem."""
-    from . import ParamsError, format_errors
-
     try:
         return Levers.model_validate(data)
     except ValidationError as e:

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..prices import PriceError, resolve_managed
+from ..prompts import list_sets
 from ..secrets import SECRET_FLAG, SECRET_HEADER, SECRET_NAME
 from .capacity import CapacityParams
 from .common import FlagValue, Strict
@@ -258,8 +259,6 @@ class QualityParams(Strict):
     @field_validator("sets")
     @classmethod
     def _known_sets(cls, names: list[str]) -> list[str]:
-        from ..prompts import list_sets
-
         bad = [n for n in names if n not in list_sets()]
         if bad:
             raise ValueError(f"unknown prompt set(s) {bad}; known: {', '.join(list_sets())}")

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from . import ParamsError, format_errors
 from .parts import Strict
 
 TOOL_DEFINITIONS_PATH = Path(__file__).resolve().parents[1] / "data" / "tool_definitions.yaml"
@@ -96,8 +97,6 @@ class ToolDefinitions(Strict):
 
 def parse_tool_definitions(data: dict[str, Any], source: str = "tool definitions") -> ToolDefinitions:
     """The table from a mapping; ParamsError naming the key path on any problem."""
-    from . import ParamsError, format_errors
-
     try:
         return ToolDefinitions.model_validate(data)
     except ValidationError as e:

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from ..prompts import list_sets
 from .common import Strict
 from .sources import RampUp, SessionTemplate, TraceSource
 
@@ -64,8 +65,6 @@ class Bucket(Strict):
             if self.input_tokens is not None or self.session is not None or self.prefix_reuse is not None:
                 raise ValueError("a prompt_set bucket sends the set's own prompts; remove input_tokens, session "
                                  "and prefix_reuse")
-            from ..prompts import list_sets
-
             if self.prompt_set not in list_sets():
                 close = difflib.get_close_matches(self.prompt_set, list_sets(), n=1)
                 hint = f" (did you mean '{close[0]}'?)" if close else ""

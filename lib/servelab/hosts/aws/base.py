@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
 
+from ...prices import default_cache_dir, ec2_hourly_usd
 from ...schema import AwsParams
 from .errors import (AccountMismatch, AwsHostError, CapacityUnavailable, GuardTripped, HostTimeout, NotDeployed,
                      RegionCapacity)
@@ -153,8 +154,6 @@ class BotoHost:
             if self._price_lookup:
                 v = self._price_lookup(self.p.instance_type, region)
             else:
-                from ...prices import default_cache_dir, ec2_hourly_usd
-
                 v = ec2_hourly_usd(self.p.instance_type, region, use_api=self.p.price_source == "pricing-api",
                                    session=self._sessions.get(region), cache_dir=default_cache_dir())
             self._hourly[region] = float(getattr(v, "usd_per_hour", v))

@@ -291,7 +291,7 @@ class EcsServiceHost(BotoHost):
             arm_group(self, region, self._asg(region, svc))
 
     def clear_deadline(self, deadline: dict[str, Any] | None) -> str | None:
-        from .deadline import clear_group
+        from .deadline import clear_group  # botocore, as in _arm_deadline
 
         return clear_group(self, deadline)
 

@@ -11,6 +11,7 @@ its top (nothing here imports it back)."""
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import signal
 import threading
@@ -20,8 +21,10 @@ from typing import Any
 
 from ...log import progress_line
 from ...engines import get as engine_profile
+from ...prices import PriceError, ec2_hourly_usd
 from ...runfolder import HOST_JSON, RUN_JSON, read_json, write_json
 from ...schema import AttachParams, AwsParams, EngineParams, Study
+from ...secrets import aws_secret_values
 from ..attach import attach
 from ..base import Host
 from .base import BotoHost
@@ -93,8 +96,6 @@ class AwsHost(Host):
         """Read the profile's / environment's AWS credentials into the scrub list; raises
         secrets.AwsCredentialsError (with what to do) when they cannot be read."""
         if not self._credentials_read:
-            from ...secrets import aws_secret_values
-
             aws_secret_values(self.params.profile)
             self._credentials_read = True
 
@@ -179,8 +180,6 @@ class AwsHost(Host):
         handler is installed, a KeyboardInterrupt. `teardown` then puts the reason in run.json."""
         self.tripped = str(err)
         if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, signal.SIG_IGN, None):
-            import _thread
-
             _thread.interrupt_main()
         else:
             signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
@@ -228,8 +227,6 @@ class AwsHost(Host):
         """The instance price the dry run uses: host.aws.hourly_usd or the committed table."""
         if self.params.hourly_usd:
             return self.params.hourly_usd
-        from ...prices import PriceError, ec2_hourly_usd
-
         try:
             return ec2_hourly_usd(self.params.instance_type, self.params.stack_region or self.params.regions[0],
                                   use_api=False).usd_per_hour

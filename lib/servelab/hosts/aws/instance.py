@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+
 from ...secrets import SECRET_NAME
 from .base import CAPACITY_CODES, CAPACITY_TEXT, TAG_KEY, BotoHost, HostInfo, container_argv, epoch, err_code, guard_line
 from .errors import AwsHostError, NotDeployed, RegionCapacity

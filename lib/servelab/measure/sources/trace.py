@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from ...paths import resolve
 from ...schema import Bucket, TraceSource, Workload
 from ..workload import TokenCounter
@@ -47,8 +49,6 @@ def read_trace(path: str | Path, fmt: str | None = None) -> list[TraceRow]:
     kind = trace_format(path, fmt)
     path = resolve(path)
     if kind == "azure":
-        import pandas as pd
-
         df = pd.read_csv(path)
         need = {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
         if not need <= set(df.columns):
