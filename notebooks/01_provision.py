@@ -32,7 +32,7 @@ resume = False  # (benchmark only) continue an interrupted run
 start = False  # (launch, benchmark) start the engine / send load; servelab run sets it
 
 # %%
-from servelab import stages
+from servelab import stages, views
 from servelab.paths import resolve
 from servelab.plan import load_plan
 
@@ -47,4 +47,4 @@ host
 # The model's architecture facts (what the roofline and the KV-cache checks use later):
 
 # %%
-stages.model_facts_table(host)
+views.model_facts_table(host)

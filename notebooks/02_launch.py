@@ -34,19 +34,19 @@ check_quality = True  # answer the quality set once it is up (False: the interle
 
 # %%
 from IPython.display import display
-from servelab import stages
+from servelab import stages, views
 from servelab.paths import resolve
 from servelab.plan import load_plan
 
 plan = load_plan(params_path, config_id, reduced)  # engine, workload and host, resolved once
 rdir = resolve(run_dir)
-print(stages.launch_plan(plan))
+print(views.launch_plan(plan))
 
 # %%
 if start:
     handle = stages.launch(plan, rdir)
-    display(stages.launch_table(handle))
+    display(views.launch_table(handle))
     if check_quality:
-        print(stages.quality_line(stages.quality(plan, rdir)))  # the output check at temperature 0 (quality.json)
+        print(views.quality_line(stages.quality(plan, rdir)))  # the output check at temperature 0 (quality.json)
 else:
     print("start = False: nothing started. Set start = True (or run `servelab run`) to launch it.")

@@ -37,13 +37,13 @@ deadline_unix = 0.0  # when the study's time budget ends (time.time() seconds; 0
 
 # %%
 from IPython.display import display
-from servelab import stages
+from servelab import stages, views
 from servelab.paths import resolve
 from servelab.plan import load_plan
 
 plan = load_plan(params_path, config_id, reduced)  # engine, workload and host, resolved once
 rdir = resolve(run_dir)
-stages.level_plan(plan)
+views.level_plan(plan)
 
 # %% [markdown]
 # ## Run the load levels
@@ -52,12 +52,12 @@ stages.level_plan(plan)
 if start and configs:
     plans = [load_plan(params_path, c, reduced) for c in configs]
     for p in plans:  # one engine at a time: two engines decoding at once slow each other down many times
-        print(f"{p.config_id}: {stages.quality_line(stages.quality(p, rdir.parent / p.config_id))}")
+        print(f"{p.config_id}: {views.quality_line(stages.quality(p, rdir.parent / p.config_id))}")
     design = stages.benchmark_interleaved(plans, [rdir.parent / c for c in configs], deadline_unix=deadline_unix or None)
-    display(stages.sampling_table(design))
+    display(views.sampling_table(design))
 elif start:
     result = stages.benchmark(plan, rdir, progress=False, resume=resume)
     print(f"status: {result.status}, records: {result.records}. {result.message}")
-    display(stages.summary_table(result.summary))
+    display(views.summary_table(result.summary))
 else:
     print("start = False: no request sent. Set start = True (or run `servelab run`) to measure.")

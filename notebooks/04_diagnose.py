@@ -29,7 +29,7 @@ resume = False  # (benchmark only) continue an interrupted run
 start = False  # (launch, benchmark only)
 
 # %%
-from servelab import stages
+from servelab import views
 from servelab.paths import resolve
 from servelab.report import plots
 from servelab.runfolder import RunFolder
@@ -57,4 +57,4 @@ fig = plots.latency_vs_concurrency(run.summary)
 # KV-cache usage, running and waiting requests, and preemptions from the engine's `/metrics`.
 
 # %%
-stages.server_metrics_table(run)
+views.server_metrics_table(run)

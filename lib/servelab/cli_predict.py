@@ -3,7 +3,7 @@ PARAMS` (what a study's configurations should do on a machine) and `servelab pre
 DIR_OR_CONFIG_JSON --gpu NAME` (what one model would do, without a params file): the "before I rent"
 answer, before renting or running anything. The commands' words only: `calibrate_hw`,
 `models.facts` and `analysis.perfmodel` do the work. Not for running studies (`pipeline`). `servelab --help`
-imports this module: the heavy ones (calibrate_hw, stages, analysis) are imported where a command calls them."""
+imports this module: the heavy ones (calibrate_hw, forecast, analysis) are imported where a command calls them."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
         return predict_model(a)
     if a.hardware is None and a.gpu is not None:
         a.hardware = a.gpu
-    from .stages import prediction_lines, prediction_machine
+    from .forecast import prediction_lines, prediction_machine
 
     study = load_study(a.params)
     machine, where = prediction_machine(study, a.hardware)
@@ -143,7 +143,7 @@ def yaml_scalar(v: str) -> Any:
 
 def _print_model(name: str, f: dict[str, Any], a: argparse.Namespace, gpu: dict[str, Any], how: str,
                  pred: dict[str, Any], label: str, kv_dtype: str) -> None:
-    from .stages import fmt_value as _fmt
+    from .forecast import fmt_value as _fmt
 
     moe = (f"; {f['num_experts']} routed experts per MoE layer ({f['num_moe_layers']} of {f['num_layers']} layers), "
            f"{f['num_active_experts']} per token, {f['num_shared_experts']} shared; "

@@ -24,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from . import stages
+from . import forecast, views
 from .analysis.cost import cost_estimate_lines
 from .errors import RunFolderExists, ServelabError
 from .execute import (STAGES, WRITEUP, StageFailed, StageParams, Stopped, close_partial, execute_notebook, log, run_stage,
@@ -75,7 +75,7 @@ def describe(study: Study) -> str:
     for cid, plan in plans.items():
         eng = plan.engine
         if eng.model is not None:
-            lines += stages.launch_plan(plan, python="python").splitlines()
+            lines += views.launch_plan(plan, python="python").splitlines()
             if eng.env:
                 lines.append(f"[{cid}] env " + " ".join(shlex.quote(f"{k}={v}") for k, v in eng.env.items()))
         lines += layout_lines(study, plan)
@@ -101,10 +101,10 @@ def prediction_lines(study: Study) -> list[str]:
     (a local study's machine is probed when it runs)."""
     if study.device is None:
         return []
-    machine, where = stages.prediction_machine(study, None)
+    machine, where = forecast.prediction_machine(study, None)
     out = [f"predicted on {where}, before any request (servelab's performance model):"]
     for c in study.configurations:
-        out += stages.prediction_lines(study, c.id, machine)
+        out += forecast.prediction_lines(study, c.id, machine)
     return out
 
 

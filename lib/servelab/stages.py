@@ -12,38 +12,27 @@ an AWS host is the plan's `Host` (`servelab.hosts`). Not for diagnosis or the wr
 
 from __future__ import annotations
 
-import math
-import shlex
-import statistics
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, Callable
 
 import pandas as pd
 
 from .analysis import verdicts
-from .analysis.calibration import calibration_for, calibrations
-from .analysis.perfmodel import predict_configuration
 from .analysis.quality import compare
 from .engines.smoke import smoke_check
-from .errors import UserError
-from .hosts import get as host_class
+from .forecast import prediction
 from .hosts.attach import serve, stop_served
-from .hosts.local import model_dir_for
 from .hosts.process import RssWatcher
 from .measure.capacity import run_capacity_study
 from .measure.interleave import Start, run_interleaved
 from .measure.probe import measure_cpu_bandwidth
 from .measure.quality import DUMMY_REASON, run_quality, selected_prompts
 from .measure.runinfo import base_record, engine_gpu_devices, layout_record, model_record
-from .measure.runner import RunResult, levels, requests_per_round, run_workload
-from .measure.workload import token_counter
-from .models import model_facts
+from .measure.runner import RunResult, levels, run_workload
 from .models.reference import cpu_name, reference_answers
 from .plan import ConfigPlan
-from .prompts import load_set
-from .runfolder import (ENGINE_JSON, HOST_JSON, PREDICTION_JSON, QUALITY_JSON, RunFolder, now_iso, read_engine, read_json,
+from .runfolder import (ENGINE_JSON, HOST_JSON, PREDICTION_JSON, QUALITY_JSON, now_iso, read_engine, read_json,
                         runs_root, write_design, write_engine, write_json)
 from .schema.runfiles import Design
 
@@ -100,7 +89,7 @@ def _run_record(plan: ConfigPlan, h: dict[str, Any], rdir: Path, hardware: dict[
         # the engine runs on this CPU: measure its memory bandwidth and matmul rate for the roofline
         rec["hardware_measured"] = hardware or measure_cpu_bandwidth(seconds=1.0)
     if not (resume and (Path(rdir) / PREDICTION_JSON).exists()):
-        write_json(Path(rdir) / PREDICTION_JSON, _prediction(study, config_id, rec, host.server(config_id, h)))
+        write_json(Path(rdir) / PREDICTION_JSON, prediction(study, config_id, rec, host.server(config_id, h)))
     rec["prediction_file"] = PREDICTION_JSON
     return rec, rss, gpus
 
@@ -171,90 +160,6 @@ def sampling_rule(plans: list[ConfigPlan]) -> Callable[[int, pd.DataFrame], tupl
                            given_sd_pct=study.design.between_starts_sd_pct)
 
 
-def _prediction(study: Any, config_id: str, rec: dict[str, Any], server: Any = None) -> dict[str, Any]:
-    """What the performance model predicts (`analysis.perfmodel`: the model facts, the engine's flags
-    and the machine's calibration), to be stored in prediction.json before the first request so it
-    can never be fitted to the result it is compared with; what is missing says "not predictable"
-    with the fact. Never raises: a prediction is a record, not a reason to stop a measurement."""
-    wl = study.workload_for(config_id)
-    try:
-        return predict_configuration(rec, wl, study.slo.model_dump(), bucket_lengths(wl, server), now_iso("microseconds"))
-    except Exception as e:  # noqa: BLE001 - said so in the file instead
-        return {"stored_at": now_iso(), "stored_before_measurement": True,
-                "not_predictable": f"the model failed: {type(e).__name__}: {e}"}
-
-
-def prediction_machine(study: Any, hardware: str | None) -> tuple[dict[str, Any], str]:
-    """A run record's machine fields for a prediction before anything runs (`servelab predict`, the dry run):
-    the GPU named (or the study's: a device study or a remote host, the newest calibrated GPU), else this CPU."""
-    name = hardware
-    if name is None and (study.device is not None or not host_class(study.host.kind).engine_here):
-        gpus = [c for c in calibrations() if c["machine"]["kind"] == "gpu"]
-        if not gpus:
-            raise UserError("no GPU calibration entry (data/calibrations/): give --hardware or run calibrate-hw")
-        name = gpus[-1]["machine"]["name"]
-    if name and name.lower() != "cpu":
-        entry, own = calibration_for("gpu", name)
-        mem = (entry or {}).get("machine", {}).get("memory_bytes") if own else None
-        return {"gpus_used": [{"name": name, "memory": f"{mem / 2**20:.0f} MiB" if mem else ""}]}, name
-    probe = measure_cpu_bandwidth(seconds=1.0)
-    return {"hardware_measured": probe}, f"this CPU ({probe.get('cpu_model')}, {probe.get('cpu_count')} cores)"
-
-
-def prediction_lines(study: Any, config_id: str, machine: dict[str, Any]) -> list[str]:
-    """A configuration's prediction in words (`servelab predict`, the dry run): the calibration it used, per
-    bucket TPOT at every concurrency with its kind (estimate or bound), TTFT, prefill, the KV-limited
-    concurrency and the capacity, and why a bound is one. Builds the model directory (offline) for its facts."""
-    eng, wl = study.engine_for(config_id), study.workload_for(config_id)
-    mdir = model_dir_for(eng)
-    rec = {"study": study.study, "config": config_id, "engine_params": eng.model_dump(), **machine,
-           "model": {"facts": model_facts(mdir)}}
-    server = SimpleNamespace(base_url="http://127.0.0.1:9", model=mdir, headers={}, tokenizer_dir=mdir)
-    pred = predict_configuration(rec, wl, study.slo.model_dump(), bucket_lengths(wl, server), now_iso())
-    if pred.get("not_predictable"):
-        return [f"{config_id}: not predictable: {pred['not_predictable']}"]
-    mach = pred.get("machine") or {}
-    out = [f"{config_id}: " + (f"calibration {mach['calibration']} ({mach['name']}, measured "
-                               f"{str(mach['measured_at'])[:10]})" if mach.get("calibration")
-                               else f"roofline bounds ({mach.get('why')})")]
-    for label, p in pred["buckets"].items():
-        kinds = p.get("kinds") or {}
-        tp = ", ".join(f"c={c} {fmt_value(v, 1000, ' ms')}" for c, v in sorted(p["tpot_s"].items(), key=lambda x: int(x[0])))
-        out.append(f"  {label}: TPOT {tp} ({kinds.get('tpot_s')}); TTFT c=1 {fmt_value(p['ttft_c1_s'], 1000, ' ms')}; "
-                   f"prefill {fmt_value(p['prefill_tok_s'])} tok/s; KV-limited concurrency "
-                   f"{fmt_value(p['kv_limited_concurrency'])}; capacity at SLO {fmt_value(p.get('capacity_rps'))} req/s "
-                   f"(c={p.get('capacity_concurrency')}, {p.get('capacity_binding')})")
-        out += [f"    bound: {why}" for why in p.get("bound_because") or []]
-    return out
-
-
-def fmt_value(v: Any, scale: float = 1.0, unit: str = "") -> str:
-    """A predicted figure for a terminal: 3 significant digits (thousands whole), "-" when unknown."""
-    if v is None or (isinstance(v, float) and not math.isfinite(v)):
-        return "-"
-    x = float(v) * scale
-    return f"{x:,.3g}{unit}" if abs(x) < 1000 else f"{x:,.0f}{unit}"
-
-
-def bucket_lengths(wl: Any, server: Any = None) -> dict[str, tuple[int | None, int | None]]:
-    """Each bucket's (input, output) tokens for a prediction: as set, or for a prompt set the
-    median of its prompts counted by the server's tokenizer (no request is sent); None where
-    neither is known (a trace, a session, no server to count with)."""
-    out: dict[str, tuple[int | None, int | None]] = {}
-    counter = None
-    for b in wl.buckets:
-        n_in = b.input_tokens
-        if n_in is None and b.prompt_set and server is not None:
-            try:
-                counter = counter or token_counter(server.base_url, server.model, wl.api, server.headers,
-                                                   server.tokenizer_dir, wl.chat_template_kwargs, warn=lambda m: None)
-                n_in = int(statistics.median(counter.count(p.raw()) for p in load_set(b.prompt_set).prompts))
-            except (OSError, ValueError, KeyError):  # no tokenizer to count with: not predictable, said so
-                n_in = None
-        out[b.label] = (n_in, b.output_tokens)
-    return out
-
-
 def quality(plan: ConfigPlan, rdir: Path) -> dict[str, Any] | None:
     """The output check after the benchmark (`measure.quality`): quality.json in the run folder;
     None when the study turns it off. With dummy weights it records that it is not measurable."""
@@ -301,88 +206,5 @@ def against_reference(q: dict[str, Any], rdir: Path, qp: Any, model_dir: Path | 
 
 # -- views the stage notebooks show ------------------------------------------------------------
 
-def quality_line(q: dict[str, Any] | None) -> str:
-    """The quality check's result in one line (quality.json as `quality` returned it)."""
-    if q is None:
-        return "quality check: off"
-    if not q["measurable"]:
-        return f"quality check: not measurable ({q['reason']})"
-    return f"quality check: {q['score']['correct']}/{q['score']['total']} known answers"
-
-
-def launch_plan(plan: ConfigPlan, python: str | None = None) -> str:
-    """What `launch` will start or reach for this configuration (the dry-run lines): the engine
-    command with its derived values, shell-quoted, in the host's words."""
-    return "\n".join(plan.launch_lines(python))
-
-
-def level_plan(plan: ConfigPlan) -> pd.DataFrame:
-    """The load levels `benchmark` will send: bucket, concurrency (or rate), rounds, requests."""
-    wl = plan.workload
-    rows = [{"bucket": lv.bucket.label, "load": lv.label.split(" ", 1)[1], "warmup rounds": wl.warmup_rounds,
-             "measured rounds": wl.rounds, "requests per round": requests_per_round(wl, lv)} for lv in levels(wl)]
-    return pd.DataFrame(rows)
-
-
-def model_facts_table(host: dict[str, Any]) -> pd.DataFrame:
-    """Architecture facts of the provisioned model as a two-column table (the URL for attach)."""
-    if not host.get("model_dir"):
-        return pd.DataFrame({"fact": ["url"], "value": [host.get("url")]})
-    f = model_facts(Path(host["model_dir"]))
-    return pd.DataFrame({"fact": list(f), "value": [str(v) for v in f.values()]})
-
-
-def launch_table(handle: dict[str, Any]) -> pd.DataFrame:
-    info = handle.get("info", {})
-    rows = {"mode": handle.get("mode"), "base_url": handle.get("base_url"), "model": handle.get("model"),
-            "version": info.get("version"),
-            "startup_s": f"{info['startup_s']:.1f}" if info.get("startup_s") else None,
-            "command": shlex.join(info.get("command") or [])}
-    return pd.DataFrame({"": list(rows), "value": list(rows.values())})
-
-
-def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """The per-level summary with readable units (ms, tok/s, %)."""
-    if summary is None or summary.empty:
-        return summary
-    t = summary[["bucket", "concurrency", "sent", "ok", "prompt_tokens", "output_tokens_p50", "ttft_p50_s",
-                 "ttft_p95_s", "decode_tps_p50", "e2e_output_tps_p50", "aggregate_output_tps",
-                 "aggregate_output_tps_min", "aggregate_output_tps_max", "failures"]].copy()
-    for c in ("ttft_p50_s", "ttft_p95_s"):
-        t[c] = t[c] * 1000
-    t = t.rename(columns={"ttft_p50_s": "TTFT p50 ms", "ttft_p95_s": "TTFT p95 ms", "decode_tps_p50": "decode tok/s",
-                          "e2e_output_tps_p50": "E2E tok/s", "aggregate_output_tps": "aggregate tok/s",
-                          "aggregate_output_tps_min": "agg min", "aggregate_output_tps_max": "agg max",
-                          "output_tokens_p50": "output tokens", "prompt_tokens": "prompt tokens"})
-    return t.round(1)
-
-
-def sampling_table(design: Design) -> pd.DataFrame:
-    """Per level of an interleaved benchmark: measured rounds per configuration, why its sampling
-    stopped, its seconds (of them the warm-up's), the disturbed rounds and those measured again
-    (design.json's `levels`)."""
-    rows = [{"level": x.label, **{f"rounds {k}": n for k, n in x.rounds.items()}, "stopped": x.stopped,
-             "seconds": round(x.seconds, 1), "warm-up s": round(x.warmup_s, 1), "disturbed": x.disturbed,
-             "measured again": x.remeasured, "last note": x.note} for x in design.levels]
-    return pd.DataFrame(rows)
-
-
-def server_metrics_table(run: RunFolder) -> pd.DataFrame:
-    """Per level: peak KV usage, running, waiting and the preemptions counted during it."""
-    s = run.samples
-    if s is None or s.empty or "level" not in s:
-        reason = getattr(s, "attrs", {}).get("reason") if s is not None else "no server_metrics.jsonl"
-        return pd.DataFrame({"server metrics": [f"not available ({reason})"]})
-    g = s.dropna(subset=["level"]).groupby("level", sort=False)
-    out = pd.DataFrame({
-        "samples": g.size(),
-        "KV usage max %": g["kv_usage_frac"].max() * 100,
-        "running max": g["running"].max(),
-        "waiting max": g["waiting"].max(),
-        "preemptions": g["preemptions_total"].max() - g["preemptions_total"].min(),
-    })
-    return out.round(1)
-
-
-__all__ = ["provision", "launch", "benchmark", "smoke", "run_dir", "launch_plan", "level_plan", "serve", "stop_served",
-           "HOST_JSON"]
+__all__ = ["HOST_JSON", "benchmark", "benchmark_interleaved", "launch", "provision", "quality", "run_dir",
+           "sampling_rule", "serve", "smoke", "stop_served"]
