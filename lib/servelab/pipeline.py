@@ -42,7 +42,7 @@ from .report.verdicts import write_study_verdicts
 from .runfolder import (CHECK_FILES, DESIGN_JSON, ENGINE_JSON, ENGINE_LOG, PUBLISHED_FILES, RECORDS, STUDY_JSON, RunFolder,
                         read_json, reports_root, runs_root, write_design, write_json)
 from .schema import FORMAT_VERSION, Study
-from .schema.runfiles import Design
+from .schema.runfiles import DesignRecord
 from .paths import portable, portable_tree
 from .secrets import scrub_tree
 from .sidebyside import LANES, interleave_blocked, measure_interleaved, with_ports, write_effective
@@ -216,7 +216,7 @@ def _measure(study: Study, todo: list[ConfigPlan], root: Path, *, notebooks: boo
                                                                                resume=False))
     if len(todo) > 1:
         log(f"configurations measured one at a time: {why}")
-    write_design(root, Design(interleaved=False, reason=why))
+    write_design(root, DesignRecord(interleaved=False, reason=why))
     return _one_at_a_time(study, todo, root, notebooks=notebooks, resume=resume)
 
 

@@ -26,7 +26,7 @@ from .errors import RunFileError
 from .paths import project_root, reports_root, resolve, runs_root  # noqa: F401  (the run folder's roots)
 from .secrets import scrub, secret_values
 from .engines.prom import LIST_FIELDS, SAMPLE_FIELDS
-from .schema.runfiles import Design, RequestRecord, RunInfo, check_line, versioned
+from .schema.runfiles import DesignRecord, RequestRecord, RunInfo, check_line, versioned
 from .summary import summarize
 
 RECORDS = "records.jsonl"  # one line per request, appended as it ends
@@ -162,16 +162,16 @@ def read_checked(path: Path, name: str | None = None) -> Any:
     return data
 
 
-def read_design(*dirs: Path) -> Design:
+def read_design(*dirs: Path) -> DesignRecord:
     """design.json from the first of `dirs` that holds one (a published study's data/, then its root);
-    `Design()` (one at a time, no timings) for a study measured before the file existed."""
+    `DesignRecord()` (one at a time, no timings) for a study measured before the file existed."""
     for d in dirs:
         if (Path(d) / DESIGN_JSON).exists():
-            return Design.model_validate(read_checked(Path(d) / DESIGN_JSON))
-    return Design()
+            return DesignRecord.model_validate(read_checked(Path(d) / DESIGN_JSON))
+    return DesignRecord()
 
 
-def write_design(root: Path, design: Design, *, update: bool = False) -> Design:
+def write_design(root: Path, design: DesignRecord, *, update: bool = False) -> DesignRecord:
     """design.json beside a study's configurations; `update`: `design`'s fields set over the file's."""
     path = Path(root) / DESIGN_JSON
     data = design.model_dump(mode="json", exclude_unset=True)
@@ -179,7 +179,7 @@ def write_design(root: Path, design: Design, *, update: bool = False) -> Design:
         data = {**read_checked(path), **data}
     data = {"format_version": 1, **{k: v for k, v in data.items() if k != "format_version"}}
     write_json(path, data)
-    return Design.model_validate(data)
+    return DesignRecord.model_validate(data)
 
 
 def write_engine(path: Path, handle: dict[str, Any]) -> None:

@@ -24,7 +24,7 @@ from .runfolder import ENGINE_JSON, PARAMS_EFFECTIVE, RunFolder, read_engine, wr
 from .hosts.process import tree_rss_bytes
 from .measure.pools import worker_count
 from .schema import Study
-from .schema.runfiles import Design, LaunchTimes
+from .schema.runfiles import DesignRecord, LaunchTimes
 
 def write_effective(study: Study, rdir: Path) -> Path:
     """The study as validated here (--reduced and --url applied, ports assigned) for the notebooks."""
@@ -156,9 +156,9 @@ def measure_interleaved(study: Study, todo: list[ConfigPlan], root: Path, *, not
         if not fits:
             for rdir in launched:
                 log(f"{rdir.name}: {host.stop(rdir)}")
-            write_design(root, Design(interleaved=False, reason=why))
+            write_design(root, DesignRecord(interleaved=False, reason=why))
             return fallback(study, plans, root)
-        write_design(root, Design(interleaved=True, lanes=LANES, memory=why,
+        write_design(root, DesignRecord(interleaved=True, lanes=LANES, memory=why,
                                   launch=LaunchTimes(wall_s=time.monotonic() - t0, per_config_s=took)))
         t1 = time.monotonic()
         run_stage(STAGES[2], plans[0], StageParams(effective, ids[0], root / ids[0], configs=tuple(ids),

@@ -34,7 +34,7 @@ from .models.reference import cpu_name, reference_answers
 from .plan import ConfigPlan
 from .runfolder import (ENGINE_JSON, HOST_JSON, PREDICTION_JSON, QUALITY_JSON, now_iso, read_engine, read_json,
                         runs_root, write_design, write_engine, write_json)
-from .schema.runfiles import Design
+from .schema.runfiles import DesignRecord
 
 
 def run_dir(study: str, config_id: str, root: Path | None = None) -> Path:
@@ -120,7 +120,7 @@ def benchmark(plan: ConfigPlan, rdir: Path, *, progress: bool = True,
 
 
 def benchmark_interleaved(plans: list[ConfigPlan], rdirs: list[Path], *, deadline_unix: float | None = None,
-                          log: Callable[[str], None] | None = None) -> Design:
+                          log: Callable[[str], None] | None = None) -> DesignRecord:
     """Every configuration's workload against its own engine, all running side by side, one round
     at a time in alternating order, with sequential sampling until each change's verdict is
     settled or the study's time budget (`deadline_unix`, time.time() seconds) is spent
@@ -140,7 +140,7 @@ def benchmark_interleaved(plans: list[ConfigPlan], rdirs: list[Path], *, deadlin
     t0, began = time.monotonic(), now_iso()
     results, sampling = run_interleaved(starts, plans[0].workload, study=study.study, decide=decide,
                                         deadline=deadline, max_rounds=design.max_rounds, log=log)
-    out = Design(interleaved=True, order=[p.config_id for p in plans], started_at=began,
+    out = DesignRecord(interleaved=True, order=[p.config_id for p in plans], started_at=began,
                  benchmark_s=time.monotonic() - t0, budget_s=design.budget_s, mde_target=design.mde_target_pct / 100.0,
                  max_rounds=design.max_rounds, first_rounds=plans[0].workload.rounds,
                  left_s=(deadline - time.monotonic()) if deadline else None, levels=sampling,

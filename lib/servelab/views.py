@@ -15,7 +15,7 @@ from .measure.grid import levels, requests_per_round
 from .models import model_facts
 from .plan import ConfigPlan
 from .runfolder import RunFolder
-from .schema.runfiles import Design
+from .schema.runfiles import DesignRecord
 
 
 def launch_plan(plan: ConfigPlan, python: str | None = None) -> str:
@@ -65,7 +65,7 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     return t.round(1)
 
 
-def sampling_table(design: Design) -> pd.DataFrame:
+def sampling_table(design: DesignRecord) -> pd.DataFrame:
     """Per level of an interleaved benchmark: measured rounds per configuration, why its sampling
     stopped, its seconds (of them the warm-up's), the disturbed rounds and those measured again
     (design.json's `levels`)."""

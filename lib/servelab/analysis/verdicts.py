@@ -39,7 +39,7 @@ import pandas as pd
 from scipy.special import ndtri, stdtrit
 
 from ..measure.outliers import keep_rounds
-from ..schema.runfiles import Design
+from ..schema.runfiles import DesignRecord
 from .compare import config_diff
 
 FORMAT_VERSION = 1
@@ -449,7 +449,7 @@ def sampling_rule(cmps: Sequence[Comparison], groups: Mapping[str, Sequence[str]
     return decide
 
 
-def plan_from_design(design: Design, groups: Mapping[str, Sequence[str]], rows: pd.DataFrame, between: Between,
+def plan_from_design(design: DesignRecord, groups: Mapping[str, Sequence[str]], rows: pd.DataFrame, between: Between,
                      target: float) -> dict[str, Any] | None:
     """`plan_for_target` with the costs a study measured (design.json): one start of each setting (the
     mean over its starts) and one start's round at each level; None for a study measured without

@@ -15,7 +15,7 @@ from ..engines import get as engine_profile
 from ..analysis import verdicts
 from ..runfolder import RECORDS, STUDY_JSON, RunFolder, read_design, read_json, read_jsonl, resolve
 from ..schema import Study, study_from_dict, upgrade
-from ..schema.runfiles import Design, RunInfo
+from ..schema.runfiles import DesignRecord, RunInfo
 from ..summary import summarize
 from .i18n import Words, words
 
@@ -116,7 +116,7 @@ class StudyData:
         return self.runs[cid].get("engine_params") or {}
 
     @cached_property
-    def design(self) -> Design:
+    def design(self) -> DesignRecord:
         """How the configurations were measured (design.json; not the params' `study.design`)."""
         return read_design(self.root / "data", self.root)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import difflib
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, model_validator
@@ -301,6 +301,9 @@ def _model_in(ann: Any) -> Any:
             return m
     return None
 
+Table = TypeVar("Table", bound=BaseModel)
+
+
 def format_errors(path: str | Path, err: ValidationError, model: type[BaseModel] = Study) -> str:
     lines = []
     for e in err.errors():
@@ -326,6 +329,15 @@ def format_errors(path: str | Path, err: ValidationError, model: type[BaseModel]
                 msg = f"{msg} (got {got!r})"
         lines += [f"{path}: {key or '<top>'}: {m}" for m in msg.split("\n")]
     return "\n".join(lines)
+
+def parse_table(model: type[Table], data: Any, source: str) -> Table:
+    """A shipped table (the levers, the tools' definitions) from its mapping; ParamsError naming the key
+    path on any problem."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ParamsError(format_errors(source, e)) from None
+
 
 def _one_of(values: tuple[str, ...]) -> str:
     q = [f"'{v}'" for v in values]

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from ..engines import get
-from . import ParamsError, format_errors
+from . import parse_table
 from .parts import Strict
 
 LEVERS_PATH = Path(__file__).resolve().parents[1] / "data" / "levers.yaml"
@@ -71,10 +71,7 @@ class Levers(Strict):
 
 def parse_levers(data: dict[str, Any], source: str = "levers") -> Levers:
     """The table from a mapping; ParamsError naming the key path on any problem."""
-    try:
-        return Levers.model_validate(data)
-    except ValidationError as e:
-        raise ParamsError(format_errors(source, e)) from None
+    return parse_table(Levers, data, source)
 
 
 @cache

@@ -308,11 +308,11 @@ class LaunchTimes(Open):
     per_config_s: dict[str, float] = Field(default_factory=dict)
 
 
-class Design(Open):
+class DesignRecord(Open):
     """design.json beside a study's configurations: how they were measured. Side by side and interleaved
     (`interleaved`, the lanes, the launch, the time budget, the MDE target, the rounds, each level's
     sampling) or one at a time (`reason`: why not side by side). A study measured before this file
-    existed reads as `Design()`: one at a time, no timings."""
+    existed reads as `DesignRecord()`: one at a time, no timings."""
 
     format_version: int = 1
     interleaved: bool = False
@@ -335,7 +335,7 @@ class Design(Open):
 #: the model of each typed file (by its name in the run folder), with the version it is written in
 CURRENT = {"run.json": (RunInfo, FORMAT_VERSION), "engine.json": (EngineHandle, LINE_FORMAT),
            "levels.jsonl": (LevelSummary, LINE_FORMAT), "records.jsonl": (RequestRecord, LINE_FORMAT),
-           "design.json": (Design, 1)}
+           "design.json": (DesignRecord, 1)}
 
 def check_line(name: str, data: dict[str, Any]) -> None:
     """Validate one file's (or line's) content against its model; raises pydantic's ValidationError.
@@ -348,6 +348,6 @@ def versioned(name: str, data: dict[str, Any]) -> dict[str, Any]:
     return {"format_version": CURRENT[name][1], **data}
 
 
-__all__ = ["RequestOutcome", "RequestRecord", "Design", "SampledLevel", "LaunchTimes", "LevelSummary", "LevelSampling", "EngineHandle", "RunInfo", "ServelabInfo",
+__all__ = ["RequestOutcome", "RequestRecord", "DesignRecord", "SampledLevel", "LaunchTimes", "LevelSummary", "LevelSampling", "EngineHandle", "RunInfo", "ServelabInfo",
            "ClientHost", "ServerInfo", "EngineRecord", "ModelRecord", "Headline", "LINE_FORMAT", "CURRENT",
            "check_line", "versioned"]

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
-from . import ParamsError, format_errors
+from . import parse_table
 from .parts import Strict
 
 TOOL_DEFINITIONS_PATH = Path(__file__).resolve().parents[1] / "data" / "tool_definitions.yaml"
@@ -97,10 +97,7 @@ class ToolDefinitions(Strict):
 
 def parse_tool_definitions(data: dict[str, Any], source: str = "tool definitions") -> ToolDefinitions:
     """The table from a mapping; ParamsError naming the key path on any problem."""
-    try:
-        return ToolDefinitions.model_validate(data)
-    except ValidationError as e:
-        raise ParamsError(format_errors(source, e)) from None
+    return parse_table(ToolDefinitions, data, source)
 
 
 @cache
