@@ -24,22 +24,20 @@ def slo_check(summary: pd.DataFrame, slo: Any) -> pd.DataFrame:
     """
     s = summary.copy()
     slo = Slo.model_validate(slo) if isinstance(slo, dict) else (slo or Slo())
-    ttft_lim, tpot_lim, err_lim = slo.ttft_p95_s, slo.tpot_p95_s, slo.error_rate
+    err_lim = slo.error_rate
+    # (column, limit, name, how a value is written)
+    latency = [(col, lim, name, fmt) for col, lim, name, fmt in (
+        ("ttft_p95_s", slo.ttft_p95_s, "TTFT p95", lambda x: f"{x:.3f} s"),
+        ("tpot_p95_s", slo.tpot_p95_s, "TPOT p95", lambda x: f"{x * 1000:.1f} ms")) if lim is not None]
     meets, reasons = [], []
     for _, r in s.iterrows():
         why = []
-        if ttft_lim is not None:
-            v = to_float(r.get("ttft_p95_s"))
+        for col, lim, name, fmt in latency:
+            v = to_float(r.get(col))
             if not math.isfinite(v):
-                why.append("TTFT p95 unknown (no successful request)")
-            elif v > ttft_lim:
-                why.append(f"TTFT p95 {v:.3f} s > {ttft_lim:.3f} s")
-        if tpot_lim is not None:
-            v = to_float(r.get("tpot_p95_s"))
-            if not math.isfinite(v):
-                why.append("TPOT p95 unknown (no successful request)")
-            elif v > tpot_lim:
-                why.append(f"TPOT p95 {v * 1000:.1f} ms > {tpot_lim * 1000:.1f} ms")
+                why.append(f"{name} unknown (no successful request)")
+            elif v > lim:
+                why.append(f"{name} {fmt(v)} > {fmt(lim)}")
         if err_lim is not None:
             sr = to_float(r.get("success_rate"))
             err = 1.0 - sr if math.isfinite(sr) else 1.0

@@ -22,7 +22,6 @@ Not for reading formats (`results.formats`) or for comparing runs (`results.comp
 
 from __future__ import annotations
 
-import hashlib
 import math
 import shutil
 import tempfile
@@ -38,6 +37,7 @@ from ..analysis.harmonise import agreement, definitions, harmonised_rows, recomp
 from ..analysis.peers import guidellm_window
 from ..errors import RunFolderExists, UserError
 from ..measure.runfiles import finalize
+from ..models.gguf import file_sha256
 from ..runfolder import LEVELS, RECORDS, RunFolder, now_iso, read_json, runs_root, write_json
 from .formats import Source, counted_of, frame, guidellm_schema, parse_file, read, reported_of
 
@@ -85,14 +85,6 @@ class ImportResult:
                 f"{quoted} quoted from the sampled report, {bad} unexplained; {ok5} of {n5} within 5 % recomputed "
                 "by the tool's definition" + (f" ({unchecked} not recomputable so from these records)" if unchecked
                                               else ""))
-
-
-def _sha256(p: Path) -> str:
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _destination(out: str | Path | None, study: str | None, config: str | None, sources: list[Source]) -> Path:
@@ -277,7 +269,7 @@ def _write(tmp: Path, df: pd.DataFrame, srcs: list[Source], harm: pd.DataFrame, 
     for i, p in enumerate(paths, 1):
         stored = f"{i:02d}-{p.name}" if clash else p.name  # several files of one name (one per run): numbered
         shutil.copy(p, tmp / SOURCE_DIR / stored)
-        files.append({"name": p.name, "stored_as": stored, "sha256": _sha256(p),
+        files.append({"name": p.name, "stored_as": stored, "sha256": file_sha256(p),
                       "runs": sum(1 for s in srcs if s.path == p)})
         beside = p.with_name(p.name.replace("profile_export.jsonl", "profile_export_aiperf.json"))
         if srcs[0].tool == "aiperf" and beside.exists() and beside != p:

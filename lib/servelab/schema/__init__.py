@@ -339,6 +339,11 @@ def parse_table(model: type[Table], data: Any, source: str) -> Table:
         raise ParamsError(format_errors(source, e)) from None
 
 
+def read_table(model: type[Table], path: Path) -> Table:
+    """A shipped table from its YAML file (`parse_table`, errors naming the file)."""
+    return parse_table(model, yaml.safe_load(Path(path).read_text(encoding="utf-8")), str(path))
+
+
 def _one_of(values: tuple[str, ...]) -> str:
     q = [f"'{v}'" for v in values]
     return ", ".join(q[:-1]) + f" or {q[-1]}"

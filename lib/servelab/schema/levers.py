@@ -8,11 +8,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, model_validator
 
 from ..engines import get
-from . import parse_table
+from . import parse_table, read_table
 from .parts import Strict
 
 LEVERS_PATH = Path(__file__).resolve().parents[1] / "data" / "levers.yaml"
@@ -76,8 +75,7 @@ def parse_levers(data: dict[str, Any], source: str = "levers") -> Levers:
 
 @cache
 def load_levers(path: str | None = None) -> Levers:
-    p = Path(path) if path else LEVERS_PATH
-    return parse_levers(yaml.safe_load(p.read_text(encoding="utf-8")), str(p))
+    return read_table(Levers, Path(path) if path else LEVERS_PATH)
 
 
 __all__ = ["Fix", "Lever", "Levers", "Suspect", "load_levers", "parse_levers"]

@@ -13,10 +13,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, model_validator
 
-from . import parse_table
+from . import parse_table, read_table
 from .parts import Strict
 
 TOOL_DEFINITIONS_PATH = Path(__file__).resolve().parents[1] / "data" / "tool_definitions.yaml"
@@ -102,8 +101,7 @@ def parse_tool_definitions(data: dict[str, Any], source: str = "tool definitions
 
 @cache
 def load_tool_definitions(path: str | None = None) -> ToolDefinitions:
-    p = Path(path) if path else TOOL_DEFINITIONS_PATH
-    return parse_tool_definitions(yaml.safe_load(p.read_text(encoding="utf-8")), str(p))
+    return read_table(ToolDefinitions, Path(path) if path else TOOL_DEFINITIONS_PATH)
 
 
 __all__ = ["ByTool", "Figure", "Tool", "ToolDefinitions", "load_tool_definitions", "parse_tool_definitions"]
