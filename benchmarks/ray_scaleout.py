@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
 from servelab.hosts.base import Server
-from servelab.measure import client as sc
+from servelab.measure import client
 from servelab.measure.selfcheck import (
     ITL_ERR_LIMIT_PCT,
     RefProcess,
@@ -84,7 +84,7 @@ def scale(name: str, backend: str, n: int) -> dict[str, Any]:
 
 
 def _specs(n: int) -> list[Job]:
-    return [Job(i, sc.RequestSpec(prompt="overhead", max_tokens=TOKENS, model="ref", seed=None)) for i in range(n)]
+    return [Job(i, client.RequestSpec(prompt="overhead", max_tokens=TOKENS, model="ref", seed=None)) for i in range(n)]
 
 
 def overhead(name: str, backend: str, n: int, url: str) -> dict[str, Any]:
@@ -102,7 +102,7 @@ def overhead(name: str, backend: str, n: int, url: str) -> dict[str, Any]:
     try:
         if pool is None:
             async def local() -> dict[str, Any]:
-                async with sc.StreamClient(url, concurrency=c) as http:
+                async with client.StreamClient(url, concurrency=c) as http:
                     await run_round(http, _specs(c), c, 60, lambda *a: None, asyncio.Event())
                     cpu0, t0 = time.process_time(), time.perf_counter()
                     st = await run_round(http, _specs(total), c, 60, lambda j, r, lag: results.append(r),
@@ -171,7 +171,7 @@ def driver_at_rate() -> dict[str, Any]:
     with RefProcess(ttft_s=0.002, itl_s=0.001) as srv:
         pool = RayWorkerPool(2, Server(base_url=srv.url, model="ref"), RATE_STREAMS)
         try:
-            jobs = [Job(i, sc.RequestSpec(prompt="rate", max_tokens=RATE_TOKENS, model="ref", seed=None))
+            jobs = [Job(i, client.RequestSpec(prompt="rate", max_tokens=RATE_TOKENS, model="ref", seed=None))
                     for i in range(RATE_REQUESTS)]
             run_sync(pool.run_round(jobs[:RATE_STREAMS], RATE_STREAMS, 60, lambda *a: None))
             cpu0, t0 = time.process_time(), time.perf_counter()

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "lib"))
 import httpx
 import numpy as np
 import psutil
-from servelab.measure import client as sc
+from servelab.measure import client
 from servelab.measure.selfcheck import RefProcess
 from servelab.measure.rounds import LAG_TICK_S, run_sync
 
@@ -69,12 +69,12 @@ async def soak(url: str, *, streams: int, duration_s: float, sample_s: float, to
     lags: list[float] = []
     samples: list[dict[str, Any]] = []
     stop_at = time.perf_counter() + duration_s
-    spec = sc.RequestSpec(prompt="soak the client", max_tokens=tokens, model="ref", api="chat", seed=None)
+    spec = client.RequestSpec(prompt="soak the client", max_tokens=tokens, model="ref", api="chat", seed=None)
 
-    async def stream(http: sc.StreamClient) -> None:
+    async def stream(http: client.StreamClient) -> None:
         while time.perf_counter() < stop_at:
             state["in_flight"] += 1
-            r = await sc.send(http, spec, timeout_s=60)
+            r = await client.send(http, spec, timeout_s=60)
             state["in_flight"] -= 1
             if r.ok and r.output_tokens == tokens:
                 state["ok"] += 1
@@ -105,7 +105,7 @@ async def soak(url: str, *, streams: int, duration_s: float, sample_s: float, to
             samples.append(s)
             log(json.dumps(s))
 
-    async with sc.StreamClient(url, concurrency=streams) as http:
+    async with client.StreamClient(url, concurrency=streams) as http:
         t0, cpu0 = time.perf_counter(), time.process_time()
         aux = [asyncio.create_task(lag_probe()), asyncio.create_task(sampler(t0, cpu0))]
         await asyncio.gather(*(stream(http) for _ in range(streams)))

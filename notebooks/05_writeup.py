@@ -22,7 +22,7 @@ from IPython.display import Markdown, display
 
 from servelab.report import load_study_data
 from servelab.report import diagnosis as dg
-from servelab.report import html as rh
+from servelab.report import html
 from servelab.report import accuracy, checks, gpu, levels, money, plots
 from servelab.report import sections as sec
 from servelab.report import workload as wk
@@ -89,9 +89,9 @@ Markdown(f"{sec.anchor('why', w('section.why'), 3)}\n\n{why_text}")
 # %%
 for knob, points, knee in why_figures:  # a decode-time law (knee None), else the throughput sweep
     if knee is None:
-        display(rh.figure(plots.time_law(points, knob, lang=sd.language), w("figure.time_law")))
+        display(html.figure(plots.time_law(points, knob, lang=sd.language), w("figure.time_law")))
     else:
-        display(rh.figure(plots.effect_vs_knob(points, knob, knee, lang=sd.language), w("figure.effect_vs_knob")))
+        display(html.figure(plots.effect_vs_knob(points, knob, knee, lang=sd.language), w("figure.effect_vs_knob")))
 
 # %%
 sets_text, sets_table = levels.prompt_set_table(sd)
@@ -116,19 +116,19 @@ if cap_table is not None:
 Markdown(sec.anchor("figures", w("section.figures")))
 
 # %%
-rh.figure(plots.ttft_vs_prompt_tokens(sd.summary, labels, dg.prefill_fits(sd), colors=colors, lang=sd.language),
+html.figure(plots.ttft_vs_prompt_tokens(sd.summary, labels, dg.prefill_fits(sd), colors=colors, lang=sd.language),
           w("figure.ttft_vs_prompt_tokens"))
 
 # %%
-rh.figure(plots.throughput_vs_concurrency(sd.summary, labels, dg.goodput_frame(sd), colors=colors, lang=sd.language),
+html.figure(plots.throughput_vs_concurrency(sd.summary, labels, dg.goodput_frame(sd), colors=colors, lang=sd.language),
           w("figure.throughput_vs_concurrency"))
 
 # %%
-rh.figure(plots.latency_vs_concurrency(sd.summary, labels, sd.study.slo.ttft_p95_s, colors=colors, lang=sd.language),
+html.figure(plots.latency_vs_concurrency(sd.summary, labels, sd.study.slo.ttft_p95_s, colors=colors, lang=sd.language),
           w("figure.latency_vs_concurrency"))
 
 # %%
-rh.figure(plots.per_user_vs_per_gpu(sd.summary, {c: sec.engine_gpus(sd, c) for c in sd.config_ids}, labels,
+html.figure(plots.per_user_vs_per_gpu(sd.summary, {c: sec.engine_gpus(sd, c) for c in sd.config_ids}, labels,
                                     colors=colors, lang=sd.language), w("figure.per_user_vs_per_gpu"))
 
 # %%
@@ -152,7 +152,7 @@ for cid in sd.config_ids:
     display(Markdown(text))
     display(table)
     if samples is not None:
-        display(rh.figure(plots.kv_vs_time(samples, colors[cid], lang=sd.language),
+        display(html.figure(plots.kv_vs_time(samples, colors[cid], lang=sd.language),
                           w("figure.kv_vs_time", label=labels.get(cid, cid))))
 
 # %%

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from servelab.analysis import calibration as cal
-from servelab.analysis import perfmodel as pm
+from servelab.analysis import perfmodel
 from servelab.analysis.perfmodel_parallel import Parallel, collective_s, replica_counts
 from servelab.engines import get
 from servelab.engines.base import Layout
@@ -118,24 +118,24 @@ def test_tp2_halves_the_weight_bytes_and_adds_the_all_reduces_of_a_given_alpha_b
     f = _facts("qwen2.5-32b")
     ar = {"2": {"all_reduce": {"alpha_s": AB[0], "beta_Bps": AB[1]}}}
     par = Parallel.of(Layout(tp=2), _machine(ar).collective)
-    assert par.weight_bytes(f, 1) == pytest.approx(pm.weight_bytes(f, 1) / 2)
+    assert par.weight_bytes(f, 1) == pytest.approx(perfmodel.weight_bytes(f, 1) / 2)
     rows = 8
     assert par.comm_s(f, rows) == pytest.approx(2 * 64 * (AB[0] + rows * 5120 * 2 / AB[1]))
-    with_ar = pm.predict(f, "vllm", {}, _machine(ar), layout=Layout(tp=2), **KW)
-    without = pm.predict(f, "vllm", {}, _machine(), layout=Layout(tp=2), **KW)
+    with_ar = perfmodel.predict(f, "vllm", {}, _machine(ar), layout=Layout(tp=2), **KW)
+    without = perfmodel.predict(f, "vllm", {}, _machine(), layout=Layout(tp=2), **KW)
     assert with_ar["c1_tpot_s"] - without["c1_tpot_s"] == pytest.approx(par.comm_s(f, 1), rel=1e-6)
     assert with_ar["kinds"]["tpot_s"] == "estimate" and with_ar["bound_because"] == []
     assert without["kinds"]["tpot_s"] == "bound" and "all-reduce" in without["bound_because"][0]
-    one = pm.predict(f, "vllm", {}, _machine(ar), **KW)
+    one = perfmodel.predict(f, "vllm", {}, _machine(ar), **KW)
     assert without["c1_tpot_s"] < one["c1_tpot_s"]  # half the bytes per GPU
 
 
 def test_dp2_is_two_replicas_each_at_half_the_concurrency():
     f = _facts("qwen2.5-32b")
-    one = pm.predict(f, "vllm", {}, _machine(), **KW)
-    dp = pm.predict(f, "vllm", {}, _machine(), layout=Layout(dp=2), **KW)
+    one = perfmodel.predict(f, "vllm", {}, _machine(), **KW)
+    dp = perfmodel.predict(f, "vllm", {}, _machine(), layout=Layout(dp=2), **KW)
     assert dp["tpot_s"]["2"] == pytest.approx(one["tpot_s"]["1"])
-    one16 = pm.predict(f, "vllm", {}, _machine(), **{**KW, "concurrency": [16]})
+    one16 = perfmodel.predict(f, "vllm", {}, _machine(), **{**KW, "concurrency": [16]})
     assert dp["tpot_s"]["32"] == pytest.approx(one16["tpot_s"]["16"])
     assert dp["kv_limited_concurrency"] == pytest.approx(2 * one["kv_limited_concurrency"])
     tp = [dp["tpot_s"][str(c)] for c in (1, 2, 8, 32)]
@@ -152,9 +152,9 @@ def test_ep_splits_the_experts_and_is_a_bound_with_an_all_to_all_across_replicas
     from servelab.analysis.perfmodel_parallel import expert_bytes
 
     touched = expert_bytes(f, touched=True, distinct=4)
-    assert par.weight_bytes(f, 4) == pytest.approx(pm.weight_bytes(f, 4) - touched / 2)
+    assert par.weight_bytes(f, 4) == pytest.approx(perfmodel.weight_bytes(f, 4) - touched / 2)
     assert par.comm_s(f, 4) == pytest.approx(2 * 48 * collective_s(AB, 4 * 8 * 2048 * 2))
-    p = pm.predict(f, "vllm", args, _machine(a2a), layout=get("vllm").layout(args), **KW)
+    p = perfmodel.predict(f, "vllm", args, _machine(a2a), layout=get("vllm").layout(args), **KW)
     assert p["kinds"]["tpot_s"] == "bound" and any("busiest GPU" in w for w in p["bound_because"])
 
 
@@ -164,7 +164,7 @@ def test_predict_configuration_takes_the_layout_from_the_flags():
            "engine_params": {"kind": "vllm", "args": {"data-parallel-size": 2}}}
     wl = SimpleNamespace(concurrency=[1, 2], buckets=[], arrival="concurrency", concurrency_ramp_s=None,
                          temperature=1.0, seed=None)
-    out = pm.predict_configuration(run, wl, {}, {"b": (256, 256)}, "now", folder=None)
+    out = perfmodel.predict_configuration(run, wl, {}, {"b": (256, 256)}, "now", folder=None)
     inputs = {i["name"]: i["value"] for i in out["buckets"]["b"]["inputs"]}
     assert inputs["layout"] == "DP=2" and inputs["GPUs"] == 2 and inputs["replicas (DP)"] == 2
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from .analysis import perfmodel as pm
+from .analysis import perfmodel
 from .analysis import perfmodel_terms as terms
 from .analysis.calibration import (Machine, calibration_for, fit_collective, fit_engine_bandwidth, fit_fixed_costs,
                                    fit_graph_costs)
@@ -295,8 +295,8 @@ def moe_prefill_from(study_dir: Path | str, add_to: str, engine: str = "vllm") -
         facts = ((sd.runs[cid].get("model") or {}).get("facts")) or {}
         if g["bucket"].nunique() < 2 or not facts.get("param_count"):
             continue
-        mode = pm.mode_of(engine, engine_args((sd.runs[cid].get("engine_params") or {}).get("args")))
-        resid[cid] = {r.bucket: (float(r.prompt_tokens), float(r.ttft_p50_s) - pm.prefill_time(
+        mode = perfmodel.mode_of(engine, engine_args((sd.runs[cid].get("engine_params") or {}).get("args")))
+        resid[cid] = {r.bucket: (float(r.prompt_tokens), float(r.ttft_p50_s) - perfmodel.prefill_time(
             m, engine, mode, facts, float(r.prompt_tokens))) for r in g.itertuples()}
         (moe_cfgs if facts.get("num_experts") else dense_cfgs).append(cid)
     if not moe_cfgs or not dense_cfgs:

@@ -19,8 +19,8 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from .hosts.aws import deadline as dl
-from .hosts.aws import stack as st
+from .hosts.aws import deadline
+from .hosts.aws import stack
 from .hosts.aws.billing import Billable
 from .hosts.aws.errors import Leftovers, StackError
 from .hosts.aws.session import StackParams
@@ -63,7 +63,7 @@ def _cmd_up(a: argparse.Namespace) -> int:
     p = _params(a)
     itype = str(p.parameters.get("InstanceType", "g7e.12xlarge"))
     if a.dry_run:
-        pl = st.plan(p, instance_hourly_usd=_price(a, itype))
+        pl = stack.plan(p, instance_hourly_usd=_price(a, itype))
         print(f"stack {p.stack_name} in {p.region}: {len(pl.resources)} resources (no AWS call made)")
         for lid, rtype in pl.resources:
             print(f"  {lid:28s} {rtype}")
@@ -77,15 +77,15 @@ def _cmd_up(a: argparse.Namespace) -> int:
         print("fixed prices: data/aws-fixed-prices.yaml (status quoted: list prices, check before publishing)")
         return 0
     if a.change_set:
-        for c in st.change_set(p):
+        for c in stack.change_set(p):
             print(f"{c['action']:8s} {c['logical_id']:28s} {c['type']:45s} {c['replacement']}")
         return 0
-    outs = st.up(p)
+    outs = stack.up(p)
     for k, v in sorted(outs.items()):
         print(f"{k}: {v}")
     if a.deadline_hours:
         when = datetime.now(UTC) + timedelta(hours=a.deadline_hours)
-        dl.set_deadline(outs["AsgName"], when, region=p.region, profile=p.profile)
+        deadline.set_deadline(outs["AsgName"], when, region=p.region, profile=p.profile)
         print(f"deadline: {outs['AsgName']} scales to 0 at {when.isoformat(timespec='seconds')} (servelab-deadline)")
     return 0
 
@@ -116,8 +116,8 @@ def billing_line(stack: str, items: list[Billable], total: float, deadline: date
 
 def _deadline(p: StackParams) -> datetime | None:
     try:
-        asg = st.outputs(p).get("AsgName")
-        got = dl.deadline_of(asg, region=p.region, profile=p.profile) if asg else None
+        asg = stack.outputs(p).get("AsgName")
+        got = deadline.deadline_of(asg, region=p.region, profile=p.profile) if asg else None
     except (StackError, ClientError):
         return None
     return (got or {}).get("scheduled_utc")
@@ -125,12 +125,12 @@ def _deadline(p: StackParams) -> datetime | None:
 
 def _cmd_status(a: argparse.Namespace) -> int:
     p = _params(a)
-    items, total = st.status(p, instance_hourly_usd=a.instance_usd_per_hour)
+    items, total = stack.status(p, instance_hourly_usd=a.instance_usd_per_hour)
     if a.instance_usd_per_hour is None:  # price each instance type from the committed table
         priced = {b.detail.split()[0]: committed_instance_usd_per_hour(b.detail.split()[0], p.region)
                   for b in items if b.kind == "instance"}
         if any(v is not None for v in priced.values()):
-            items, total = st.status(p, instance_hourly_usd={k: v for k, v in priced.items() if v is not None})
+            items, total = stack.status(p, instance_hourly_usd={k: v for k, v in priced.items() if v is not None})
     print(f"stack {p.stack_name} in {p.region}: {len(items)} billable resource(s)")
     _print_items(items, total)
     print(billing_line(p.stack_name, items, total, _deadline(p)))
@@ -138,19 +138,19 @@ def _cmd_status(a: argparse.Namespace) -> int:
 
 
 def _cmd_start(a: argparse.Namespace) -> int:
-    for line in dl.start(_params(a), deadline_hours=a.deadline_hours):
+    for line in deadline.start(_params(a), deadline_hours=a.deadline_hours):
         print(line)
     return 0
 
 
 def _cmd_logs(a: argparse.Namespace) -> int:
-    for when, stream, message in st.logs(_params(a), since_min=a.since):
+    for when, stream, message in stack.logs(_params(a), since_min=a.since):
         print(f"{when.isoformat(timespec='seconds')} {stream} {message.rstrip()}")
     return 0
 
 
 def _cmd_tunnel(a: argparse.Namespace) -> int:
-    argv = st.tunnel_command(_params(a), local_port=a.local_port)
+    argv = stack.tunnel_command(_params(a), local_port=a.local_port)
     print(shlex.join(argv))
     if a.start:
         return subprocess.call(argv)
@@ -160,7 +160,7 @@ def _cmd_tunnel(a: argparse.Namespace) -> int:
 def _cmd_down(a: argparse.Namespace) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        log = st.down(_params(a), force=a.force)
+        log = stack.down(_params(a), force=a.force)
     for w in caught:
         print(f"warning: {w.message}", file=sys.stderr)
     for line in log:

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from servelab.analysis import calibration as cal
-from servelab.analysis import perfmodel as pm
+from servelab.analysis import perfmodel
 from servelab.models.facts import facts_from_config
 from servelab.models.presets import PRESETS
 
@@ -26,9 +26,9 @@ def test_expected_distinct_experts_matches_a_simulation_of_routing():
                 touched.update(rng.sample(range(E), k))
             sims.append(len(touched))
         mean = sum(sims) / len(sims)
-        assert pm.distinct_experts(E, k, B) == pytest.approx(mean, rel=0.01), (E, k, B)
-    assert pm.distinct_experts(128, 8, 1) == pytest.approx(8.0)
-    assert pm.distinct_experts(128, 8, 0) == 0.0
+        assert perfmodel.distinct_experts(E, k, B) == pytest.approx(mean, rel=0.01), (E, k, B)
+    assert perfmodel.distinct_experts(128, 8, 1) == pytest.approx(8.0)
+    assert perfmodel.distinct_experts(128, 8, 0) == 0.0
 
 
 def test_fixed_costs_fit_recovers_a_known_line_after_the_weight_time():
@@ -60,9 +60,9 @@ def _facts(preset: str) -> dict:
 def test_c1_tpot_is_the_weight_bytes_over_bandwidth_plus_the_fixed_costs():
     m = cal.Machine(_entry())
     f = _facts("llama-3.1-8b")
-    p = pm.predict(f, "vllm", {"kv-cache-memory-bytes": "4G", "max-num-seqs": 64}, m, input_tokens=256,
+    p = perfmodel.predict(f, "vllm", {"kv-cache-memory-bytes": "4G", "max-num-seqs": 64}, m, input_tokens=256,
                    output_tokens=256, concurrency=[1, 32], slo={"tpot_p95_s": 0.05, "ttft_p95_s": 1.0})
-    wbytes = pm.weight_bytes(f, 1)
+    wbytes = perfmodel.weight_bytes(f, 1)
     kv = 384 * f["kv_cache_bytes_per_token"]
     # CUDA graphs: the GPU's bytes and per-layer time, or the engine's CPU-side floor if that is longer
     assert p["c1_tpot_s"] == pytest.approx(max(2e-3, (wbytes + kv) / 4e12 + 32 * 1e-5), rel=1e-6)
@@ -70,10 +70,10 @@ def test_c1_tpot_is_the_weight_bytes_over_bandwidth_plus_the_fixed_costs():
     assert p["tpot_s"]["32"] > p["c1_tpot_s"]  # more KV read, and others' prefills ride along
     assert p["kv_limited_concurrency"] == pytest.approx(p["kv_tokens"] / 512) and p["kv_from"] == "kv-cache-memory-bytes"
     assert 1 <= p["capacity_concurrency"] <= 64 and p["capacity_rps"] > 0
-    eager = pm.predict(f, "vllm", {"enforce-eager": True}, m, input_tokens=256, output_tokens=256, concurrency=[1])
+    eager = perfmodel.predict(f, "vllm", {"enforce-eager": True}, m, input_tokens=256, output_tokens=256, concurrency=[1])
     # eager: the CPU side launches every kernel (step + 32 layers of 10x the graph cost), the longer side wins
     assert eager["mode"] == "eager" and eager["c1_tpot_s"] == pytest.approx(max(1e-3 + 32 * 1e-4, p["c1_tpot_s"]))
-    tiny = pm.predict(_facts("calib-dense-w256-l2"), "vllm", {}, m, input_tokens=32, output_tokens=64, concurrency=[1])
+    tiny = perfmodel.predict(_facts("calib-dense-w256-l2"), "vllm", {}, m, input_tokens=32, output_tokens=64, concurrency=[1])
     assert tiny["c1_tpot_s"] == pytest.approx(2e-3)  # a tiny model sits on the floor
 
 
@@ -81,13 +81,13 @@ def test_identical_requests_route_as_one_token_and_read_one_tokens_experts():
     m = cal.Machine(_entry())
     f = _facts("qwen3-30b-a3b")
     kw = dict(input_tokens=256, output_tokens=256, concurrency=[1, 32])
-    diverse = pm.predict(f, "vllm", {}, m, identical=False, **kw)
-    same = pm.predict(f, "vllm", {}, m, identical=True, **kw)
+    diverse = perfmodel.predict(f, "vllm", {}, m, identical=False, **kw)
+    same = perfmodel.predict(f, "vllm", {}, m, identical=True, **kw)
     assert diverse["c1_tpot_s"] == pytest.approx(same["c1_tpot_s"])
     # 32 independent tokens touch ~24 % of 128 experts each... ~112 of them: most of the model
     assert diverse["tpot_s"]["32"] > 3 * same["tpot_s"]["32"]
-    assert pm.layer_counts(f) == {"moe": 48}
-    assert pm.layer_counts(_facts("deepseek-v2-lite")) == {"mla": 26, "mla_dense": 1}
+    assert perfmodel.layer_counts(f) == {"moe": 48}
+    assert perfmodel.layer_counts(_facts("deepseek-v2-lite")) == {"mla": 26, "mla_dense": 1}
 
 
 def test_requests_in_waves_wait_for_half_of_the_waves_prefills():
@@ -99,22 +99,22 @@ def test_requests_in_waves_wait_for_half_of_the_waves_prefills():
     m = cal.Machine(_entry())
     f = _facts("llama-3.1-8b")
     kv = float(f["kv_cache_bytes_per_token"])
-    plain = pm.step_time(m, "vllm", "graphs", f, batch=32, ctx=384, kv_bpt=kv, distinct=32)["total_s"]
-    wave = pm.prefill_time(m, "vllm", "graphs", f, 32 * 256, seqs=32)
-    waves = pm.tpot(m, "vllm", "graphs", f, 32, 256, 256, kv, False, waves=True)
+    plain = perfmodel.step_time(m, "vllm", "graphs", f, batch=32, ctx=384, kv_bpt=kv, distinct=32)["total_s"]
+    wave = perfmodel.prefill_time(m, "vllm", "graphs", f, 32 * 256, seqs=32)
+    waves = perfmodel.tpot(m, "vllm", "graphs", f, 32, 256, 256, kv, False, waves=True)
     assert waves == pytest.approx(plain + wave / 2 / 255)
-    staggered = pm.tpot(m, "vllm", "graphs", f, 32, 256, 256, kv, False)
+    staggered = perfmodel.tpot(m, "vllm", "graphs", f, 32, 256, 256, kv, False)
     assert staggered > waves  # 31 of 256 steps each carry a whole prefill
-    assert pm.tpot(m, "vllm", "graphs", f, 1, 256, 256, kv, False, waves=True) == pytest.approx(
-        pm.tpot(m, "vllm", "graphs", f, 1, 256, 256, kv, False))  # one request: no other prefills
+    assert perfmodel.tpot(m, "vllm", "graphs", f, 1, 256, 256, kv, False, waves=True) == pytest.approx(
+        perfmodel.tpot(m, "vllm", "graphs", f, 1, 256, 256, kv, False))  # one request: no other prefills
     # attention's square is per prompt: 32 prompts of 256 tokens, not one of 8192
-    assert pm.prefill_flops(f, 8192, seqs=32) < pm.prefill_flops(f, 8192)
+    assert perfmodel.prefill_flops(f, 8192, seqs=32) < perfmodel.prefill_flops(f, 8192)
     fixed = Workload(buckets=[Bucket(input_tokens=256, output_tokens=256)], concurrency=[1, 8])
-    assert pm.in_waves(fixed)
-    assert not pm.in_waves(fixed.model_copy(update={"concurrency_ramp_s": 2.0}))
-    assert not pm.in_waves(Workload(buckets=[Bucket(input_tokens=256, output_tokens=256, ignore_eos=False)],
+    assert perfmodel.in_waves(fixed)
+    assert not perfmodel.in_waves(fixed.model_copy(update={"concurrency_ramp_s": 2.0}))
+    assert not perfmodel.in_waves(Workload(buckets=[Bucket(input_tokens=256, output_tokens=256, ignore_eos=False)],
                                     concurrency=[1, 8]))
-    assert not pm.in_waves(Workload(buckets=[Bucket(input_tokens=256, output_tokens=256)], arrival="poisson", concurrency=[1],
+    assert not perfmodel.in_waves(Workload(buckets=[Bucket(input_tokens=256, output_tokens=256)], arrival="poisson", concurrency=[1],
                                     rates_rps=[1.0]))
 
 
@@ -125,12 +125,12 @@ def test_dummy_deepseek_weights_on_vllm_026_route_every_token_to_the_same_expert
     cfg = dict(PRESETS["deepseek-v2-lite"])
     run = {"engine_params": {"kind": "vllm", "load_format": "dummy"}, "model": {"config": cfg},
            "server": {"version": "0.26.0"}}
-    assert "bf16 softmax" in pm.router_ties(run)
-    assert pm.router_ties({**run, "server": {"version": "0.32.0"}}) is None
-    assert pm.router_ties({**run, "engine_params": {"kind": "vllm", "load_format": "auto"}}) is None
-    assert pm.router_ties({**run, "model": {"config": dict(PRESETS["qwen3-30b-a3b"])}}) is None
-    assert pm.router_ties({**run, "model": {"config": {**cfg, "topk_method": "noaux_tc"}}}) is None
-    assert pm.router_ties({**run, "engine_params": {"kind": "sglang", "load_format": "dummy"}}) is None
+    assert "bf16 softmax" in perfmodel.router_ties(run)
+    assert perfmodel.router_ties({**run, "server": {"version": "0.32.0"}}) is None
+    assert perfmodel.router_ties({**run, "engine_params": {"kind": "vllm", "load_format": "auto"}}) is None
+    assert perfmodel.router_ties({**run, "model": {"config": dict(PRESETS["qwen3-30b-a3b"])}}) is None
+    assert perfmodel.router_ties({**run, "model": {"config": {**cfg, "topk_method": "noaux_tc"}}}) is None
+    assert perfmodel.router_ties({**run, "engine_params": {"kind": "sglang", "load_format": "dummy"}}) is None
 
 
 def test_graph_costs_come_from_the_floor_and_the_deepest_model():
@@ -158,11 +158,11 @@ def test_what_is_not_calibrated_is_a_bound_and_says_why():
     m = cal.Machine(_entry())
     f = _facts("llama-3.1-8b")
     kw = dict(input_tokens=256, output_tokens=256, concurrency=[1])
-    tp2 = pm.predict(f, "vllm", {"tensor-parallel-size": 2}, m, n_gpus=2, **kw)
+    tp2 = perfmodel.predict(f, "vllm", {"tensor-parallel-size": 2}, m, n_gpus=2, **kw)
     assert tp2["kinds"]["c1_tpot_s"] == "bound" and "all-reduce" in tp2["bound_because"][0]
-    sg = pm.predict(f, "sglang", {}, m, **kw)  # no SGLang calibration: vLLM's fixed costs, a bound
+    sg = perfmodel.predict(f, "sglang", {}, m, **kw)  # no SGLang calibration: vLLM's fixed costs, a bound
     assert sg["kinds"]["c1_tpot_s"] == "bound" and "not sglang's own graphs calibration" in sg["bound_because"][0]
-    spec = pm.predict(f, "vllm", {}, m, speculative=True, **kw)
+    spec = perfmodel.predict(f, "vllm", {}, m, speculative=True, **kw)
     assert "speculative" in spec["bound_because"][0]
 
 
@@ -184,7 +184,7 @@ def test_calibration_lookup_and_another_cpu_of_the_kind(tmp_path):
     assert bw == pytest.approx(1e10)
     fixed, _, _, _ = m.fixed("vllm", "eager", {"dense": 10})
     assert fixed == pytest.approx(1e-3 + 10 * 1e-4)  # the probe's matmul rate is too noisy to scale them by
-    p = pm.predict(_facts("llama-3.1-8b"), "vllm", {}, m, input_tokens=64, output_tokens=64, concurrency=[1])
+    p = perfmodel.predict(_facts("llama-3.1-8b"), "vllm", {}, m, input_tokens=64, output_tokens=64, concurrency=[1])
     assert p["kinds"]["c1_tpot_s"] == "bound" and "another machine" in p["bound_because"][0]
     sig = {**run["hardware_measured"], "cpu_signature": "AuthenticAMD family 25 model 1; avx2 avx512f"}
     cpu_sig = {**cpu, "probe": {**cpu["probe"], "cpu_signature": "AuthenticAMD family 26 model 2; avx2 avx512f"}}
@@ -205,12 +205,12 @@ def test_a_run_without_a_calibration_gets_the_roofline_bounds_labelled(tmp_path)
     run = {"study": "s", "config": "c", "model": {"facts": facts}, "engine_params": {"kind": "vllm", "args": {}},
            "gpus_used": [{"name": "NVIDIA H200", "memory": "143771 MiB"}]}
     wl = Workload(buckets=[Bucket(input_tokens=256, output_tokens=256)], concurrency=[1, 8])
-    out = pm.predict_configuration(run, wl, {}, {"in256-out256": (256, 256)}, "t", folder=tmp_path)
+    out = perfmodel.predict_configuration(run, wl, {}, {"in256-out256": (256, 256)}, "t", folder=tmp_path)
     assert out["model_version"] == "roofline" and out["stored_before_measurement"]
     b = out["buckets"]["in256-out256"]
     assert set(b["kinds"].values()) == {"bound"} and "no calibration entry" in b["bound_because"][0]
-    assert not pm.identical_requests(Workload(buckets=[Bucket(input_tokens=8, output_tokens=8)], concurrency=[1], temperature=1.0,
+    assert not perfmodel.identical_requests(Workload(buckets=[Bucket(input_tokens=8, output_tokens=8)], concurrency=[1], temperature=1.0,
                                               seed=None))
-    assert pm.identical_requests(wl)  # filler prompts, temperature 0
-    bare = pm.predict_configuration({**run, "model": {}}, wl, {}, {"in256-out256": (256, 256)}, "t")
+    assert perfmodel.identical_requests(wl)  # filler prompts, temperature 0
+    bare = perfmodel.predict_configuration({**run, "model": {}}, wl, {}, {"in256-out256": (256, 256)}, "t")
     assert "parameter count" in bare["not_predictable"] and "buckets" not in bare

@@ -12,7 +12,7 @@ import pytest
 from paths import ROOT
 
 from servelab.analysis import calibration as cal
-from servelab.analysis import perfmodel as pm
+from servelab.analysis import perfmodel
 from servelab.analysis import perfmodel_terms as terms
 from servelab.models.facts import facts_from_config
 from servelab.models.presets import PRESETS
@@ -46,8 +46,8 @@ def _h200() -> cal.Machine:
 def test_a_prediction_adds_the_term_it_pays_and_names_it():
     m, ds = _h200(), _ds()
     kw = dict(input_tokens=256, output_tokens=256, concurrency=[1, 8])
-    with_t = pm.predict(ds, "sglang", FP8, m, **kw)
-    without = pm.predict(ds, "sglang", FP8, m, engine_terms=False, **kw)
+    with_t = perfmodel.predict(ds, "sglang", FP8, m, **kw)
+    without = perfmodel.predict(ds, "sglang", FP8, m, engine_terms=False, **kw)
     (paid,) = with_t["engine_terms"]
     law = next(t for t in terms.load_terms() if t["id"] == paid["id"])["per_step"]
     pool = 552000 * 27 * 576  # fp8: one byte per latent element
@@ -55,7 +55,7 @@ def test_a_prediction_adds_the_term_it_pays_and_names_it():
     assert paid["seconds"] * 1e3 == pytest.approx(25.8, abs=0.2)
     assert with_t["c1_tpot_s"] - without["c1_tpot_s"] == pytest.approx(paid["seconds"], rel=0.05)
     assert "h200-moe-explain" in paid["source"] and "held out sglang-fp8kv" in paid["source"]
-    fixed = pm.predict(ds, "sglang", {**FP8, "attention-backend": "flashmla", "page-size": 64}, m, **kw)
+    fixed = perfmodel.predict(ds, "sglang", {**FP8, "attention-backend": "flashmla", "page-size": 64}, m, **kw)
     assert fixed["engine_terms"] == [] and fixed["c1_tpot_s"] == pytest.approx(without["c1_tpot_s"])
 
 
@@ -95,7 +95,7 @@ def test_the_published_gpu_configurations_come_within_25_percent_with_the_terms(
             g = s[(s["config"] == cid) & (s["concurrency"] == 1)]
             label = g["bucket"].iloc[0]
             n_in, n_out = int(round(g["prompt_tokens"].median())), int(round(g["output_tokens_p50"].median()))
-            p = pm.predict_configuration(sd.runs[cid], sd.study.workload_for(cid), {}, {label: (n_in, n_out)}, "test")
+            p = perfmodel.predict_configuration(sd.runs[cid], sd.study.workload_for(cid), {}, {label: (n_in, n_out)}, "test")
             # the committed entry, whose deeper pass ("-deep") some stored predictions were made before it was merged
             assert rf.prediction["machine"]["calibration"].startswith(p["machine"]["calibration"])
             measured = float(g["tpot_p50_s"].median())
@@ -110,24 +110,24 @@ def test_the_moe_prefill_term_is_fitted_per_layer_and_added_to_a_moe_prefill():
     assert f["layer_s"] == pytest.approx(2e-4) and f["token_layer_s"] == pytest.approx(5e-8)
     m = _h200()
     q = facts_from_config(PRESETS["qwen1.5-moe-a2.7b"], vocab_size=32000)
-    before = pm.prefill_time(m, "vllm", "graphs", q, 256)
+    before = perfmodel.prefill_time(m, "vllm", "graphs", q, 256)
     entry = {**m.entry, "engines": {**m.entry["engines"], "vllm": {**m.entry["engines"]["vllm"], "moe_prefill": f}}}
-    after = pm.prefill_time(cal.Machine(entry), "vllm", "graphs", q, 256)
+    after = perfmodel.prefill_time(cal.Machine(entry), "vllm", "graphs", q, 256)
     assert after - before == pytest.approx(24 * (2e-4 + 5e-8 * 256), rel=1e-6)
     llama = facts_from_config(PRESETS["llama-3.1-8b"], vocab_size=32000)
-    assert pm.prefill_time(cal.Machine(entry), "vllm", "graphs", llama, 256) == pm.prefill_time(m, "vllm", "graphs",
+    assert perfmodel.prefill_time(cal.Machine(entry), "vllm", "graphs", llama, 256) == perfmodel.prefill_time(m, "vllm", "graphs",
                                                                                                llama, 256)
 
 
 def test_a_moe_prefill_reads_every_touched_expert_and_runs_small_expert_gemms():
     q = facts_from_config(PRESETS["qwen1.5-moe-a2.7b"], vocab_size=32000)
-    params, rows = pm.expert_split(q, 256)
-    touched = pm.distinct_experts(60, 4, 256)
+    params, rows = perfmodel.expert_split(q, 256)
+    touched = perfmodel.distinct_experts(60, 4, 256)
     assert touched == pytest.approx(60, abs=0.01) and rows == pytest.approx(256 * 4 / touched)
     assert params == pytest.approx(4 * q["params_by_kind"]["routed_experts"] / 60)
     # all 60 experts' bytes at 256 tokens: the weights a prefill reads are nearly all of them
-    assert pm.weight_bytes(q, 256) == pytest.approx(q["weight_bytes"] - 2 * q["embedding_param_count"], rel=0.01)
-    p = pm.predict(q, "vllm", {"gpu-memory-utilization": 0.85}, _h200(), input_tokens=256, output_tokens=256,
+    assert perfmodel.weight_bytes(q, 256) == pytest.approx(q["weight_bytes"] - 2 * q["embedding_param_count"], rel=0.01)
+    p = perfmodel.predict(q, "vllm", {"gpu-memory-utilization": 0.85}, _h200(), input_tokens=256, output_tokens=256,
                    concurrency=[1])
     assert p["kinds"]["ttft_c1_s"] == "bound" and any("MoE prefill" in w for w in p["ttft_bound_because"])
     assert p["ttft_c1_s"] > q["weight_bytes"] * 0.9 / 4.8e12  # at least the touched experts' bytes at the datasheet

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from servelab.analysis import verdicts as v
+from servelab.analysis import verdicts
 
 SIGMA_B, SIGMA_W, SIGMA_BLOCK = 0.03, 0.10, 0.15  # log-scale sd between starts, within a start, between rounds
 LEVELS = 4
@@ -34,18 +34,18 @@ NULL = (["null"], ["base0", "base1"])
 CHANGE = (["change"], ["base0", "base1"])
 
 
-def _fit(y: np.ndarray, idx: list[int], n: int) -> v.LevelFit:
+def _fit(y: np.ndarray, idx: list[int], n: int) -> verdicts.LevelFit:
     sub = y[idx, :n]
-    return v.fit_arrays(np.repeat(np.arange(len(idx)), n), np.tile(np.arange(n), len(idx)), sub.ravel(),
+    return verdicts.fit_arrays(np.repeat(np.arange(len(idx)), n), np.tile(np.arange(n), len(idx)), sub.ravel(),
                         [STARTS[i] for i in idx])
 
 
 def _verdicts(study: list[dict[str, np.ndarray]], n: int) -> dict[str, list[dict]]:
-    between = v.between_from_fits([_fit(lv["y"], [0, 1], n) for lv in study])
+    between = verdicts.between_from_fits([_fit(lv["y"], [0, 1], n) for lv in study])
     out: dict[str, list[dict]] = {"aa": [], "null": [], "change": []}
     for lv in study:
         for name, (ks, bs), idx in (("aa", AA, [0, 1]), ("null", NULL, [0, 1, 2]), ("change", CHANGE, [0, 1, 3])):
-            out[name].append(v.effect_of(_fit(lv["y"], idx, n), ks, bs, between))
+            out[name].append(verdicts.effect_of(_fit(lv["y"], idx, n), ks, bs, between))
     return out
 
 
@@ -61,8 +61,8 @@ def test_effect_interval_and_mde_of_a_known_case():
     base = np.array([0.0, 0.2, -0.1, 0.3])
     e = np.array([0.02, -0.02, 0.02, -0.02])
     y = np.vstack([base, base + math.log(1.2) + e])
-    f = v.fit_arrays(np.repeat([0, 1], 4), np.tile(np.arange(4), 2), y.ravel(), ["a", "b"])
-    r = v.effect_of(f, ["b"], ["a"], v.Between(None, math.inf, "not measured"))
+    f = verdicts.fit_arrays(np.repeat([0, 1], 4), np.tile(np.arange(4), 2), y.ravel(), ["a", "b"])
+    r = verdicts.effect_of(f, ["b"], ["a"], verdicts.Between(None, math.inf, "not measured"))
     d = np.diff(y, axis=0).ravel()
     se = d.std(ddof=1) / 2  # paired differences: sd / sqrt(n)
     assert r["effect"] == pytest.approx(0.2)
@@ -70,22 +70,22 @@ def test_effect_interval_and_mde_of_a_known_case():
     t = 3.182446305284263  # t(0.975, 3)
     assert r["ci"][0] == pytest.approx(math.expm1(math.log(1.2) - t * se))
     assert r["mde"] == pytest.approx(math.expm1((t + 0.9784723123633045) * se))  # t(0.8, 3)
-    assert r["verdict"] == v.FASTER
-    slower = v.effect_of(f, ["b"], ["a"], v.Between(None, math.inf, "not measured"), direction=-1)
-    assert slower["verdict"] == v.SLOWER  # the same change of a lower-is-better metric (TTFT)
+    assert r["verdict"] == verdicts.FASTER
+    slower = verdicts.effect_of(f, ["b"], ["a"], verdicts.Between(None, math.inf, "not measured"), direction=-1)
+    assert slower["verdict"] == verdicts.SLOWER  # the same change of a lower-is-better metric (TTFT)
 
 
 def test_between_start_variance_widens_the_interval():
     rng = np.random.default_rng(1)
     study = _study(rng, 0.2, 6)
     f = _fit(study[0]["y"], [0, 1, 3], 6)
-    none = v.effect_of(f, ["change"], ["base0", "base1"], v.Between(None, math.inf, "not measured"))
-    given = v.effect_of(f, ["change"], ["base0", "base1"], v.Between(0.05**2, math.inf, "given"))
+    none = verdicts.effect_of(f, ["change"], ["base0", "base1"], verdicts.Between(None, math.inf, "not measured"))
+    given = verdicts.effect_of(f, ["change"], ["base0", "base1"], verdicts.Between(0.05**2, math.inf, "given"))
     assert given["se"] ** 2 == pytest.approx(none["se"] ** 2 + 0.05**2 * 1.5)  # 1/1 + 1/2 starts
     assert given["mde"] > none["mde"]
     # measured by repeats: a start mean's variance (ms) from the A/A with its few degrees of freedom
-    reps = v.Between(0.05**2, 4, "repeats", ms=0.05**2 + 0.001, within=0.001, within_df=40)
-    r = v.effect_of(f, ["change"], ["base0", "base1"], reps)
+    reps = verdicts.Between(0.05**2, 4, "repeats", ms=0.05**2 + 0.001, within=0.001, within_df=40)
+    r = verdicts.effect_of(f, ["change"], ["base0", "base1"], reps)
     a = none["se"] ** 2
     assert r["se"] ** 2 == pytest.approx(1.5 * (0.05**2 + 0.001) + (a - 1.5 * 0.001))
     assert r["df"] < 10  # the A/A's 4 degrees of freedom dominate, not the rounds' many
@@ -93,7 +93,7 @@ def test_between_start_variance_widens_the_interval():
 
 def test_between_start_estimate_is_unbiased_in_the_mean():
     rng = np.random.default_rng(2)
-    est = [v.between_from_fits([_fit(lv["y"], [0, 1], 8) for lv in _study(rng, 0.0, 8)]).var for _ in range(400)]
+    est = [verdicts.between_from_fits([_fit(lv["y"], [0, 1], 8) for lv in _study(rng, 0.0, 8)]).var for _ in range(400)]
     # the floor at 0 biases it upwards a little; the mean stays near the true variance
     assert np.mean(est) == pytest.approx(SIGMA_B**2, rel=0.35)
 
@@ -109,7 +109,7 @@ def simulated() -> dict[str, float]:
     for _ in range(1000):
         res = _verdicts(_study(rng, 0.0, 8), 8)
         for k in fp:
-            fp[k] += sum(r["verdict"] != v.NO_CHANGE for r in res[k])
+            fp[k] += sum(r["verdict"] != verdicts.NO_CHANGE for r in res[k])
         mdes += [r["mde"] for r in res["null"]]
         n_rows += LEVELS
     mde = float(np.median(mdes))
@@ -118,7 +118,7 @@ def simulated() -> dict[str, float]:
         hits = 0
         for _ in range(1000):
             res = _verdicts(_study(rng, mult * mde, 8), 8)
-            hits += sum(r["verdict"] == v.FASTER for r in res["change"])
+            hits += sum(r["verdict"] == verdicts.FASTER for r in res["change"])
         power[mult] = hits / n_rows
     return {"fpr_null": fp["null"] / n_rows, "fpr_aa": fp["aa"] / n_rows, "mde": mde, "power2": power[2],
             "power1": power[1]}
@@ -137,7 +137,7 @@ def test_power_at_twice_the_mde_at_least_80_percent(simulated):
     # quantiles at the degrees of freedom of the between-start estimate (one A/A pair: 1 per level)
     from scipy.stats import t as student
 
-    t = student.ppf(1 - v.ALPHA / 2, LEVELS) + student.ppf(v.POWER, LEVELS)
+    t = student.ppf(1 - verdicts.ALPHA / 2, LEVELS) + student.ppf(verdicts.POWER, LEVELS)
     expect = math.expm1(t * math.sqrt(SIGMA_B**2 * 1.5 + SIGMA_W**2 * 1.5 / 8))
     assert simulated["mde"] == pytest.approx(expect, rel=0.3)
 
@@ -148,25 +148,25 @@ def _sequential(rng: np.random.Generator, effect: float, first: int, most: int, 
     (Every start keeps getting rounds here: the A/A stays open, so its baselines do too.)"""
     study = _study(rng, effect, most)
     done: list[int] = []
-    done_fits: list[v.LevelFit] = []  # the A/A fits of finished levels (they do not change)
+    done_fits: list[verdicts.LevelFit] = []  # the A/A fits of finished levels (they do not change)
     for li, lv in enumerate(study):
         n = first
         while True:
-            between = v.between_from_fits([*done_fits, _fit(lv["y"], [0, 1], n)])
-            res = [(v.Comparison(name, "base0", tuple(ks), tuple(bs), name == "aa"),
-                    v.effect_of(_fit(lv["y"], idx, n), ks, bs, between))
+            between = verdicts.between_from_fits([*done_fits, _fit(lv["y"], [0, 1], n)])
+            res = [(verdicts.Comparison(name, "base0", tuple(ks), tuple(bs), name == "aa"),
+                    verdicts.effect_of(_fit(lv["y"], idx, n), ks, bs, between))
                    for name, (ks, bs), idx in (("aa", AA, [0, 1]), ("null", NULL, [0, 1, 2]),
                                                ("change", CHANGE, [0, 1, 3]))]
-            if n >= most or not v.open_starts(res, target):
+            if n >= most or not verdicts.open_starts(res, target):
                 break
             n += 1
         done.append(n)
         done_fits.append(_fit(lv["y"], [0, 1], n))
-    between = v.between_from_fits([_fit(study[j]["y"], [0, 1], done[j]) for j in range(LEVELS)])
+    between = verdicts.between_from_fits([_fit(study[j]["y"], [0, 1], done[j]) for j in range(LEVELS)])
     final = {"null": [], "change": []}
     for j, lv in enumerate(study):
-        final["null"].append(v.effect_of(_fit(lv["y"], [0, 1, 2], done[j]), *NULL, between))
-        final["change"].append(v.effect_of(_fit(lv["y"], [0, 1, 3], done[j]), *CHANGE, between))
+        final["null"].append(verdicts.effect_of(_fit(lv["y"], [0, 1, 2], done[j]), *NULL, between))
+        final["change"].append(verdicts.effect_of(_fit(lv["y"], [0, 1, 3], done[j]), *CHANGE, between))
     return final, sum(done)
 
 
@@ -178,21 +178,21 @@ def test_sequential_sampling_keeps_the_false_positive_rate():
     fp = rows = 0
     for _ in range(1000):
         final, _ = _sequential(rng, 0.0, 3, 10, 0.10)
-        fp += sum(r["verdict"] != v.NO_CHANGE for r in final["null"])
+        fp += sum(r["verdict"] != verdicts.NO_CHANGE for r in final["null"])
         rows += LEVELS
     assert fp / rows <= 0.05
     found = [_sequential(rng, 0.5, 3, 10, 0.10)[0]["change"] for _ in range(50)]
-    assert np.mean([r["verdict"] == v.FASTER for f in found for r in f]) >= 0.95
+    assert np.mean([r["verdict"] == verdicts.FASTER for f in found for r in f]) >= 0.95
 
 
 def test_two_rounds_give_an_estimate_and_never_overflow():
     """Two rounds per start (the CI's reduced studies): one residual degree of freedom, a 99.9 %
     interval of hundreds of standard errors: infinite where exp() would overflow, never an error."""
     y = np.array([[0.0, 0.9], [1.5, 0.1]])  # a large, noisy difference
-    f = v.fit_arrays(np.repeat([0, 1], 2), np.tile([0, 1], 2), y.ravel(), ["a", "b"])
-    r = v.effect_of(f, ["b"], ["a"], v.Between(None, math.inf, "not measured"))
+    f = verdicts.fit_arrays(np.repeat([0, 1], 2), np.tile([0, 1], 2), y.ravel(), ["a", "b"])
+    r = verdicts.effect_of(f, ["b"], ["a"], verdicts.Between(None, math.inf, "not measured"))
     assert r["df"] == 1 and math.isfinite(r["effect"]) and r["interim_ci"][1] == math.inf
-    assert r["verdict"] == v.NO_CHANGE and not v.settled(r)
+    assert r["verdict"] == verdicts.NO_CHANGE and not verdicts.settled(r)
 
 
 def test_three_starts_of_the_baseline_at_three_rounds_rarely_flag_an_a_a():
@@ -209,12 +209,12 @@ def test_three_starts_of_the_baseline_at_three_rounds_rarely_flag_an_a_a():
             b = rng.normal(0, SIGMA_B, 4)
             ys.append(b[:, None] + rng.normal(0, SIGMA_BLOCK, n)[None, :] + rng.normal(0, SIGMA_W, (4, n)))
 
-        def fit(y: np.ndarray, idx: list[int]) -> v.LevelFit:
-            return v.fit_arrays(np.repeat(np.arange(len(idx)), n), np.tile(np.arange(n), len(idx)),
+        def fit(y: np.ndarray, idx: list[int]) -> verdicts.LevelFit:
+            return verdicts.fit_arrays(np.repeat(np.arange(len(idx)), n), np.tile(np.arange(n), len(idx)),
                                 y[idx].ravel(), [names[i] for i in idx])
-        between = v.between_from_fits([fit(y, [0, 1, 2]) for y in ys], (("eager", "again", "third"),))
-        flagged += any(v.effect_of(fit(y, [k, 0]), [names[k]], ["eager"], between,
-                                   alpha=v.ALPHA / LEVELS)["verdict"] != v.NO_CHANGE for y in ys for k in (1, 2))
+        between = verdicts.between_from_fits([fit(y, [0, 1, 2]) for y in ys], (("eager", "again", "third"),))
+        flagged += any(verdicts.effect_of(fit(y, [k, 0]), [names[k]], ["eager"], between,
+                                   alpha=verdicts.ALPHA / LEVELS)["verdict"] != verdicts.NO_CHANGE for y in ys for k in (1, 2))
     assert flagged / 500 <= 0.05
 
 
@@ -230,7 +230,7 @@ def test_plan_for_target_meets_the_target_at_its_cheapest():
     # no variance between starts: only rounds are missing; the plan's MDE is at the target and one
     # round fewer (or one start fewer) is not
     rows = _plan_rows(0.05)
-    p = v.plan_for_target(rows, v.Between(0.0, 8, "repeats"), target=0.10, **costs)
+    p = verdicts.plan_for_target(rows, verdicts.Between(0.0, 8, "repeats"), target=0.10, **costs)
     assert p["reached"] and p["met"] == 0 and p["rows"] == 2 and p["between_floor_mde"] == 0.0
     s2 = (0.055**2) * 3 / (1 + 1 / 3)  # the worse row's per-round variance
     mde = lambda n, r: math.expm1(z * math.sqrt(2 / n * s2 / r))  # noqa: E731
@@ -238,20 +238,20 @@ def test_plan_for_target_meets_the_target_at_its_cheapest():
     assert p["seconds"] == pytest.approx(p["starts"] * 160 / 2 + p["rounds"] * p["starts"] * 2 * 5)
     # a variance between starts above what one start can carry: more starts, the floor said
     b = 0.06**2
-    q = v.plan_for_target(rows, v.Between(b, 8, "repeats"), target=0.10, **costs)
+    q = verdicts.plan_for_target(rows, verdicts.Between(b, 8, "repeats"), target=0.10, **costs)
     assert q["between_floor_mde"] == pytest.approx(math.expm1(z * math.sqrt(4 / 3 * b))) and q["between_floor_mde"] > 0.10
     assert q["starts"] > p["starts"] and 2 / q["starts"] * b * z * z <= math.log1p(0.10) ** 2
     # out of reach within 12 starts: said so, with no plan
-    far = v.plan_for_target(rows, v.Between(0.2**2, 8, "repeats"), target=0.10, **costs)
+    far = verdicts.plan_for_target(rows, verdicts.Between(0.2**2, 8, "repeats"), target=0.10, **costs)
     assert far["reached"] is False and "starts" not in far
-    assert v.plan_for_target(rows.iloc[:0], v.Between(0.0, 8, "repeats"), target=0.1, **costs) is None
+    assert verdicts.plan_for_target(rows.iloc[:0], verdicts.Between(0.0, 8, "repeats"), target=0.1, **costs) is None
 
 
 def test_more_starts_survives_the_json_round_trip():
     # "only more starts would reach the target" is inf rounds, which JSON cannot hold: it was written
     # as null and read back as "not needed" (the published table said "–" for 8 open comparisons)
-    rows = pd.DataFrame([{c: None for c in v.COLUMNS} | {"rounds_for_target": r, "more_starts": m, "aa": False}
+    rows = pd.DataFrame([{c: None for c in verdicts.COLUMNS} | {"rounds_for_target": r, "more_starts": m, "aa": False}
                          for r, m in ((math.inf, True), (4.2, False), (None, False))])
-    back = v.from_json(v.to_json(rows, {}))
+    back = verdicts.from_json(verdicts.to_json(rows, {}))
     assert back["rounds_for_target"].iloc[0] == math.inf
     assert back["rounds_for_target"].iloc[1] == pytest.approx(4.2) and math.isnan(back["rounds_for_target"].iloc[2])

@@ -7,12 +7,12 @@ import statistics
 
 import pytest
 
-from servelab.measure import client as sc
+from servelab.measure import client
 from servelab.schema.runfiles import RequestOutcome
 
 
-def _parse(lines: list[tuple[str, float]]) -> tuple[RequestOutcome, sc.StreamParser]:
-    p = sc.StreamParser(0)
+def _parse(lines: list[tuple[str, float]]) -> tuple[RequestOutcome, client.StreamParser]:
+    p = client.StreamParser(0)
     for line, t in lines:
         p.feed(line, int(t * 1e9))
     return p.fill(RequestOutcome()), p
@@ -47,7 +47,7 @@ def test_parser_bytes_split_anywhere():
             "data: [DONE]").encode()
     cut = body.index("本".encode()) + 1  # inside a 3-byte character
     reads = [body[:cut], body[cut:cut + 40], body[cut + 40:]]
-    p = sc.StreamParser(0)
+    p = client.StreamParser(0)
     for i, data in enumerate(reads):
         p.feed_bytes(data, (i + 1) * 10**9)
     assert not p.done  # "data: [DONE]" had no newline yet
@@ -79,20 +79,20 @@ def test_metrics_from_result():
 
 
 def test_request_body_has_benchmark_fields():
-    b = sc.RequestSpec(prompt="hi", max_tokens=8, model="m", cache_salt="s1", seed=42,
+    b = client.RequestSpec(prompt="hi", max_tokens=8, model="m", cache_salt="s1", seed=42,
                        chat_template_kwargs={"enable_thinking": False}).body()
     assert b["stream"] is True and b["stream_options"] == {"include_usage": True}
     assert b["ignore_eos"] is True and b["cache_salt"] == "s1" and b["seed"] == 42
     assert b["messages"] == [{"role": "user", "content": "hi"}]
     assert b["chat_template_kwargs"] == {"enable_thinking": False}
-    c = sc.RequestSpec(prompt="hi", max_tokens=8, model="m", api="completions").body()
+    c = client.RequestSpec(prompt="hi", max_tokens=8, model="m", api="completions").body()
     assert c["prompt"] == "hi" and "messages" not in c and "cache_salt" not in c
 
 
 async def _send_many(url: str, n: int, max_tokens: int, timeout_s: float = 20.0, api: str = "chat"):
-    async with sc.StreamClient(url, concurrency=n) as c:
-        spec = sc.RequestSpec(prompt="one two three", max_tokens=max_tokens, model="ref", api=api, cache_salt="x")
-        return await asyncio.gather(*(sc.send(c, spec, timeout_s=timeout_s) for _ in range(n)))
+    async with client.StreamClient(url, concurrency=n) as c:
+        spec = client.RequestSpec(prompt="one two three", max_tokens=max_tokens, model="ref", api=api, cache_salt="x")
+        return await asyncio.gather(*(client.send(c, spec, timeout_s=timeout_s) for _ in range(n)))
 
 
 @pytest.mark.parametrize("api", ["chat", "completions"])
@@ -121,30 +121,30 @@ def test_coalesced_chunks_use_usage_for_tokens(refserver):
 
 
 @pytest.mark.parametrize("fault,kind", [
-    ("http_429", sc.HTTP_STATUS), ("http_500", sc.HTTP_STATUS), ("http_503", sc.HTTP_STATUS),
-    ("reset", sc.DISCONNECT), ("stall", sc.TIMEOUT), ("malformed", sc.MALFORMED),
-    ("empty_choices", sc.NO_TOKENS), ("no_usage", sc.NO_USAGE), ("no_done", sc.MALFORMED),
+    ("http_429", client.HTTP_STATUS), ("http_500", client.HTTP_STATUS), ("http_503", client.HTTP_STATUS),
+    ("reset", client.DISCONNECT), ("stall", client.TIMEOUT), ("malformed", client.MALFORMED),
+    ("empty_choices", client.NO_TOKENS), ("no_usage", client.NO_USAGE), ("no_done", client.MALFORMED),
 ])
 def test_failures_are_classified(refserver, fault, kind):
     s = refserver(ttft_s=0.01, itl_s=0.001, fault=fault)
     (r,) = asyncio.run(_send_many(s.url, 1, 10, timeout_s=1.0))
     assert not r.ok and r.error_kind == kind, (r.error_kind, r.error_detail)
     assert r.error_detail
-    if kind == sc.HTTP_STATUS:
+    if kind == client.HTTP_STATUS:
         assert r.http_status == int(fault[5:]) and "injected" in r.error_detail
 
 
 def test_connect_failure_is_classified():
     (r,) = asyncio.run(_send_many("http://127.0.0.1:9", 1, 5, timeout_s=5))
-    assert not r.ok and r.error_kind == sc.CONNECT
+    assert not r.ok and r.error_kind == client.CONNECT
 
 
 def test_stream_without_usage_keeps_its_text_and_is_counted_on_the_client(refserver):
     s = refserver(ttft_s=0.05, itl_s=0.01, usage=False)
     (r,) = asyncio.run(_send_many(s.url, 1, 12))
-    assert not r.ok and r.error_kind == sc.NO_USAGE and r.output_tokens is None
+    assert not r.ok and r.error_kind == client.NO_USAGE and r.output_tokens is None
     assert r.output_text == " tok" * 12 and r.output_tokens_source is None
-    d = sc.count_on_client(r, lambda text: len(text.split()))
+    d = client.count_on_client(r, lambda text: len(text.split()))
     assert d.ok and d.error_kind is None and d.output_tokens == 12
     assert d.output_tokens_source == "client" and d.output_text is None
     assert d.e2e_s == pytest.approx(r.end_s - r.start_s) and d.e2e_s == pytest.approx(0.05 + 11 * 0.01, abs=0.05)
@@ -156,11 +156,11 @@ def test_usage_marks_the_server_as_the_source_and_client_counting_leaves_it_alon
     s = refserver(ttft_s=0.01, itl_s=0.001)
     (r,) = asyncio.run(_send_many(s.url, 1, 5))
     assert r.ok and r.output_tokens_source == "server" and r.output_text is None
-    assert sc.count_on_client(r, lambda text: 999) is r
+    assert client.count_on_client(r, lambda text: 999) is r
 
 
 def test_client_count_of_zero_tokens_is_still_a_failure():
-    d = RequestOutcome(ok=False, error_kind=sc.NO_USAGE, error_detail="x", start_s=10.0, end_s=10.5, ttft_s=0.1,
+    d = RequestOutcome(ok=False, error_kind=client.NO_USAGE, error_detail="x", start_s=10.0, end_s=10.5, ttft_s=0.1,
                        output_text="")
-    out = sc.count_on_client(d, lambda text: 0)
-    assert not out.ok and out.error_kind == sc.NO_TOKENS and out.end_s == pytest.approx(10.5)
+    out = client.count_on_client(d, lambda text: 0)
+    assert not out.ok and out.error_kind == client.NO_TOKENS and out.end_s == pytest.approx(10.5)

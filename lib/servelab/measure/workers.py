@@ -12,22 +12,22 @@ from dataclasses import asdict
 from typing import Any, Callable
 
 from ..hosts.base import Server
-from . import client as sc
+from . import client
 from .rounds import Job, merge_stats, run_loop, run_round
 
 
 def _worker_main(base_url: str, headers: dict[str, str], max_c: int, cmd_q: Any, out_q: Any) -> None:
     """A client process: runs the rounds it is sent, streams results back to the parent."""
     async def main() -> None:
-        async with sc.StreamClient(base_url, concurrency=max_c, headers=headers) as http:
+        async with client.StreamClient(base_url, concurrency=max_c, headers=headers) as http:
             while True:
                 cmd = await asyncio.get_running_loop().run_in_executor(None, cmd_q.get)
                 if cmd is None:
                     return
-                jobs = [Job(seq, sc.RequestSpec(**spec), at) for seq, spec, at in cmd["jobs"]]
+                jobs = [Job(seq, client.RequestSpec(**spec), at) for seq, spec, at in cmd["jobs"]]
                 stop = asyncio.Event()
 
-                def emit(job: Job, res: sc.RequestOutcome, lag: float | None) -> None:
+                def emit(job: Job, res: client.RequestOutcome, lag: float | None) -> None:
                     out_q.put(("result", job.seq, res.model_dump(), lag))
 
                 stats = await run_round(http, jobs, cmd["concurrency"], cmd["timeout_s"], emit, stop)

@@ -11,7 +11,7 @@ import pandas as pd
 
 from ..analysis.quality import NON_INFERIORITY_MARGIN, canaries
 from ..analysis.saturation import slo_check
-from . import html as rh
+from . import html
 from .fmt import num
 from .load import StudyData
 from .fmt import in_flight, quality
@@ -30,12 +30,12 @@ def reference_text(sd: StudyData) -> str:
         d = (r.get("first_divergence") or [{}])[0]
         key = "story.ref_same" if r["identical"] == r["total"] else "story.ref_changed"
         return sd.w(key, label=lab.get(cid, cid), identical=r["identical"], total=r["total"],
-                    token=d.get("token_index", rh.MISSING), first=d.get("id", rh.MISSING))
+                    token=d.get("token_index", html.MISSING), first=d.get("id", html.MISSING))
 
     machines = sorted({r.get("this_machine") or "" for r in refs.values()})
     return sd.w("story.reference", impl=first.get("implementation", ""),
-                made_on=rh.quote_md(first.get("computed_on", ""), sd.language), date=first.get("computed_at", ""),
-                tokens=first.get("max_tokens", ""), machine=rh.quote_md(", ".join(machines), sd.language),
+                made_on=html.quote_md(first.get("computed_on", ""), sd.language), date=first.get("computed_at", ""),
+                tokens=first.get("max_tokens", ""), machine=html.quote_md(", ".join(machines), sd.language),
                 answers=sd.w("story.list_sep").join(one(c, r) for c, r in refs.items()))
 
 
@@ -67,14 +67,14 @@ def accuracy_section(sd: StudyData) -> tuple[str, Any]:
         d = r.first_divergence if isinstance(r.first_divergence, dict) else None
         out.append([lab.get(r.config, r.config), f"{r.bucket} · {in_flight(sd, r.concurrency, r.config, r.bucket)}",
                     _share(r.identical, r.canaries, r.identical_ci),
-                    sd.w("accuracy.first", token=d["token_index"], id=d["id"]) if d else rh.MISSING,
+                    sd.w("accuracy.first", token=d["token_index"], id=d["id"]) if d else html.MISSING,
                     _share(r.score, r.canaries, r.score_ci), f"{r.score_alone} / {r.canaries}",
                     sd.w(f"accuracy.quality.{r.quality}")])
     text = sd.w("accuracy.text", margin=num(NON_INFERIORITY_MARGIN * 100, 0))
     qg = quality_goodput(sd, t)
     if qg:
         text += " " + qg
-    return text, rh.table(pd.DataFrame(out, columns=cols), sd.w("accuracy.caption"))
+    return text, html.table(pd.DataFrame(out, columns=cols), sd.w("accuracy.caption"))
 
 
 def quality_goodput(sd: StudyData, t: pd.DataFrame | None = None) -> str:

@@ -14,7 +14,7 @@ from ..analysis.capacity import capacity_result, measurements, prediction_for
 from ..analysis.predict import errors, symptom_evidence
 from ..analysis.tuning import clip
 from ..runfolder import TUNE_JSON
-from . import html as rh
+from . import html
 from .diagnosis import prefill_fits
 from .load import StudyData
 
@@ -102,7 +102,7 @@ def capacity_section(sd: StudyData) -> tuple[str, Any]:
                      r.get("output_tps") or math.nan, r.get("in_flight") or math.nan,
                      sd.w(f"capacity.term.{r['binding']}") if r.get("binding") else "–", r["trials"],
                      ends_cell(sd, r)])
-    t = rh.table(pd.DataFrame(rows, columns=cols), sd.w("capacity.t_capacity"),
+    t = html.table(pd.DataFrame(rows, columns=cols), sd.w("capacity.t_capacity"),
                  formats={cols[3]: _sig, cols[4]: "{:,.1f}"})
     return sd.w("capacity.text", slo=slo) + "\n\n" + "\n\n".join(capacity_lines(sd)), t
 
@@ -193,7 +193,7 @@ def prediction_section(sd: StudyData) -> tuple[str, Any, str]:
                      ("≥ " if bound else "") + _sig(mv), math.nan if bound else r["error_pct"],
                      sd.w(f"capacity.src.{r['source']}") + _paren(r.get("version"), kind)])
     buckets = sorted(set(f["bucket"]))
-    t = rh.table(pd.DataFrame(rows, columns=cols), sd.w("capacity.t_predict", bucket=", ".join(buckets)),
+    t = html.table(pd.DataFrame(rows, columns=cols), sd.w("capacity.t_predict", bucket=", ".join(buckets)),
                  formats={cols[4]: "{:+,.0f}"},
                  notes={"–": sd.w("capacity.predict_note_dash"),
                         cols[3]: sd.w("capacity.predict_note_kv") + " " + sd.w("capacity.predict_note_cap")})
@@ -238,13 +238,13 @@ def tune_section(sd: StudyData) -> tuple[str, Any]:
         iv = s.get("interval")
         why = sd.w(f"tune.why.{s['why']}", **(s.get("why_values") or {})) if s.get("why") else ""
         if s.get("why") == "start_failed":  # the engine's own message, quoted as it wrote it (cut: said so)
-            why = rh.quote_cell(clip(why), sd.language)
+            why = html.quote_cell(clip(why), sd.language)
         rows.append([i, s.get("flag") or "–", "–" if s.get("value") is None else str(s["value"]),
                      labels.get(s["config"], s["config"]), s.get("objective"),
                      f"[{_sig(iv[0])}, {_sig(iv[1])}]" if iv else "–",
                      labels.get(s["incumbent"], s["incumbent"]) if s.get("incumbent") else "–",
                      s.get("gain_pct"), sd.w(f"tune.verdict.{s['verdict']}"), why])
-    table = rh.table(pd.DataFrame(rows, columns=cols), sd.w("tune.t_steps"),
+    table = html.table(pd.DataFrame(rows, columns=cols), sd.w("tune.t_steps"),
                      formats={cols[4]: _sig, cols[7]: "{:+,.0f}"})
     fin = t.get("final") or {}
     if fin:

@@ -17,7 +17,7 @@ from IPython.display import Markdown
 
 from ..analysis.capacity import capacity_result
 from ..runfolder import CHECK_FILES, QUALITY_JSON, RECORDS, RUN_JSON, SPECULATIVE_JSONL
-from . import html as rh
+from . import html
 from .capacity import ends_cell, fit_sentence
 from .fmt import anchor
 from .load import StudyData
@@ -90,7 +90,7 @@ def quality_section(sd: StudyData) -> tuple[str, Any | None]:
     t = pd.DataFrame(rows, columns=cols)
     sep = "" if sd.language == "ja" else " "  # Japanese sentences run on without a space
     text = w("checks.quality_text") + (sep + w("checks.quality_text_device") if sd.meta.get("device") else "")
-    return text, rh.table(t, w("checks.t_quality"), formats={cols[3]: "{:.0f}", cols[4]: "{:.0f}",
+    return text, html.table(t, w("checks.t_quality"), formats={cols[3]: "{:.0f}", cols[4]: "{:.0f}",
                                                                                cols[5]: "{:.0f}"},
                                               notes=[w("checks.quality_none")] + notes if t[cols[4]].isna().any()
                                               else notes)
@@ -129,7 +129,7 @@ def speculative_section(sd: StudyData) -> tuple[str, Any | None]:
                        r.tps_without, r.tps_with, r.speedup, r.acceptance * 100 if r.acceptance is not None else None,
                        r.mean_accepted_len, " / ".join(f"{x * 100:.0f}" for x in r.per_position)]
                       for r in df.itertuples()], columns=cols)
-    return w("checks.spec_text"), rh.table(t, w("checks.t_spec"),
+    return w("checks.spec_text"), html.table(t, w("checks.t_spec"),
                                            formats={cols[3]: "{:,.0f}", cols[4]: "{:,.0f}", cols[5]: "{:.2f}",
                                                     cols[6]: "{:.1f}", cols[7]: "{:.2f}"})
 
@@ -178,9 +178,9 @@ def capacity_section(sd: StudyData) -> tuple[str, Any | None]:
         for k, v in (spec.get("targets") or {}).items() if isinstance(v, (int, float))),
         duration=shape.get("duration_s")) + "".join("\n\n" + f for f in fits)
     t = pd.DataFrame(rows, columns=cols)
-    return text, rh.table(t, w("checks.t_capacity"), formats={cols[1]: "{:g}", cols[2]: "{:g}", cols[3]: "{:,.0f}",
+    return text, html.table(t, w("checks.t_capacity"), formats={cols[1]: "{:g}", cols[2]: "{:g}", cols[3]: "{:,.0f}",
                                                              cols[4]: "{:.1f}"},
-                          notes={rh.MISSING: w("checks.capacity_missing")} if t.isna().to_numpy().any() else None)
+                          notes={html.MISSING: w("checks.capacity_missing")} if t.isna().to_numpy().any() else None)
 
 
 def startup_table(sd: StudyData) -> Any | None:
@@ -191,13 +191,13 @@ def startup_table(sd: StudyData) -> Any | None:
         groups = d.get("startup_group") or {}  # configuration -> number of the group it started with
         for cid, s in (d.get("startup_s") or {}).items():
             g = groups.get(cid)
-            together = w("checks.group", n=g, k=sum(1 for x in groups.values() if x == g)) if g else rh.MISSING
+            together = w("checks.group", n=g, k=sum(1 for x in groups.values() if x == g)) if g else html.MISSING
             rows.append([labels.get(cid, cid), d.get("date"), s, together])
     if not rows:
         return None
     cols = w("checks.startup_columns")
-    alone = {rh.MISSING: w("checks.startup_alone")} if any(r[3] == rh.MISSING for r in rows) else {}
-    return rh.table(pd.DataFrame(rows, columns=cols), w("checks.t_startup"), formats={cols[2]: "{:.0f}"},
+    alone = {html.MISSING: w("checks.startup_alone")} if any(r[3] == html.MISSING for r in rows) else {}
+    return html.table(pd.DataFrame(rows, columns=cols), w("checks.t_startup"), formats={cols[2]: "{:.0f}"},
                     notes={cols[2]: w("checks.startup_note"), **alone})
 
 

@@ -15,7 +15,7 @@ from ..analysis import (capture_size_warnings, fit_prefill, goodput, knee, kv_re
                         spec_ab, spec_stats, symptoms)
 from ..analysis.roofline import get_hardware, local_cpu_entry, roofline_efficiency
 from ..engines import get as engine_profile
-from . import html as rh
+from . import html
 from .load import StudyData, baselines, engine_gpus
 from .fmt import dash_note, num, pct
 
@@ -45,12 +45,12 @@ def prefill_table(sd: StudyData) -> Any:
             continue  # one prompt length (a saturation sweep): nothing to fit
         rows.append([cid, f["prefill_tps"], f["prefill_tps_se"], f["overhead_s"] * 1000, f["overhead_s_se"] * 1000,
                      f["r2"], f["n"], f"{f['ttft_longest_over_shortest']:,.1f}×"
-                     if math.isfinite(f["ttft_longest_over_shortest"]) else rh.MISSING])
+                     if math.isfinite(f["ttft_longest_over_shortest"]) else html.MISSING])
     if not rows:
         return None
     note = sd.w("prefill.not_identifiable")
     t = pd.DataFrame(rows, columns=cols)
-    return rh.table(t, sd.w("prefill.caption"),
+    return html.table(t, sd.w("prefill.caption"),
                     formats={cols[1]: "{:,.0f}", cols[2]: "{:,.0f}", cols[3]: "{:,.1f}", cols[4]: "{:,.1f}",
                              cols[5]: "{:.3f}"}, notes=dash_note(t, note))
 
@@ -73,12 +73,12 @@ def saturation_table(sd: StudyData) -> Any:
         fails = chk[(chk["config"] == r.config) & (chk["bucket"] == r.bucket) & ~chk["meets_slo"]]
         gc = r.goodput_concurrency
         above = fails[fails["concurrency"] > (gc if pd.notna(gc) else 0)].sort_values("concurrency")
-        why = f"c={int(above.iloc[0]['concurrency'])}: {above.iloc[0]['slo_fail_reason']}" if len(above) else rh.MISSING
+        why = f"c={int(above.iloc[0]['concurrency'])}: {above.iloc[0]['slo_fail_reason']}" if len(above) else html.MISSING
         rows.append([r.config, r.bucket, r.knee_concurrency if r.plateau else None, r.top_concurrency, gc,
                      r.aggregate_output_tps, why])
     t = pd.DataFrame(rows, columns=cols)
     notes = dash_note(t, sd.w("saturation.none_note"))
-    return rh.table(t, sd.w("saturation.caption"),
+    return html.table(t, sd.w("saturation.caption"),
                     formats={cols[2]: "{:,.0f}", cols[3]: "{:,.0f}", cols[4]: "{:,.0f}", cols[5]: "{:,.1f}"},
                     notes=notes)
 
@@ -95,7 +95,7 @@ def kv_section(sd: StudyData, cid: str) -> tuple[str, Any, pd.DataFrame | None]:
     cols = sd.w("kv.columns")
     t = pd.DataFrame({cols[0]: res["level"], cols[1]: res["kv_usage_max_frac"] * 100, cols[2]: res["running_max"],
                       cols[3]: res["waiting_max"], cols[4]: res["preemptions_delta"], cols[5]: res["crowded_samples"]})
-    table = rh.table(t, sd.w("kv.caption", label=label), formats={cols[1]: "{:,.1f}", cols[2]: "{:,.0f}",
+    table = html.table(t, sd.w("kv.caption", label=label), formats={cols[1]: "{:,.1f}", cols[2]: "{:,.0f}",
                                                             cols[3]: "{:,.0f}", cols[4]: "{:,.0f}"},
                      notes=dash_note(t, sd.w("kv.counter_not_exposed")))
     return sd.w("kv.verdict", label=label, head=head, evidence=sd.w.say(v["evidence"])), table, s
@@ -154,9 +154,9 @@ def roofline_tables(sd: StudyData) -> tuple[Any, Any]:
         name, source = _hardware_words(sd, h)
         hrows.append([name, h["memory_bandwidth_Bps"] / 1e12,
                       (h.get("bf16_dense_flops") or h.get("peak_flops") or math.nan) / 1e12,
-                      rh.quote_cell(f"{source} ({h.get('as_of', '')})", sd.language) if not h.get("measured")
+                      html.quote_cell(f"{source} ({h.get('as_of', '')})", sd.language) if not h.get("measured")
                       else f"{source} ({h.get('as_of', '')})"])  # a datasheet's own words, quoted
-    hw_t = rh.table(pd.DataFrame(hrows, columns=hcols), sd.w("roofline.hardware_caption"),
+    hw_t = html.table(pd.DataFrame(hrows, columns=hcols), sd.w("roofline.hardware_caption"),
                     formats={hcols[1]: "{:,.2f}", hcols[2]: "{:,.2f}"})
     e = roofline(sd)
     if e.empty:
@@ -166,7 +166,7 @@ def roofline_tables(sd: StudyData) -> tuple[Any, Any]:
     t = pd.DataFrame({ecols[0]: e["config"], ecols[1]: e["bucket"], ecols[2]: e["tpot_p50_s"] * 1000,
                       ecols[3]: e["decode_bound_s_per_token"] * 1000, ecols[4]: e["decode_efficiency_pct"],
                       ecols[5]: e["implied_bandwidth_Bps"] / 1e12})
-    return hw_t, rh.table(t, sd.w("roofline.caption"), formats={ecols[2]: "{:,.2f}", ecols[3]: "{:,.3f}",
+    return hw_t, html.table(t, sd.w("roofline.caption"), formats={ecols[2]: "{:,.2f}", ecols[3]: "{:,.3f}",
                                                           ecols[4]: "{:,.1f} %", ecols[5]: "{:,.2f}"})
 
 
@@ -230,7 +230,7 @@ def spec_section(sd: StudyData) -> tuple[str, Any]:
                       c[3]: [pct(x) for x in ab["aggregate_output_tps_change_pct"]],
                       c[4]: [pct(x) for x in ab["decode_tps_p50_change_pct"]],
                       c[5]: [pct(x) for x in ab["ttft_p50_s_change_pct"]]})
-    return "\n".join(lines), rh.table(t, sd.w("speculative.caption"))
+    return "\n".join(lines), html.table(t, sd.w("speculative.caption"))
 
 
 def client_overhead_text(sd: StudyData) -> str:

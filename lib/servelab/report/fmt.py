@@ -10,16 +10,16 @@ from typing import Any
 import pandas as pd
 
 from ..runfolder import QUALITY_JSON
-from . import html as rh
+from . import html
 from .load import StudyData
 
 
 def num(x: Any, nd: int | None = None) -> str:
     """A number for prose: thousands separators; `nd` decimals (default by magnitude)."""
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return rh.MISSING
+        return html.MISSING
     if nd is None:
-        return rh.format_number(x)
+        return html.format_number(x)
     return f"{x:,.{nd}f}"
 
 
@@ -30,7 +30,7 @@ def minutes(sd: StudyData, seconds: float) -> str:
 
 
 def pct(x: float) -> str:
-    return rh.MISSING if not math.isfinite(x) else f"{x:+.1f} %"
+    return html.MISSING if not math.isfinite(x) else f"{x:+.1f} %"
 
 
 def anchor(key: str, title: str, level: int = 2) -> str:
@@ -55,7 +55,7 @@ def slo_parts(sd: StudyData) -> str:
 
 def dash_note(df: pd.DataFrame, text: str) -> dict[str, str] | None:
     """The en-dash footnote, only when a cell of `df` is missing."""
-    return {rh.MISSING: text} if df.isna().to_numpy().any() or (df == rh.MISSING).to_numpy().any() else None
+    return {html.MISSING: text} if df.isna().to_numpy().any() or (df == html.MISSING).to_numpy().any() else None
 
 
 def span(lo: float, hi: float) -> str:

@@ -181,7 +181,7 @@ def gpu_tables(sd: Any) -> tuple[str, list[Any]]:
     """(text, captioned tables) of the GPU telemetry for the write-up: per configuration the
     peak GPU memory, power and busy share, and J per output token at each level; nothing when
     no configuration has telemetry (a CPU study)."""
-    from . import html as rh
+    from . import html
 
     levels = gpu_levels(sd)
     conf = gpu_configs(sd, levels)
@@ -192,7 +192,7 @@ def gpu_tables(sd: Any) -> tuple[str, list[Any]]:
     t1 = pd.DataFrame({c[0]: conf["config"], c[1]: conf["engine"], c[2]: conf["gpu_mem_used_gib_peak"],
                        c[3]: conf["gpu_mem_total_gib"], c[4]: conf["power_w_mean"], c[5]: conf["power_w_max"],
                        c[6]: conf["gpu_util_pct_mean"]})
-    tables = [rh.table(t1, sd.w("gpu.caption"), formats={c[2]: "{:,.1f}", c[3]: "{:,.1f}", c[4]: "{:,.0f}",
+    tables = [html.table(t1, sd.w("gpu.caption"), formats={c[2]: "{:,.1f}", c[3]: "{:,.1f}", c[4]: "{:,.0f}",
                                                     c[5]: "{:,.0f}", c[6]: "{:,.0f}"})]
     jcols = sd.w("gpu.energy_columns")
     lv = levels.dropna(subset=["j_per_output_token"])
@@ -200,15 +200,15 @@ def gpu_tables(sd: Any) -> tuple[str, list[Any]]:
         piv = lv.pivot_table(index=["bucket", "concurrency"], columns="config", values="j_per_output_token",
                              aggfunc="first", sort=False).reset_index()
         piv.columns = [jcols[1], jcols[2], *piv.columns[2:]]
-        tables.append(rh.table(piv, sd.w("gpu.energy_caption"), formats={k: "{:,.3f}" for k in piv.columns[2:]},
-                               notes={rh.MISSING: sd.w("table.not_measured_at_level")}
+        tables.append(html.table(piv, sd.w("gpu.energy_caption"), formats={k: "{:,.3f}" for k in piv.columns[2:]},
+                               notes={html.MISSING: sd.w("table.not_measured_at_level")}
                                if piv.isna().to_numpy().any() else None))
     return text, tables
 
 
 def comparison_table(sd: Any) -> Any:
     """vLLM against SGLang at the levels both measured (empty when the study has one engine)."""
-    from . import html as rh
+    from . import html
 
     t = engine_comparison_table(sd)
     if t.empty:
@@ -218,6 +218,6 @@ def comparison_table(sd: Any) -> Any:
                       c[2]: t["engine"], c[3]: t["aggregate_output_tps"], c[4]: t["ttft_p50_s"] * 1000,
                       c[5]: t["decode_tps_p50"], c[6]: t["j_per_output_token"],
                       c[7]: [f"{x:,.3f}×" for x in t["aggregate_vs_reference"]]})
-    return rh.table(v, sd.w("gpu.compare_caption", reference=t["reference"].iloc[0]),
+    return html.table(v, sd.w("gpu.compare_caption", reference=t["reference"].iloc[0]),
                     formats={c[3]: "{:,.1f}", c[4]: "{:,.1f}", c[5]: "{:,.1f}", c[6]: "{:,.3f}"},
-                    notes={rh.MISSING: sd.w("gpu.no_telemetry")} if v.isna().to_numpy().any() else None)
+                    notes={html.MISSING: sd.w("gpu.no_telemetry")} if v.isna().to_numpy().any() else None)

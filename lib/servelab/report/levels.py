@@ -22,7 +22,7 @@ import yaml
 from ..analysis.stats import pct_change as _pct_change
 from ..engines import get as engine_profile
 from ..schema.runfiles import SampledLevel
-from . import html as rh
+from . import html
 from .load import StudyData, baselines
 from .fmt import quality
 from .progress import compile_s
@@ -68,8 +68,8 @@ def _finite(x: Any) -> bool:
 
 def _positions(v: Any) -> str:
     if not isinstance(v, (list, tuple)) or not v:
-        return rh.MISSING
-    return " / ".join(f"{float(x) * 100:.0f}" if _finite(x) else rh.MISSING for x in v)
+        return html.MISSING
+    return " / ".join(f"{float(x) * 100:.0f}" if _finite(x) else html.MISSING for x in v)
 
 
 def set_label(sd: StudyData, bucket: str) -> str:
@@ -99,7 +99,7 @@ def spec_table(sd: StudyData) -> tuple[str, Any]:
             mine = s[(s["config"] == cid) & (s["bucket"] == r.bucket) & (s["concurrency"] == r.concurrency)]
             theirs = s[(s["config"] == base) & (s["bucket"] == r.bucket) & (s["concurrency"] == r.concurrency)]
             vs = (pct(_pct_change(mine["aggregate_output_tps"].iloc[0], theirs["aggregate_output_tps"].iloc[0]))
-                  if len(mine) and len(theirs) else rh.MISSING)
+                  if len(mine) and len(theirs) else html.MISSING)
             rate = r.spec_acceptance_rate
             rows.append([sd.labels().get(cid, cid), set_label(sd, r.bucket), int(r.concurrency),
                          float(rate) * 100 if _finite(rate) else math.nan,
@@ -110,7 +110,7 @@ def spec_table(sd: StudyData) -> tuple[str, Any]:
         return sd.w("spec.none"), None
     c = sd.w("spec.columns")
     t = pd.DataFrame(rows, columns=c)
-    return sd.w("spec.text"), rh.table(t, sd.w("spec.title"), formats={c[3]: "{:,.1f}", c[4]: "{:,.2f}",
+    return sd.w("spec.text"), html.table(t, sd.w("spec.title"), formats={c[3]: "{:,.1f}", c[4]: "{:,.2f}",
                                                                          c[6]: "{:,.1f}"})
 
 
@@ -137,14 +137,14 @@ def prompt_set_table(sd: StudyData) -> tuple[str, Any]:
                 continue
             base = bases.get(cid)
             vs = (pct(_pct_change(med[(bucket, cid)], med[(bucket, base)]))
-                  if base is not None and (bucket, base) in med.index else rh.MISSING)
+                  if base is not None and (bucket, base) in med.index else html.MISSING)
             name = str(g["prompt_set"].iloc[0])
             out = g["output_tokens"].astype(float)
-            rows.append([set_label(sd, bucket), kinds.get(name, rh.MISSING), sd.labels().get(cid, cid), float(med[(bucket, cid)]), vs,
+            rows.append([set_label(sd, bucket), kinds.get(name, html.MISSING), sd.labels().get(cid, cid), float(med[(bucket, cid)]), vs,
                          f"{np.percentile(out, 50):,.0f} / {np.percentile(out, 95):,.0f}"])
     c = sd.w("prompts.columns")
     return (sd.w("prompts.text", conc=conc),
-            rh.table(pd.DataFrame(rows, columns=c), sd.w("prompts.caption", conc=conc), formats={c[3]: "{:,.1f}"}))
+            html.table(pd.DataFrame(rows, columns=c), sd.w("prompts.caption", conc=conc), formats={c[3]: "{:,.1f}"}))
 
 
 def _set_kinds(sd: StudyData) -> dict[str, str]:
@@ -154,7 +154,7 @@ def _set_kinds(sd: StudyData) -> dict[str, str]:
         for p in (resources.files("servelab") / "data" / "prompts").iterdir():
             if p.name.endswith(".yaml"):
                 d = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-                out[d.get("name", p.name[:-5])] = d.get("kind", rh.MISSING)
+                out[d.get("name", p.name[:-5])] = d.get("kind", html.MISSING)
         return out
     except (OSError, ModuleNotFoundError, TypeError):
         return {}
@@ -237,5 +237,5 @@ def timing_table(sd: StudyData) -> tuple[str, Any]:
     df = pd.DataFrame({c[0]: [sd.labels().get(x, x) for x in t["config"]], c[1]: startup, c[2]: compiled,
                        c[3]: t["benchmark_s"], c[4]: t["quality_s"]})
     fmt = {k: (lambda v: v if isinstance(v, str) else f"{v:,.0f}") for k in c[1:]}
-    return text, rh.table(df, sd.w("timing.caption"), formats=fmt,
-                          notes={rh.MISSING: sd.w("timing.dash")} if df.isna().to_numpy().any() else None)
+    return text, html.table(df, sd.w("timing.caption"), formats=fmt,
+                          notes={html.MISSING: sd.w("timing.dash")} if df.isna().to_numpy().any() else None)

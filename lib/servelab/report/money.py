@@ -16,7 +16,7 @@ from ..analysis.sglang_bench import sglang_bench_frame
 from .. import hosts
 from ..prices import load_table, resolve_managed
 from ..summary import summarize
-from . import html as rh
+from . import html
 from .load import StudyData, engine_gpus
 
 
@@ -87,25 +87,25 @@ def cost_section(sd: StudyData) -> tuple[str, Any]:
         text = sd.w("cost.replay", price=m.label())
         view = t[["config", "bucket", "concurrency", "usd_per_m_output"]].copy()
         view.columns = [c[0], "bucket", "c", c[3]]
-        return text, rh.table(view, sd.w("cost.caption"), formats={c[3]: "{:,.4f}"})
+        return text, html.table(view, sd.w("cost.caption"), formats={c[3]: "{:,.4f}"})
     rows = []
     for r in t.itertuples():
         rows.append([r.config, f"{r.bucket} c={r.concurrency}", r.aggregate_output_tps, r.usd_per_m_output,
                      r.managed, getattr(r, "managed_usd_per_m_output", math.nan),
                      f"{r.selfhost_to_managed:,.2f}×" if math.isfinite(getattr(r, "selfhost_to_managed", math.nan))
-                     else rh.MISSING, f"{r.break_even_utilization * 100:,.0f} %"
-                     if math.isfinite(getattr(r, "break_even_utilization", math.nan)) else rh.MISSING])
+                     else html.MISSING, f"{r.break_even_utilization * 100:,.0f} %"
+                     if math.isfinite(getattr(r, "break_even_utilization", math.nan)) else html.MISSING])
     view = pd.DataFrame(rows, columns=c)
     fm = {c[2]: "{:,.1f}", c[3]: "{:,.2f}", c[5]: "{:,.2f}"}
     price = study_price(sd.study, use_api=False)
     managed = resolve_managed(sd.study.cost.managed)
     shares = sorted({s for s in t.get("gpu_share", []) if s})
     text = sd.w("cost.instance", instance=price.instance_type, region=price.region,
-                price=rh.quote_md(price.label(), sd.language),
+                price=html.quote_md(price.label(), sd.language),
                 share=sd.w("cost.gpu_share", shares=", ".join(shares)) if shares else "",
-                managed="; ".join(rh.quote_md(m.label(), sd.language) for m in managed.values()),
+                managed="; ".join(html.quote_md(m.label(), sd.language) for m in managed.values()),
                 hours=sd.study.cost.hours_per_month)
-    return text, rh.table(view, sd.w("cost.caption"), formats=fm)
+    return text, html.table(view, sd.w("cost.caption"), formats=fm)
 
 
 # -- peer tools ---------------------------------------------------------------------------------
@@ -145,5 +145,5 @@ def peer_section(sd: StudyData) -> tuple[str, Any]:
     cols = sd.w("peer.columns")
     text = sd.w("peer.intro")
     t = pd.DataFrame(rows, columns=cols)
-    return text, rh.table(t, sd.w("peer.caption"), formats={cols[4]: "{:,.0f}", cols[5]: "{:,.1f}", cols[6]: "{:,.2f}",
+    return text, html.table(t, sd.w("peer.caption"), formats={cols[4]: "{:,.0f}", cols[5]: "{:,.1f}", cols[6]: "{:,.2f}",
                                                       cols[7]: "{:,.1f}"})

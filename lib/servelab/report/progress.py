@@ -20,11 +20,11 @@ from typing import Any
 import pandas as pd
 
 from ..analysis import config_diff, goodput, knee, kv_verdict
-from ..analysis import verdicts as av
+from ..analysis import verdicts
 from ..analysis.quality import compare
 from ..engines.flags import json_value
 from ..runfolder import ENGINE_LOG, TUNE_JSON
-from . import html as rh
+from . import html
 from . import verdicts as rv
 from . import workload
 from .accuracy import headline as accuracy_headline
@@ -64,7 +64,7 @@ def _subtree(params: dict[str, Any], path: str) -> Any:
 
 def _value(v: Any) -> str:
     if v is None:
-        return rh.MISSING
+        return html.MISSING
     if isinstance(v, dict):
         return "{" + ", ".join(f"{k}: {_value(x)}" for k, x in v.items()) + "}"
     return str(v)
@@ -129,9 +129,9 @@ def effects(sd: StudyData) -> pd.DataFrame:
     out (they are the noise model's check, not changes): the verdict rows with `config`, `metric`,
     percent columns (`change_pct`, `ci_low_pct`, `ci_high_pct`, `mde_pct`) and the level's
     `target_input_tokens` for ordering."""
-    both = [rv.rows(sd, m, aa=False) for m in (av.DECODE, av.PRIMARY)]
+    both = [rv.rows(sd, m, aa=False) for m in (verdicts.DECODE, verdicts.PRIMARY)]
     dec, agg = (x[x["effect"].notna()] for x in both)
-    dec = dec[dec["concurrency"].map(av.lead_metric) == av.DECODE]
+    dec = dec[dec["concurrency"].map(verdicts.lead_metric) == verdicts.DECODE]
     have = set(zip(dec["configuration"], dec["level"]))
     agg = agg[[k not in have for k in zip(agg["configuration"], agg["level"])]]
     r = pd.concat([dec, agg]).rename(columns={"configuration": "config"})
@@ -190,7 +190,7 @@ def quality_cell(sd: StudyData, cid: str, base: str | None) -> str:
         return sd.w("story.quality_identical", identical=cmp_["identical"], total=cmp_["total"], c=c, t=t)
     first = (cmp_.get("first_divergence") or [{}])[0]
     return sd.w("story.quality_changed", identical=cmp_["identical"], total=cmp_["total"],
-                token=first.get("token_index", rh.MISSING), first=first.get("id", rh.MISSING), c=c, t=t, base_c=bc)
+                token=first.get("token_index", html.MISSING), first=first.get("id", html.MISSING), c=c, t=t, base_c=bc)
 
 
 def _quality_sentences(sd: StudyData, cid: str, base: str) -> list[str]:
@@ -224,7 +224,7 @@ def change_sentence(sd: StudyData, e: pd.DataFrame, cid: str) -> str:
     base = e["baseline"].iloc[0]
     common = {"config": lab.get(cid, cid), "baseline": lab.get(base, base), "what": change_text(sd, cid, base),
               "n": len(e)}
-    found = e[e["verdict"].isin([av.FASTER, av.SLOWER])]
+    found = e[e["verdict"].isin([verdicts.FASTER, verdicts.SLOWER])]
     if len(found):
         c1 = found[found["concurrency"] == 1]
         pick = c1 if len(c1) else found
@@ -233,7 +233,7 @@ def change_sentence(sd: StudyData, e: pd.DataFrame, cid: str) -> str:
                     where=sd.w("story.at_level", bucket=r["bucket"], inflight=in_flight(sd, r["concurrency"], cid, r["bucket"])),
                     lo=pct(r["ci_low_pct"]), hi=pct(r["ci_high_pct"]), counts=sd.w("story.count_sep").join(
                         sd.w(f"story.count.{k}", k=n) for k, n in (
-                            ("faster", int((e["verdict"] == av.FASTER).sum())), ("slower", int((e["verdict"] == av.SLOWER).sum())),
+                            ("faster", int((e["verdict"] == verdicts.FASTER).sum())), ("slower", int((e["verdict"] == verdicts.SLOWER).sum())),
                             ("none", int((~e.index.isin(found.index)).sum()))) if n))
     else:
         text = sd.w("story.change_none" if len(e) > 1 else "story.change_none_one_level", **common, mde=_mde_range(sd, e))
@@ -251,7 +251,7 @@ def headline_changes(eff: pd.DataFrame) -> list[str]:
     order = list(dict.fromkeys(eff["config"]))
     if len(order) <= MAX_HEADLINE_CHANGES:
         return order
-    found = eff["verdict"].isin([av.FASTER, av.SLOWER])
+    found = eff["verdict"].isin([verdicts.FASTER, verdicts.SLOWER])
     size = {c: float(g.loc[found[g.index], "change_pct"].abs().max()) if found[g.index].any() else 0.0
             for c, g in eff.groupby("config", sort=False)}
     keep = set(sorted(order, key=lambda c: -size[c])[:MAX_HEADLINE_CHANGES])
@@ -284,7 +284,7 @@ def headline(sd: StudyData) -> str:
     verdicts' model and each level's verdict have their own sections."""
     s = sd.summary
     if s.empty:
-        return rh.MISSING
+        return html.MISSING
     lab = sd.labels()
     # an A/A repeat is the baseline measured again (the noise), not a configuration to pick
     chosen = s[~s["config"].isin(exact_repeats(sd))]
@@ -387,7 +387,7 @@ def startup_s(sd: StudyData, cid: str) -> float:
 def _startup_cell(sd: StudyData, cid: str, base: str) -> str:
     a, b = startup_s(sd, base), startup_s(sd, cid)
     if not (math.isfinite(a) and math.isfinite(b)):
-        return rh.MISSING
+        return html.MISSING
     comp, _ = compile_s(sd, cid)
     if math.isfinite(comp):
         return sd.w("story.startup_compile", a=num(a, 0), b=num(b, 0), c=num(comp, 0))
@@ -404,27 +404,27 @@ def progression_table(sd: StudyData) -> Any:
     lab, cols, rows, multi = sd.labels(), sd.w("story.progression_columns"), [], False
     for cid, e in eff.groupby("config", sort=False):
         base = e["baseline"].iloc[0]
-        found = e[e["verdict"].isin([av.FASTER, av.SLOWER])]
+        found = e[e["verdict"].isin([verdicts.FASTER, verdicts.SLOWER])]
         rest = e[~e.index.isin(found.index)]
         mark = ""
         if len(settings_changed(sd, cid, base)) > 1:
             mark, multi = " †", True
         parts = []
-        for verdict in (av.FASTER, av.SLOWER):  # one range per direction: never "-21.8 % to +105.7 %"
+        for verdict in (verdicts.FASTER, verdicts.SLOWER):  # one range per direction: never "-21.8 % to +105.7 %"
             f = found[found["verdict"] == verdict]
             if len(f):
                 lo, hi = f["change_pct"].min(), f["change_pct"].max()
-                parts.append(f"{sd.w('verdict.' + ('faster' if verdict == av.FASTER else 'slower'))} "
+                parts.append(f"{sd.w('verdict.' + ('faster' if verdict == verdicts.FASTER else 'slower'))} "
                              + (pct(lo) if len(f) == 1 else sd.w("story.range", lo=pct(lo), hi=pct(hi))))
-        there = sd.w("story.list_sep").join(parts) or rh.MISSING
-        counts = sd.w("story.verdict_counts", f=int((e["verdict"] == av.FASTER).sum()),
-                      s=int((e["verdict"] == av.SLOWER).sum()), n=len(rest))
+        there = sd.w("story.list_sep").join(parts) or html.MISSING
+        counts = sd.w("story.verdict_counts", f=int((e["verdict"] == verdicts.FASTER).sum()),
+                      s=int((e["verdict"] == verdicts.SLOWER).sum()), n=len(rest))
         rows.append([f"{lab.get(base, base)} → {lab.get(cid, cid)}", change_text(sd, cid, base), counts + mark, there,
-                     _mde_range(sd, rest) if len(rest) else rh.MISSING, _startup_cell(sd, cid, base),
+                     _mde_range(sd, rest) if len(rest) else html.MISSING, _startup_cell(sd, cid, base),
                      quality_cell(sd, cid, base)])
     t = pd.DataFrame(rows, columns=cols)
     notes = {"†": sd.w("story.multi_change")} if multi else None
-    return rh.table(t, sd.w("story.progression_caption"), notes=notes)
+    return html.table(t, sd.w("story.progression_caption"), notes=notes)
 
 
 _COMPILE = re.compile(r"torch\.compile took ([0-9.]+) s in total")

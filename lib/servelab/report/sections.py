@@ -14,7 +14,7 @@ import pandas as pd
 from ..analysis import flatten
 from ..schema.runfiles import RunInfo
 from ..summary import DEFINED_METRICS
-from . import html as rh
+from . import html
 from .accuracy import reference_text  # noqa: F401  (the notebooks' sec.reference_text)
 from .checks import checks_of
 from .fmt import anchor, dash_note, link, num, pct, slo_parts, span  # noqa: F401  (the notebooks' sec.anchor etc.)
@@ -35,7 +35,7 @@ def config_table(sd: StudyData) -> Any:
     for c in sd.study.configurations:
         if c.id not in sd.folders:
             done = checks_of(sd, c.id)
-            rows.append([c.id, c.label or c.id, rh.MISSING, c.baseline or rh.MISSING,
+            rows.append([c.id, c.label or c.id, html.MISSING, c.baseline or html.MISSING,
                          w("checks.checks_only", checks=", ".join(done)) if done else w("configs.not_measured")])
             continue
         run = sd.info(c.id)
@@ -43,7 +43,7 @@ def config_table(sd: StudyData) -> Any:
         base = bases.get(c.id)
         rows.append([c.id, c.label or c.id, eng, base or w("configs.baseline"),
                      change_text(sd, c.id, base) if base else w("configs.baseline")])
-    return rh.table(pd.DataFrame(rows, columns=cols), w("configs.caption"))
+    return html.table(pd.DataFrame(rows, columns=cols), w("configs.caption"))
 
 
 def fixed_settings(sd: StudyData) -> Any:
@@ -55,7 +55,7 @@ def fixed_settings(sd: StudyData) -> Any:
     keys = [k for k, v in settings[0].items() if v not in (None, {}, [], "")
             and all(s.get(k) == v for s in settings) and k.split(".")[0] not in skip]
     cols = sd.w("fixed.columns")
-    return rh.table(pd.DataFrame([[k, str(settings[0][k])] for k in keys], columns=cols), sd.w("fixed.caption"))
+    return html.table(pd.DataFrame([[k, str(settings[0][k])] for k in keys], columns=cols), sd.w("fixed.caption"))
 
 
 def method_text(sd: StudyData) -> str:
@@ -66,7 +66,7 @@ def method_text(sd: StudyData) -> str:
     cal = first.get("calibration", {})
     counter = next(iter(cal.values()), {}).get("counter", "the server's /tokenize")
     achieved = ", ".join(f"{v['target_tokens']:,} → {v['tokens']:,}" for v in cal.values()
-                         if "target_tokens" in v) or rh.MISSING
+                         if "target_tokens" in v) or html.MISSING
     api = "/v1/chat/completions" if wl.api == "chat" else "/v1/completions"
     text = sd.w("method.body", api=api, temperature=wl.temperature, seed=wl.seed, prompt_text=wl.prompt_text,
                 counter=counter, calibration=achieved, warmup=wl.warmup_rounds, rounds=wl.rounds,
@@ -81,15 +81,15 @@ def method_text(sd: StudyData) -> str:
 def definitions_table(sd: StudyData) -> Any:
     cols = sd.w("definitions.columns")
     rows = [(m, sd.w(f"definition.{m}")) for m in DEFINED_METRICS] + extra_definitions(sd)
-    return rh.table(pd.DataFrame(rows, columns=cols), sd.w("definitions.caption"))
+    return html.table(pd.DataFrame(rows, columns=cols), sd.w("definitions.caption"))
 
 
 def devices_text(sd: StudyData) -> str:
     lines = []
     for d in sd.meta.get("device") or []:
-        lines.append("- " + sd.w("setup.device", kind=d.get("kind"), machine=rh.quote_md(d.get("machine"), sd.language),
+        lines.append("- " + sd.w("setup.device", kind=d.get("kind"), machine=html.quote_md(d.get("machine"), sd.language),
                                  date=d.get("date"), minutes=f"{d.get('held_s', 0) / 60:.1f}",
-                                 configs=rh.quote_md(d.get("configurations"), sd.language) or "–"))
+                                 configs=html.quote_md(d.get("configurations"), sd.language) or "–"))
     return "\n".join(lines)
 
 
@@ -105,7 +105,7 @@ def results_table(sd: StudyData, cid: str) -> Any:
              span(r.aggregate_output_tps_min, r.aggregate_output_tps_max)] for r in _named(s).itertuples()]
     c = sd.w("results.columns")
     t = pd.DataFrame(rows, columns=c)
-    return rh.table(t, sd.w("results.caption", label=sd.labels().get(cid, cid)),
+    return html.table(t, sd.w("results.caption", label=sd.labels().get(cid, cid)),
                     formats={c[0]: lambda v: v if isinstance(v, str) else f"{v:,.0f}", c[2]: "{:,.1f}", c[3]: "{:,.1f}", c[4]: "{:,.1f}", c[5]: "{:,.1f}",
                              c[6]: "{:,.1f}"},
                     notes=dash_note(t, sd.w("table.not_measured_at_level")))
@@ -216,7 +216,7 @@ def repro_cards(sd: StudyData) -> list[Any]:
     """A compact card per configuration (seed 002's list); long values in <details>."""
     out = []
     for cid in sd.config_ids:
-        out.append(rh.card(f"{sd.labels().get(cid, cid)} ({cid})", _card_rows(sd, cid)))
-        out.append(rh.details(sd.w("repro.details", config=cid),
+        out.append(html.card(f"{sd.labels().get(cid, cid)} ({cid})", _card_rows(sd, cid)))
+        out.append(html.details(sd.w("repro.details", config=cid),
                               "\n\n".join(f"{k}:\n{v}" for k, v in _long_values(sd, cid).items())))
     return out

@@ -12,9 +12,9 @@ from typing import Any
 
 import pandas as pd
 
-from ..analysis import verdicts as v
+from ..analysis import verdicts
 from ..runfolder import VERDICTS_JSON, read_json, write_json
-from . import html as rh
+from . import html
 from .fmt import link, minutes, num, pct
 from .load import StudyData, baselines
 
@@ -31,17 +31,17 @@ def study_verdicts(sd: StudyData) -> dict[str, Any]:
     """verdicts.json of the study, computed from its records (deterministic)."""
     d = sd.design
     target = float(d.mde_target or sd.study.design.mde_target_pct / 100.0)
-    groups = v.setting_groups({c: sd.engine_params(c) for c in sd.config_ids})
-    cmps = v.comparisons(baselines(sd), groups)
-    rows, betweens = v.verdict_rows(sd.rounds, cmps, groups.values(), target=target, requests=_requests(sd),
+    groups = verdicts.setting_groups({c: sd.engine_params(c) for c in sd.config_ids})
+    cmps = verdicts.comparisons(baselines(sd), groups)
+    rows, betweens = verdicts.verdict_rows(sd.rounds, cmps, groups.values(), target=target, requests=_requests(sd),
                                     given_sd_pct=sd.study.design.between_starts_sd_pct)
     stopped = {x.label: x.stopped for x in d.levels}
     rows["stopped"] = [stopped.get(lv, "fixed") for lv in rows["level"]]
-    out = v.to_json(rows, betweens, target=target,
+    out = verdicts.to_json(rows, betweens, target=target,
                     design={"interleaved": d.interleaved, "reason": d.reason, "budget_s": d.budget_s,
                             "first_rounds": d.first_rounds, "max_rounds": d.max_rounds},
-                    to_target=(v.plan_from_design(d, groups, rows, betweens[v.PRIMARY], target)
-                               if v.PRIMARY in betweens else None))
+                    to_target=(verdicts.plan_from_design(d, groups, rows, betweens[verdicts.PRIMARY], target)
+                               if verdicts.PRIMARY in betweens else None))
     return out
 
 
@@ -66,16 +66,16 @@ def load(sd: StudyData) -> dict[str, Any]:
     return study_verdicts(sd)
 
 
-def rows(sd: StudyData, metric: str = v.PRIMARY, *, aa: bool | None = None) -> pd.DataFrame:
+def rows(sd: StudyData, metric: str = verdicts.PRIMARY, *, aa: bool | None = None) -> pd.DataFrame:
     """The verdict rows of one metric (A/A rows only, none, or both with `aa` None)."""
-    r = v.from_json(load(sd))
+    r = verdicts.from_json(load(sd))
     r = r[r["metric"] == metric]
     if aa is not None:
         r = r[r["aa"] == aa]
     return r.reset_index(drop=True)
 
 
-def between_starts(sd: StudyData, metric: str = v.PRIMARY) -> dict[str, Any]:
+def between_starts(sd: StudyData, metric: str = verdicts.PRIMARY) -> dict[str, Any]:
     """verdicts.json's between-start estimate of one metric (sd_pct, df, source, starts)."""
     return (load(sd).get("between_starts") or {}).get(metric) or {}
 
@@ -106,25 +106,25 @@ def verdict_table(sd: StudyData) -> Any:
     agg = rows(sd)
     if agg.empty:
         return None
-    by = {m: rows(sd, m).set_index(["configuration", "level"]) for m in (v.DECODE, v.PRIMARY, "ttft_p50_s")}
+    by = {m: rows(sd, m).set_index(["configuration", "level"]) for m in (verdicts.DECODE, verdicts.PRIMARY, "ttft_p50_s")}
     target = num(load(sd)["model"]["mde_target"] * 100, 0)
     lab, cols = sd.labels(), [c.format(target=target) for c in sd.w("verdicts.columns")]
 
     def side(metric: str, key: tuple[str, str], named: bool = True) -> str:
         t = by[metric].loc[key] if key in by[metric].index else None
         if t is None or not math.isfinite(t["effect"]):
-            return rh.MISSING
+            return html.MISSING
         text = f"{pct(_p(t['effect']))} ({sd.w('verdict.' + verdict_key(t['verdict']))})"
         return f"{sd.w('verdicts.metric.' + metric)} {text}" if named else text
 
     out = []
     for key in zip(agg["configuration"], agg["level"]):
-        a = by[v.PRIMARY].loc[key]
-        metric = v.lead_metric(a["concurrency"])
+        a = by[verdicts.PRIMARY].loc[key]
+        metric = verdicts.lead_metric(a["concurrency"])
         if key not in by[metric].index:
-            metric = v.PRIMARY
+            metric = verdicts.PRIMARY
         x = by[metric].loc[key]
-        other = v.PRIMARY if metric == v.DECODE else v.DECODE
+        other = verdicts.PRIMARY if metric == verdicts.DECODE else verdicts.DECODE
         ci = x["ci"] if isinstance(x["ci"], list) else [math.nan, math.nan]
         out.append([f"{lab.get(x['baseline'], x['baseline'])} → {lab.get(key[0], key[0])}" + (" (A/A)" if x["aa"] else ""),
                     key[1], sd.w("verdicts.metric." + metric), pct(_p(x["effect"])),
@@ -132,10 +132,10 @@ def verdict_table(sd: StudyData) -> Any:
                     sd.w(f"verdict.{verdict_key(x['verdict'])}"),
                     sd.w("verdicts.rounds", n=int(x["rounds"] or 0), b=int(x["baseline_rounds"] or 0),
                          s=int(x["starts"] or 0), bs=int(x["baseline_starts"] or 0)),
-                    sd.w(f"verdicts.stopped.{x['stopped']}") if isinstance(x.get("stopped"), str) else rh.MISSING,
+                    sd.w(f"verdicts.stopped.{x['stopped']}") if isinstance(x.get("stopped"), str) else html.MISSING,
                     _to_target(sd, x), side(other, key), side("ttft_p50_s", key, named=False)])
-    return rh.table(pd.DataFrame(out, columns=cols), sd.w("verdicts.caption"),
-                    notes={rh.MISSING: sd.w("verdicts.dash")})
+    return html.table(pd.DataFrame(out, columns=cols), sd.w("verdicts.caption"),
+                    notes={html.MISSING: sd.w("verdicts.dash")})
 
 
 def _to_target(sd: StudyData, x: Any) -> str:
@@ -143,8 +143,8 @@ def _to_target(sd: StudyData, x: Any) -> str:
     starts" when the variance between starts alone keeps it above, or – when it is there (or the
     change was found)."""
     n = x["rounds_for_target"]
-    if x["verdict"] in (v.FASTER, v.SLOWER) or n is None or (isinstance(n, float) and math.isnan(n)):
-        return rh.MISSING
+    if x["verdict"] in (verdicts.FASTER, verdicts.SLOWER) or n is None or (isinstance(n, float) and math.isnan(n)):
+        return html.MISSING
     if math.isinf(n):
         return sd.w("verdicts.more_starts")
     return sd.w("verdicts.rounds_needed", n=int(math.ceil(n)))
@@ -182,7 +182,7 @@ def disturbance_text(sd: StudyData) -> str:
         when = sd.w("story.list_sep").join(
             sd.w("verdicts.window", t0=hm(w["from"]), t1=hm(w["to"]), rounds=w["rounds"], starts=len(w["starts"]),
                  cpu=num(w["busy_cpu"], 1)) for w in wins)
-        out.append(sd.w("verdicts.disturbed", n=n, again=again, when=when or rh.MISSING,
+        out.append(sd.w("verdicts.disturbed", n=n, again=again, when=when or html.MISSING,
                         s=num(sum(x.remeasure_s for x in lv), 0), waited=num(sum(x.waited_s for x in lv), 0)))
     else:
         busy = [a + b for a, b in zip(_round_stats(sd, "foreign_cpu"), _round_stats(sd, "steal_cpu"))]
@@ -248,4 +248,4 @@ def _p(x: Any) -> float:
 
 
 def verdict_key(verdict: Any) -> str:
-    return {v.FASTER: "faster", v.SLOWER: "slower", v.NO_CHANGE: "none"}.get(verdict, "undetermined")
+    return {verdicts.FASTER: "faster", verdicts.SLOWER: "slower", verdicts.NO_CHANGE: "none"}.get(verdict, "undetermined")

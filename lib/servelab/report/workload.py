@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ..analysis.cache import cache_levels, cache_symptoms, turn_hits
-from . import html as rh
+from . import html
 from .fmt import anchor
 from .load import StudyData
 
@@ -103,7 +103,7 @@ def lengths_figure(sd: StudyData) -> Any:
     handles, names = axes[0].get_legend_handles_labels()
     fig.legend(handles, names, loc="lower center", ncol=min(len(names), 3), fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0.12, 1, 1))
-    return rh.figure(fig, w("workload.fig_lengths"))
+    return html.figure(fig, w("workload.fig_lengths"))
 
 
 def cache_table(sd: StudyData) -> Any:
@@ -119,7 +119,7 @@ def cache_table(sd: StudyData) -> Any:
         "hm": [f"{h} / {m}" for h, m in zip(t["hit_requests"], t["miss_requests"])],
         "th": t["ttft_hit_p50_s"] * 1000, "tm": t["ttft_miss_p50_s"] * 1000})
     df.columns = sd.w("workload.cache_cols")
-    return rh.table(df, sd.w("workload.cache_caption"), formats={df.columns[7]: ",.1f", df.columns[8]: ",.1f"})
+    return html.table(df, sd.w("workload.cache_caption"), formats={df.columns[7]: ",.1f", df.columns[8]: ",.1f"})
 
 
 def _measured(r: Any) -> float:
@@ -163,7 +163,7 @@ def turns_table(sd: StudyData) -> Any:
                        "n": t["requests"], "p": t["prompt_tokens_p50"], "s": [_pct_text(v) for v in t["cached_share_p50"]],
                        "ttft": t["ttft_p50_s"] * 1000})
     df.columns = sd.w("workload.turns_cols")
-    return rh.table(df, sd.w("workload.turns_caption"), formats={df.columns[6]: ",.1f", df.columns[4]: ",.0f"})
+    return html.table(df, sd.w("workload.turns_caption"), formats={df.columns[6]: ",.1f", df.columns[4]: ",.0f"})
 
 
 def lag_table(sd: StudyData) -> Any:
@@ -180,7 +180,7 @@ def lag_table(sd: StudyData) -> Any:
                      "p50": float(np.percentile(lag, 50)), "p99": float(np.percentile(lag, 99)), "max": float(lag.max())})
     df = pd.DataFrame(rows)
     df.columns = sd.w("workload.lag_cols")
-    return rh.table(df, sd.w("workload.lag_caption"), formats={k: ",.1f" for k in df.columns[4:]})
+    return html.table(df, sd.w("workload.lag_caption"), formats={k: ",.1f" for k in df.columns[4:]})
 
 
 def reasoning_table(sd: StudyData) -> Any:
@@ -192,7 +192,7 @@ def reasoning_table(sd: StudyData) -> Any:
                        "l": [_level(r) for _, r in s.iterrows()], "t": s["ttft_p50_s"] * 1000,
                        "ct": s["content_ttft_p50_s"] * 1000, "rt": s["reasoning_tokens_p50"]})
     df.columns = sd.w("workload.reasoning_cols")
-    return rh.table(df, sd.w("workload.reasoning_caption"), formats={df.columns[3]: ",.1f", df.columns[4]: ",.1f"})
+    return html.table(df, sd.w("workload.reasoning_caption"), formats={df.columns[3]: ",.1f", df.columns[4]: ",.1f"})
 
 
 def symptoms_text(sd: StudyData) -> str:

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..analysis import verdicts as v
+from ..analysis import verdicts
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ def within_run_groups(groups: Sequence[Sequence[str]], run_of: Mapping[str, str]
     return list(dict.fromkeys(out))
 
 
-def run_term(y: pd.DataFrame, groups: Sequence[Sequence[str]], run_of: Mapping[str, str], between: v.Between, *,
+def run_term(y: pd.DataFrame, groups: Sequence[Sequence[str]], run_of: Mapping[str, str], between: verdicts.Between, *,
              given_sd_pct: float | None = None) -> RunTerm:
     """sigma_r^2 by the method of moments (module docstring) from the settings measured in more than one
     run of `run_of`; `given_sd_pct` (a between-run sd in percent) when no setting is."""
@@ -76,8 +76,8 @@ def run_term(y: pd.DataFrame, groups: Sequence[Sequence[str]], run_of: Mapping[s
         if len(runs) < 2 or not all(sides):
             continue
         shared.append(g)
-        for _, lv in y.groupby(v.LEVEL_KEYS, sort=False):
-            f = v.fit_level(lv, [*sides[0], *sides[1]])
+        for _, lv in y.groupby(verdicts.LEVEL_KEYS, sort=False):
+            f = verdicts.fit_level(lv, [*sides[0], *sides[1]])
             if f is None or not math.isfinite(f.sigma_w2):
                 continue
             a, b = [s for s in sides[0] if s in f.starts], [s for s in sides[1] if s in f.starts]
@@ -101,7 +101,7 @@ def _satterthwaite(parts: Sequence[tuple[float, float]]) -> float:
     return total * total / denom if denom > 0 and total > 0 else math.inf
 
 
-def augmented(between: v.Between, term: RunTerm, k: float) -> v.Between:
+def augmented(between: verdicts.Between, term: RunTerm, k: float) -> verdicts.Between:
     """The between-start estimate with the run term added, for a comparison whose two sides lie in
     different runs (`k` = 1/starts + 1/baseline starts): its variance gains 2 sigma_r^2."""
     extra = 2.0 * (term.var or 0.0)
@@ -110,30 +110,30 @@ def augmented(between: v.Between, term: RunTerm, k: float) -> v.Between:
     if between.source == "repeats" and between.ms > between.within:
         ms = between.ms + extra / k
         df = _satterthwaite([(k * between.ms, between.df), (extra, term.df)])
-        return v.Between(between.var, df, "repeats", between.starts, ms=ms, within=between.within,
+        return verdicts.Between(between.var, df, "repeats", between.starts, ms=ms, within=between.within,
                          within_df=between.within_df)
     vb = between.var or 0.0  # given, or repeats whose starts differ no more than rounds explain: 0
     df = _satterthwaite([(k * vb, between.df), (extra, term.df)])
-    return v.Between(vb + extra / k, df, "given", between.starts)
+    return verdicts.Between(vb + extra / k, df, "given", between.starts)
 
 
-def verdict_rows(rounds: pd.DataFrame, cmps: Sequence[v.Comparison], groups: Sequence[Sequence[str]],
-                 run_of: Mapping[str, str], *, metrics: Sequence[str] = tuple(v.METRICS),
+def verdict_rows(rounds: pd.DataFrame, cmps: Sequence[verdicts.Comparison], groups: Sequence[Sequence[str]],
+                 run_of: Mapping[str, str], *, metrics: Sequence[str] = tuple(verdicts.METRICS),
                  given_sd_pct: float | None = None, given_run_sd_pct: float | None = None,
-                 target: float = v.MDE_TARGET) -> tuple[pd.DataFrame, dict[str, v.Between], dict[str, RunTerm]]:
+                 target: float = verdicts.MDE_TARGET) -> tuple[pd.DataFrame, dict[str, verdicts.Between], dict[str, RunTerm]]:
     """`analysis.verdicts.verdict_rows` for starts of several runs (`run_of`: start -> run): sigma_b^2
     from each run's own repeats, sigma_r^2 from the settings the runs share, and every comparison
     whose sides lie in different runs carries the run term."""
     inner = within_run_groups(groups, run_of)
     rows, betweens, terms = [], {}, {}
     for metric in metrics:
-        y = v.log_rounds(rounds, metric)
-        between = v.between_starts(y, inner, given_sd_pct=given_sd_pct if metric == v.PRIMARY else None)
+        y = verdicts.log_rounds(rounds, metric)
+        between = verdicts.between_starts(y, inner, given_sd_pct=given_sd_pct if metric == verdicts.PRIMARY else None)
         term = run_term(y, groups, run_of, between,
-                        given_sd_pct=given_run_sd_pct if metric == v.PRIMARY else None)
+                        given_sd_pct=given_run_sd_pct if metric == verdicts.PRIMARY else None)
         betweens[metric], terms[metric] = between, term
-        _, direction = v.METRICS[metric]
-        levels = list(y.groupby(v.LEVEL_KEYS, sort=False))
+        _, direction = verdicts.METRICS[metric]
+        levels = list(y.groupby(verdicts.LEVEL_KEYS, sort=False))
         for cmp_ in cmps:
             shared = [k for k, lv in levels if set(cmp_.starts) & set(lv["start"])
                       and set(cmp_.baseline_starts) & set(lv["start"])]
@@ -141,19 +141,19 @@ def verdict_rows(rounds: pd.DataFrame, cmps: Sequence[v.Comparison], groups: Seq
             for key, lv in levels:
                 if key not in shared:
                     continue
-                alpha = v.ALPHA / len(shared) if cmp_.aa else v.ALPHA
+                alpha = verdicts.ALPHA / len(shared) if cmp_.aa else verdicts.ALPHA
                 starts = [*cmp_.starts, *[s for s in cmp_.baseline_starts if s not in cmp_.starts]]
-                f = v.fit_level(lv, starts)
+                f = verdicts.fit_level(lv, starts)
                 k = 1.0 / len(cmp_.starts) + 1.0 / len(cmp_.baseline_starts)
                 b = augmented(between, term, k) if across else between
-                e = v.effect_of(f, cmp_.starts, cmp_.baseline_starts, b, direction=direction, alpha=alpha)
-                e["rounds_for_target"] = v.rounds_for(e, b, target, cmp_)
+                e = verdicts.effect_of(f, cmp_.starts, cmp_.baseline_starts, b, direction=direction, alpha=alpha)
+                e["rounds_for_target"] = verdicts.rounds_for(e, b, target, cmp_)
                 e["more_starts"] = e["rounds_for_target"] == math.inf
-                rows.append({"configuration": cmp_.config, "baseline": cmp_.baseline, "level": v.level_label(*key),
+                rows.append({"configuration": cmp_.config, "baseline": cmp_.baseline, "level": verdicts.level_label(*key),
                              "bucket": key[0], "concurrency": int(key[1]), "metric": metric, **e, "requests": None,
                              "baseline_requests": None, "aa": cmp_.aa, "between_starts": between.source,
-                             "between_runs": term.source if across else None, "settled": v.settled(e, target)})
-    return pd.DataFrame(rows, columns=[*v.COLUMNS, "between_runs"]), betweens, terms
+                             "between_runs": term.source if across else None, "settled": verdicts.settled(e, target)})
+    return pd.DataFrame(rows, columns=[*verdicts.COLUMNS, "between_runs"]), betweens, terms
 
 
 def term_json(t: RunTerm) -> dict[str, Any]:

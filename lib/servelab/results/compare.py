@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 
 from ..analysis import quality as aq
-from ..analysis import verdicts as v
+from ..analysis import verdicts
 from ..analysis.compare import DEFAULT_DIFF_IGNORE, config_diff, flatten
 from ..errors import UserError
 from ..runfolder import QUALITY_JSON, RECORDS, RunFolder, read_json
@@ -67,10 +67,10 @@ class CompareResult:
             out.append(head)
             for what, x, y in p.differences or [("nothing differs", "", "")]:
                 out.append(f"  differs: {what}: {fmt(x)} -> {fmt(y)}" if x != "" else f"  {what}")
-            rt = p.between_runs.get(v.PRIMARY)
+            rt = p.between_runs.get(verdicts.PRIMARY)
             if rt:
                 out.append(f"  {run_term_text(rt)}")
-            rows = p.verdicts[p.verdicts["metric"] == v.PRIMARY] if len(p.verdicts) else p.verdicts
+            rows = p.verdicts[p.verdicts["metric"] == verdicts.PRIMARY] if len(p.verdicts) else p.verdicts
             if not len(rows):
                 out.append("  no level measured by both")
             for r in rows.itertuples():
@@ -89,8 +89,8 @@ class CompareResult:
         """(levels of identical-setting pairs called faster or slower, levels of such pairs) on the primary
         metric: each is a false alarm."""
         rows = [r for p in self.pairs if p.aa and len(p.verdicts)
-                for r in p.verdicts[p.verdicts["metric"] == v.PRIMARY].itertuples()]
-        return sum(r.verdict in (v.FASTER, v.SLOWER) for r in rows), len(rows)
+                for r in p.verdicts[p.verdicts["metric"] == verdicts.PRIMARY].itertuples()]
+        return sum(r.verdict in (verdicts.FASTER, verdicts.SLOWER) for r in rows), len(rows)
 
 
 def run_term_text(t: dict[str, Any]) -> str:
@@ -215,15 +215,15 @@ def compare_pair(ctx_a: Context, cfg_a: str, ctx_b: Context, cfg_b: str,
                                                                                         ctx_b.runs)
         ctxs = [ctx_a, ctx_b]
     rounds, settings = _starts(ctxs)
-    groups = v.setting_groups(settings)
+    groups = verdicts.setting_groups(settings)
     a, b = f"{ctx_a.label}:{cfg_a}", f"{ctx_b.label}:{cfg_b}"
     if a == b:
         raise UserError(f"{cfg_a}: A and B are the same run folder")
     aa = b in groups.get(a, (a,))
-    cmp_ = v.Comparison(b, a, (b,), (a,), aa)
+    cmp_ = verdicts.Comparison(b, a, (b,), (a,), aa)
     terms: dict[str, across.RunTerm] = {}
     if len(ctxs) == 1:
-        rows, betweens = v.verdict_rows(rounds, [cmp_], groups.values(), given_sd_pct=between_sd_pct)
+        rows, betweens = verdicts.verdict_rows(rounds, [cmp_], groups.values(), given_sd_pct=between_sd_pct)
     else:
         run_of = {s: c.label for c in ctxs for s in (f"{c.label}:{cid}" for cid in c.runs)}
         rows, betweens, terms = across.verdict_rows(rounds, [cmp_], list(dict.fromkeys(groups.values())), run_of,

@@ -20,10 +20,10 @@ import nbformat
 import numpy as np
 import pandas as pd
 
-from ..analysis import verdicts as v
+from ..analysis import verdicts
 from ..analysis.harmonise import definitions, recompute_per_request
 from ..paths import portable
-from ..report import html as rh
+from ..report import html
 from ..report import plots
 from ..report.render import notebook_to_html
 from ..runfolder import RunFolder, read_json
@@ -43,9 +43,9 @@ def _md(text: str) -> Any:
 
 def _out(obj: Any) -> Any:
     """A code cell whose only output is `obj`'s HTML (a table or figure of report.html)."""
-    html = obj.data if hasattr(obj, "data") else str(obj)
+    markup = obj.data if hasattr(obj, "data") else str(obj)
     cell = nbformat.v4.new_code_cell("")
-    cell.outputs = [nbformat.v4.new_output("display_data", data={"text/html": html})]
+    cell.outputs = [nbformat.v4.new_output("display_data", data={"text/html": markup})]
     return cell
 
 
@@ -75,18 +75,18 @@ def compare_page(res: CompareResult, out: str | Path, title: str | None = None) 
         cells.append(_md(head))
         diff = pd.DataFrame([(w, fmt(a), fmt(b)) for w, a, b in p.differences], columns=["what differs", "A", "B"])
         if len(diff):
-            cells.append(_out(rh.table(diff, "What differs between the two runs (packages and engine settings first)")))
+            cells.append(_out(html.table(diff, "What differs between the two runs (packages and engine settings first)")))
         else:
             cells.append(_md("Nothing differs between the two runs' packages, engine settings, model and workload."))
-        cells.append(_md(_between_text(p.between) + (f" The {run_term_text(p.between_runs[v.PRIMARY])}."
-                                                       if p.between_runs.get(v.PRIMARY) else "")))
+        cells.append(_md(_between_text(p.between) + (f" The {run_term_text(p.between_runs[verdicts.PRIMARY])}."
+                                                       if p.between_runs.get(verdicts.PRIMARY) else "")))
         if len(p.verdicts):
             t = pd.DataFrame([{
                 "level": r.level, "metric": _METRIC_NAMES.get(r.metric, r.metric), "change": signed(r.effect),
                 "95 % interval": f"{signed(r.ci[0])} .. {signed(r.ci[1])}", "MDE": f"±{pct(r.mde)}",
                 "verdict": r.verdict, "rounds A / B": f"{int(r.baseline_rounds)} / {int(r.rounds)}"}
                 for r in p.verdicts.itertuples()])
-            cells.append(_out(rh.table(t, "B against A per level: the change, its 95 % interval, the MDE and the "
+            cells.append(_out(html.table(t, "B against A per level: the change, its 95 % interval, the MDE and the "
                                           "verdict (for TTFT lower is better)")))
         else:
             cells.append(_md("The two runs measured no level in common: nothing to compare."))
@@ -102,7 +102,7 @@ def compare_page(res: CompareResult, out: str | Path, title: str | None = None) 
             if q.get("first_divergence"):
                 fd = pd.DataFrame(q["first_divergence"]).rename(columns={"id": "prompt", "set": "set",
                                                                          "token_index": "first differing token"})
-                cells.append(_out(rh.table(fd, "Answers that changed, and the first token where they differ")))
+                cells.append(_out(html.table(fd, "Answers that changed, and the first token where they differ")))
         else:
             cells.append(_md("No quality check to compare (one of the runs has no quality.json)."))
     return _render(cells, Path(out), title)
@@ -112,7 +112,7 @@ _METRIC_NAMES = {"aggregate_output_tps": "aggregate output tok/s", "ttft_p50_s":
 
 
 def _between_text(between: Mapping[str, Mapping[str, Any]]) -> str:
-    b = between.get(v.PRIMARY) or {}
+    b = between.get(verdicts.PRIMARY) or {}
     if b.get("source") == "repeats":
         starts = "; ".join(" / ".join(g) for g in b.get("starts") or [])
         return (f"Variance between engine starts (aggregate tok/s): sd {b['sd_pct']:.1f} % with {b['df']:.0f} "
@@ -319,7 +319,7 @@ def _tools_intro(runs: Mapping[str, RunFolder], cond: pd.DataFrame, title: str) 
                           "it left out are kept in the run folder, flagged, and left out of every figure here as "
                           "the tool left them out) and how many requests of that window the files store of those "
                           "the tool counted."),
-                      _out(rh.table(imp, "The imported files: tool, version, format, window and sample size"))]
+                      _out(html.table(imp, "The imported files: tool, version, format, window and sample size"))]
     return cells
 
 
@@ -331,13 +331,13 @@ def _tools_summary(study: Path, runs: Mapping[str, RunFolder], summ: pd.DataFram
             "e2e_p50_s": "e2e p50 (s)", "aggregate_output_tps": "aggregate tok/s", "rounds": "runs"}
     t = summ[list(cols)].rename(columns=cols)
     cells: list[Any] = []
-    cells.append(_out(rh.table(t, "Each tool's requests summarised by servelab (median over requests; aggregate "
+    cells.append(_out(html.table(t, "Each tool's requests summarised by servelab (median over requests; aggregate "
                                   "tok/s: median over the tool's runs)",
-                               notes={rh.MISSING: "GuideLLM keeps no chunk times: no pooled ITL"})))
+                               notes={html.MISSING: "GuideLLM keeps no chunk times: no pooled ITL"})))
     times = study / TIMES
     if times.exists():
         cells.append(_md(_cpu_text(pd.DataFrame(read_json(times)))))
-        cells.append(_out(rh.table(cpu_table(pd.DataFrame(read_json(times))),
+        cells.append(_out(html.table(cpu_table(pd.DataFrame(read_json(times))),
                                    "CPU seconds per request of each tool's client (its process tree) and of the engine "
                                    "during the tool's runs, on this 2-core machine (median over repetitions)")))
     spread = (summ["aggregate_output_tps_max"] / summ["aggregate_output_tps_min"] - 1) * 100
@@ -348,13 +348,13 @@ def _tools_summary(study: Path, runs: Mapping[str, RunFolder], summ: pd.DataFram
                      "client's own appetite is. The tools' requests also differ beyond the workload's lengths (prompt "
                      "text or random token ids, a per-request seed, per-chunk usage statistics): a server's speed that "
                      "differs between two light clients is not explained here."))
-    cells.append(_out(rh.figure(plots.throughput_vs_concurrency(summ, colors=colors),
+    cells.append(_out(html.figure(plots.throughput_vs_concurrency(summ, colors=colors),
                                 "Figure 1. Aggregate output tok/s per tool and concurrency (bars: the range over runs).")))
-    cells.append(_out(rh.figure(plots.latency_vs_concurrency(summ, colors=colors),
+    cells.append(_out(html.figure(plots.latency_vs_concurrency(summ, colors=colors),
                                 "Figure 2. TTFT p95 and per-request decode tok/s per tool, by servelab's definitions.")))
-    cells.append(_out(rh.figure(_ecdf(runs, "ttft_s", "TTFT (s)", colors),
+    cells.append(_out(html.figure(_ecdf(runs, "ttft_s", "TTFT (s)", colors),
                                 "Figure 3. Every request's TTFT (first chunk carrying text), per tool.")))
-    cells.append(_out(rh.figure(_ecdf(runs, "decode_tps", "decode tok/s per request", colors),
+    cells.append(_out(html.figure(_ecdf(runs, "decode_tps", "decode tok/s per request", colors),
                                 "Figure 4. Every request's decode tok/s = (output tokens - 1) / (e2e - TTFT), per tool.")))
     return cells
 
@@ -370,11 +370,11 @@ def _tools_own_figures(cond: pd.DataFrame) -> list[Any]:
                      "a reason: it is *definitional* only where the definition that differs is named and the "
                      "recomputation by the tool's definition agrees with the tool (*not checked* where the "
                      "records do not keep the tool's own values); otherwise *unexplained*, with the numbers."))
-    cells.append(_out(rh.table(cond, "Tool's figure and servelab's recomputation (mean over the tool's runs; "
+    cells.append(_out(html.table(cond, "Tool's figure and servelab's recomputation (mean over the tool's runs; "
                                      "largest difference of one run)",
                                formats={"largest difference %": "{:+.2f}"},
-                               notes={rh.MISSING: "not reported by the tool or not computable"})))
-    cells.append(_out(rh.figure(_diff_figure(cond), "Figure 5. Largest difference of each figure from "
+                               notes={html.MISSING: "not reported by the tool or not computable"})))
+    cells.append(_out(html.figure(_diff_figure(cond), "Figure 5. Largest difference of each figure from "
                                 "servelab's recomputation (green: same definition, orange: different).")))
     return cells
 
@@ -385,14 +385,14 @@ def _tools_definitions(runs: Mapping[str, RunFolder]) -> list[Any]:
     nr = [(t, m, why) for t in runs for m, why in ((read_json(runs[t].path / HARMONISED).get("not_recomputable") or {})
                                                    if (runs[t].path / HARMONISED).exists() else {}).items()]
     if nr:
-        cells.append(_out(rh.table(pd.DataFrame(nr, columns=["tool", "metric", "why it cannot be recomputed"]),
+        cells.append(_out(html.table(pd.DataFrame(nr, columns=["tool", "metric", "why it cannot be recomputed"]),
                                    "What a tool's per-request data cannot give")))
     d = definitions()
     rows = [(t.name, f.label, f.metric, f.definition, "yes" if f.same else f"no: {f.differs}") for t in d.tools
             if t.tool in runs for f in t.figures]
     cells.append(_md("## The definitions\n\nservelab's: " + "; ".join(f"`{k}`: {x}" for k, x in d.servelab.items())
                      + ". The tools' (`lib/servelab/data/tool_definitions.yaml`):"))
-    cells.append(_out(rh.table(pd.DataFrame(rows, columns=["tool", "figure", "servelab metric", "the tool's definition",
+    cells.append(_out(html.table(pd.DataFrame(rows, columns=["tool", "figure", "servelab metric", "the tool's definition",
                                                            "same as servelab's"]),
                                "How each tool defines the figures compared above")))
     return cells

@@ -65,11 +65,11 @@ def test_prompt_set_levels_record_ids_and_achieved_lengths(refserver, tmp_path):
 
 
 def test_prompt_set_requests_stop_at_eos(refserver, tmp_path, monkeypatch):
-    from servelab.measure import client as sc
+    from servelab.measure import client
 
     sent = []
-    orig = sc.RequestSpec.body
-    monkeypatch.setattr(sc.RequestSpec, "body", lambda self: sent.append(orig(self)) or sent[-1])
+    orig = client.RequestSpec.body
+    monkeypatch.setattr(client.RequestSpec, "body", lambda self: sent.append(orig(self)) or sent[-1])
     s = refserver(ttft_s=0.001, itl_s=0.001)
     wl = Workload(buckets=[Bucket(prompt_set="quality", output_tokens=4),
                            Bucket(prompt_set="quality", output_tokens=4, stop="length", name="forced")],
