@@ -314,12 +314,12 @@ def cost_estimate_lines(study: Any) -> list[str]:
         lines.append(f"cost: managed reference {mp.label()}")
     if cost.replay_price:
         lines.append(f"cost: replayed endpoint priced as {resolve_managed([cost.replay_price])[cost.replay_price].label()}")
-    if study.study in PUBLISHED_COST:  # a seed's own table, reproduced beside what servelab prints
+    if study.study in PUBLISHED_COST:  # a published study's own cost table, reproduced beside what servelab prints
         lines += PUBLISHED_COST[study.study]()
     return lines
 
 
-#: study id -> the lines that reproduce its seed's published cost table
+#: study id -> the lines that reproduce the published cost table it repeats
 PUBLISHED_COST = {"seed-001-vllm-g7e": seed001_cost_lines}
 
 

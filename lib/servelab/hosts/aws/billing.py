@@ -372,7 +372,7 @@ def hourly_total_usd(items: Iterable[Billable]) -> float:
     return sum(i.hourly_usd or 0.0 for i in items)
 
 
-# ---- who else keeps the GPU pool busy (the seeds' "no OTHER service on the same compute pool")
+# ---- who else keeps the GPU pool busy (another service on the same compute pool blocks scaling it down)
 
 def asg_instances(session: Any, asg_names: set[str]) -> set[str]:
     """Instance ids now in the named Auto Scaling groups (none named: empty). Raises botocore ClientError."""
