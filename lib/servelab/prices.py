@@ -27,7 +27,7 @@ from .errors import ServelabError
 from .paths import cache_root
 
 TABLE_PATH = Path(__file__).with_name("data") / "prices.yaml"
-SEED001_PATH = TABLE_PATH.with_name("seed001.yaml")  # seed 001's published figures, with source and date
+SEED001_PATH = TABLE_PATH.with_name("seed001.yaml")  # published g7e.12xlarge figures, with source and date
 FIXED_PRICES_PATH = TABLE_PATH.with_name("aws-fixed-prices.yaml")  # quoted AWS list prices beside the instance
 PRICING_ENDPOINT_REGION = "us-east-1"  # the Pricing API answers from us-east-1 (also eu-central-1, ap-south-1)
 CACHE_FILE = "ec2_prices.json"

@@ -55,7 +55,7 @@ def launch(plan: ConfigPlan, rdir: Path) -> dict[str, Any]:
 
 
 def smoke(plan: ConfigPlan, handle: dict[str, Any]) -> dict[str, Any]:
-    """Seed 000's functional check: a chat reply and, with a tool-call parser, a tool call.
+    """The post-launch functional check: a chat reply and, with a tool-call parser, a tool call.
     With dummy weights the answers are recorded but the check does not apply."""
     host, eng = plan.host, plan.study.engine_for(plan.config_id)
     try:

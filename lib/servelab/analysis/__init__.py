@@ -2,9 +2,9 @@
 
 `prefill` (TTFT vs prompt length), `saturation` (knee, goodput under the SLO), `kv` (KV-cache
 residency and capacity), `roofline` (hardware bounds), `speculative` (acceptance, A/B,
-capture sizes), `compare` (one change at a time), `symptoms` (seed 002's table), `cost`
+capture sizes), `compare` (one change at a time), `symptoms` (observation -> first check), `cost`
 (self-host vs managed), `peers` (other tools' results). Each finding says what the numbers
-show (as numbers and `phrase.Phrase`s the report words) and which rule of seed 002 applies;
+show (as numbers and `phrase.Phrase`s the report words) and which symptom rule applies;
 none of it talks to a server.
 """
 

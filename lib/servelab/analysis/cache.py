@@ -3,8 +3,8 @@
 with --enable-cache-report) and, as a check, the server's own counters over the level's
 measured rounds (vLLM `prefix_cache_hits_total / prefix_cache_queries_total`, noted by the
 runner in levels.jsonl). Beside them: the hit rate the workload asked for (`prefix_reuse`), and
-TTFT split into requests that hit the cache and requests that missed it (seed 002: measure
-cache-hit and cache-miss traffic separately). A run without cached-token data has no rows
+TTFT split into requests that hit the cache and requests that missed it (the two have
+different latencies, so they are measured apart). A run without cached-token data has no rows
 here, never zeros. Not for sending requests or KV residency (`kv`)."""
 
 from __future__ import annotations

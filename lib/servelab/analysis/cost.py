@@ -12,8 +12,9 @@ Definitions (a report prints them):
 - Break-even = monthly output tokens at which both cost the same; as a utilization of the
   measured throughput it says whether the instance could ever get there.
 - Cost per successful request = hourly USD / 3600 / successful requests per second.
-Seed 001 compares this way: 4-way aggregate tok/s held for 730 h, input at the bucket's
-prompt/output ratio, AWS 8,887 USD/month all-in vs Fireworks 0.22 / 0.66 USD per 1M.
+The published comparison in data/seed001.yaml works this way: 4-way aggregate tok/s held for
+730 h, input at the bucket's prompt/output ratio, AWS 8,887 USD/month all-in vs Fireworks
+0.22 / 0.66 USD per 1M.
 The write-up's cost section is computed here from measured summaries, never typed in.
 """
 
@@ -155,7 +156,7 @@ def replay_cost_table(summary: pd.DataFrame, price: ManagedPrice, cached_input_f
 
 
 def seed001_published() -> dict[str, Any]:
-    """Seed 001's published numbers (g7e.12xlarge, vLLM, DeepSeek V4 Flash NVFP4), from
+    """The published numbers (g7e.12xlarge, vLLM, DeepSeek V4 Flash NVFP4), from
     data/seed001.yaml with its source and date: what the checks, the dry run and the write-up put
     beside servelab's own figures. `ratio_range` is a (low, high) tuple; `fixed` the costs it counts."""
     d = copy.deepcopy(seed001_table())
@@ -174,11 +175,11 @@ def vs_published(measured: float, published: float | tuple[float, float], *, sou
 
 
 def seed001_monthly(region: str = "us-east-1", instance_hourly_usd: float | None = None) -> dict[str, Any]:
-    """Seed 001's 8,887 USD/month rebuilt from list prices: the instance for 730 h plus the fixed
-    costs it counts (data/seed001.yaml `fixed`), each with its dated source, and the gap the seed does not
-    itemise. Returns {"items": [(label, usd, basis, source)], "itemised_usd", "published_usd",
-    "not_itemised_usd"}. Raises KeyError for a region without fixed prices, PriceError without
-    an instance price."""
+    """The published 8,887 USD/month (data/seed001.yaml) rebuilt from list prices: the instance for
+    730 h plus the fixed costs it counts (its `fixed`), each with its dated source, and the gap the
+    publication does not itemise. Returns {"items": [(label, usd, basis, source)], "itemised_usd",
+    "published_usd", "not_itemised_usd"}. Raises KeyError for a region without fixed prices,
+    PriceError without an instance price."""
     pub = seed001_published()
     hours = pub["hours"]
     if instance_hourly_usd is None:
@@ -201,8 +202,8 @@ def seed001_monthly(region: str = "us-east-1", instance_hourly_usd: float | None
 
 
 def seed001_cost_lines(region: str = "us-east-1", instance_hourly_usd: float | None = None) -> list[str]:
-    """The seed's cost table, reproduced: the month itemised (seed001_monthly) and the AWS /
-    Fireworks ratio at each published 4-way throughput, each beside the seed's figures."""
+    """The published cost table (data/seed001.yaml), reproduced: the month itemised (seed001_monthly)
+    and the AWS / Fireworks ratio at each published 4-way throughput, each beside the published figures."""
     pub = seed001_published()
     m = seed001_monthly(region, instance_hourly_usd)
     lines = [f"cost: seed 001's month, itemised at {region} list prices (published: {_money(pub['monthly_usd'])} = "
@@ -309,12 +310,12 @@ def cost_estimate_lines(study: Any) -> list[str]:
         lines.append(f"cost: managed reference {mp.label()}")
     if cost.replay_price:
         lines.append(f"cost: replayed endpoint priced as {resolve_managed([cost.replay_price])[cost.replay_price].label()}")
-    if study.study in PUBLISHED_COST:  # a seed's own table, reproduced beside what servelab prints
+    if study.study in PUBLISHED_COST:  # a published study's own cost table, reproduced beside what servelab prints
         lines += PUBLISHED_COST[study.study]()
     return lines
 
 
-#: study id -> the lines that reproduce its seed's published cost table
+#: study id -> the lines that reproduce the published cost table it repeats
 PUBLISHED_COST = {"seed-001-vllm-g7e": seed001_cost_lines}
 
 

@@ -1,7 +1,7 @@
 """A configuration's quality check against its baseline's (`quality.json` of both run folders):
 how many answers are token-for-token identical, where each changed answer first diverges, and
 the task score on the known-answer set. A speed-up that changes answers or drops the score is
-what seed 002 warns about. Not for sending the prompts (`measure.quality`)."""
+not a plain win. Not for sending the prompts (`measure.quality`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Speculative decoding: acceptance from the server's counters, the A/B against the
-configuration without speculation, and CUDA-graph capture-size warnings (seed 001's pitfall:
-with MTP=1, 4 concurrent requests need a capture size of 8)."""
+configuration without speculation, and CUDA-graph capture-size warnings (with
+MTP=1, 4 concurrent requests need a capture size of 8)."""
 
 from __future__ import annotations
 
@@ -134,9 +134,8 @@ def capture_size_warnings(engine_args: Mapping[str, Any], concurrency_levels: It
     ``max_cudagraph_capture_size``) are checked -- vLLM's defaults reach far higher --
     and nothing is checked under ``enforce-eager`` or ``cudagraph_mode: NONE``.
 
-    * Above the largest capture size, vLLM runs the step without a CUDA graph (seed 001:
-      "4 requests x 2 tokens = size 8 ... falls back to normal execution and slows down
-      a lot"). One warning per such concurrency.
+    * Above the largest capture size, vLLM runs the step without a CUDA graph, much slower
+      (with MTP=1, 4 requests x 2 tokens need size 8). One warning per such concurrency.
     * Between capture sizes, vLLM pads the batch up to the next captured size (wasted
       slots); also reported. (Newer vLLM rounds sizes for FULL decode graphs up to
       multiples of 1 + k: vllm/config/compilation.py, adjust_cudagraph_sizes_for_spec_decode.)

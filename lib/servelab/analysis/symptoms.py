@@ -1,4 +1,4 @@
-"""Seed 002's table "observation -> first check", filled from one configuration's data: one
+"""The symptom table "observation -> first check", filled from one configuration's data: one
 function per rule, each returning a `Finding` (rule id, verdict, evidence as `Phrase`s with
 the numbers). Not for wording: the observations, first checks and evidence sentences are in
 report/i18n (`symptom.<rule>.*`, `finding.*`), said by `servelab.report.diagnosis`."""
@@ -18,7 +18,7 @@ from .prefill import fit_prefill
 from .saturation import knee, saturation, slo_check
 from .stats import ordered_unique, pct_change, to_float
 
-#: seed 002's rows, in its order; the report words each as `symptom.<rule>.observation`/`.first_check`
+#: the table's rows, in order; the report words each as `symptom.<rule>.observation`/`.first_check`
 RULES = ("ttft_grows_with_prompt", "slow_decode_at_c1", "throughput_plateau", "latency_spike", "kv_eviction")
 
 SPIKE_FACTOR = 2.0  # p95 latency growth between adjacent levels that counts as a spike
@@ -175,7 +175,7 @@ def kv_eviction(samples: pd.DataFrame | None) -> Finding:
 def symptoms(summary: pd.DataFrame, samples: pd.DataFrame | None, fit: Any = None, slo: Any = None,
              decode_bound_s_per_token: float | Mapping[str, float] | None = None,
              config: str | None = None) -> pd.DataFrame:
-    """Seed 002's symptom table for one configuration, filled from this run: one row per rule of
+    """The symptom table for one configuration, filled from this run: one row per rule of
     `RULES` (columns rule | present | evidence, see `Finding`).
 
     ``fit`` is :func:`fit_prefill`'s output (or one of its dicts), computed from ``summary`` when

@@ -1,12 +1,11 @@
-"""Buckets from observed traffic (seed 002: "build request buckets from observed traffic: for
-each bucket keep the approximate input length, expected output length, arrival pattern and
-shared prefix"). Reads an OpenAI-style request log (JSONL, one request per line: `messages` or
-`prompt`, `usage`, a time stamp; the request/response may be nested under `request`/`response`)
-or a trace (Azure CSV, Mooncake JSONL) and proposes a `workload:` block: buckets at input-length
-quantiles (median input and output of each), arrival rate and burstiness (Gamma shape fitted by
-moments), the shared-prefix share per bucket, and the output-length distribution. Pure
-functions of the file's text or its trace rows (the caller reads the file: `servelab workload
-from-log`); nothing is sent. Not for replaying a trace (`measure.sources.trace`)."""
+"""Buckets from observed traffic, each with its approximate input length, expected output length,
+arrival pattern and shared prefix. Reads an OpenAI-style request log (JSONL, one request per
+line: `messages` or `prompt`, `usage`, a time stamp; the request/response may be nested under
+`request`/`response`) or a trace (Azure CSV, Mooncake JSONL) and proposes a `workload:` block:
+buckets at input-length quantiles (median input and output of each), arrival rate and burstiness
+(Gamma shape fitted by moments), the shared-prefix share per bucket, and the output-length
+distribution. Pure functions of the file's text or its trace rows (the caller reads the file:
+`servelab workload from-log`); nothing is sent. Not for replaying a trace (`measure.sources.trace`)."""
 
 from __future__ import annotations
 

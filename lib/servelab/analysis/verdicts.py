@@ -48,7 +48,7 @@ POWER = 0.80  # the MDE is the effect found with this probability
 INTERIM_ALPHA = 0.001  # Haybittle-Peto: an interim look settles a comparison only beyond 99.9 %
 MDE_TARGET = 0.10  # default target of the sequential sampling (relative)
 
-#: metric -> (column of the round table, +1 when higher is better, -1 when lower is): the seeds'
+#: metric -> (column of the round table, +1 when higher is better, -1 when lower is): the
 #: per-request decode speed (a round's median over its requests), aggregate output tok/s, TTFT p50
 METRICS: dict[str, tuple[str, int]] = {"decode_tps_p50": ("decode_tps_p50", 1),
                                        "aggregate_output_tps": ("aggregate_output_tps", 1),
@@ -62,7 +62,7 @@ LEVEL_KEYS = ["bucket", "concurrency"]
 
 
 def lead_metric(concurrency: Any) -> str:
-    """The metric a level's verdict leads with, as the seeds tell it: a single request's decode speed
+    """The metric a level's verdict leads with: a single request's decode speed
     at one request in flight, aggregate output tok/s with more."""
     return DECODE if int(concurrency) == 1 else PRIMARY
 

@@ -21,7 +21,7 @@ from .vllm import VllmProfile
 PROFILES: dict[str, EngineProfile] = {p.kind: p for p in (VllmProfile(), SglangProfile())}
 KINDS = tuple(PROFILES)
 
-# Engine environment variables the seeds set (documented; values checked where typed): data/engine-env.yaml.
+# Documented engine environment variables (values checked where typed): data/engine-env.yaml.
 ENGINE_ENV: dict[str, dict[str, Any]] = load_engine_env()
 EngineProfile.register(PROFILES)  # the profiles reach each other through the registry, not by importing it
 

@@ -151,7 +151,7 @@ class FlagTable:
 
 @cache
 def load_engine_env() -> dict[str, dict[str, Any]]:
-    """The engine environment variables the seeds set, from `engines/data/engine-env.yaml`:
+    """The documented engine environment variables, from `engines/data/engine-env.yaml`:
     {name: {"engine", "type" (bool values are checked), "doc"}}."""
     return yaml.safe_load((DATA / "engine-env.yaml").read_text())
 

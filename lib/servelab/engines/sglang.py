@@ -204,7 +204,7 @@ class SglangProfile(EngineProfile):
 
     def apply_derived(self, args: dict[str, Any], concurrency: Iterable[int]) -> dict[str, Any]:
         """cuda-graph-max-bs(-decode): auto -> max(c) (SGLang counts requests per decode batch and
-        multiplies in the speculative verify width itself; seed 000: 1 at concurrency 1)."""
+        multiplies in the speculative verify width itself, so concurrency 1 gives 1)."""
         out = dict(args)
         for key, val in args.items():
             if norm(key) in MAX_BS_FLAGS and val == AUTO:

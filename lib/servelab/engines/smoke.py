@@ -1,4 +1,4 @@
-"""The post-launch smoke check (seed 000): one chat reply and, where a tool-call parser is
+"""The post-launch smoke check: one chat reply and, where a tool-call parser is
 set, one forced tool call, recorded in the run. With dummy weights the answers are recorded
 but the check does not apply. Not for measuring speed (`measure`)."""
 

@@ -71,7 +71,7 @@ def derive_capture_sizes(concurrency: Iterable[int], k: int) -> list[int]:
     """CUDA-graph batch sizes (tokens per decode step) for these concurrency levels.
 
     A decode step of c requests verifying k speculative tokens holds c x (1 + k) tokens, and
-    a step without drafts holds c; both are captured. Seed 001: c = 1, 2, 4 with MTP k = 1
+    a step without drafts holds c; both are captured. E.g. c = 1, 2, 4 with MTP k = 1
     -> [1, 2, 4, 8] (4 requests x 2 tokens = 8 must be captured, else it runs eagerly).
     """
     cs = sorted({int(c) for c in concurrency})

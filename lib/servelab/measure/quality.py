@@ -1,4 +1,4 @@
-"""The quality check (seed 002: check every change for output correctness): a configuration
+"""The quality check (every change is checked for output correctness): a configuration
 answers a fixed list of prompts at temperature 0, one request at a time, and the answers, their
 token ids and a task score land in the run folder as `quality.json`. The `quality` prompt set has
 known answers (scored by `score_answer`); the other sets contribute their first prompts, compared

@@ -1,4 +1,4 @@
-"""The reproducibility record (`run.json`, seed 002's list), filled automatically:
+"""The reproducibility record (`run.json`), filled automatically:
 host CPU/GPU, servelab version and git commit, engine command and version, model config,
 workload, timing and headline results. Not for per-request data (`records`)."""
 

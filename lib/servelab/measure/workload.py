@@ -1,6 +1,6 @@
 """Prompts that hit an exact input-token count after the chat template.
 
-A prompt is the filler sentence repeated (seed 001: "This is deterministic benchmark input
+A prompt is the filler sentence repeated (by default "This is deterministic benchmark input
 text."), cut to a number of words found by an exponential then a binary search against a
 token counter: the server's `/tokenize` when it has one, else a local tokenizer with the
 same chat template. Single-character words then close the last gap. Not for: sending load.

@@ -1,7 +1,7 @@
-"""The write-up's diagnosis (seed 002): the prefill fit, saturation and goodput, KV-cache
+"""The write-up's diagnosis: the prefill fit, saturation and goodput, KV-cache
 residency, the roofline, speculative decoding and the symptom table in words, each computed
 from a `StudyData` with `servelab.analysis`. Every symptom is a sentence with its evidence
-and the first check seed 002 names; the rules get the records-based prefill fit and the
+and its first check; the rules get the records-based prefill fit and the
 roofline bound the report shows, so the verdicts agree with the tables beside them."""
 
 from __future__ import annotations
@@ -183,13 +183,13 @@ def decode_bounds(sd: StudyData, cid: str) -> dict[str, float] | None:
 
 
 def symptom_frame(sd: StudyData, cid: str) -> pd.DataFrame:
-    """Seed 002's table for one configuration, from the records-based fit and the roofline bound."""
+    """The symptom table for one configuration, from the records-based fit and the roofline bound."""
     return symptoms(sd.summary, sd.samples(cid), fit=prefill_fits(sd).get(cid), slo=sd.study.slo,
                     decode_bound_s_per_token=decode_bounds(sd, cid), config=cid)
 
 
 def symptom_text(sd: StudyData, cid: str) -> str:
-    """Each symptom as a sentence: the verdict, its evidence, and the first check (seed 002)."""
+    """Each symptom as a sentence: the verdict, its evidence, and the first check."""
     verdicts = {"yes": sd.w("symptom.present.yes"), "no": sd.w("symptom.present.no"),
                 "n/a": sd.w("symptom.present.na")}
     out = [sd.w("symptom.line", obs=sd.w(f"symptom.{r.rule}.observation"), verdict=verdicts[r.present],
@@ -201,7 +201,7 @@ def symptom_text(sd: StudyData, cid: str) -> str:
 
 def spec_section(sd: StudyData) -> tuple[str, Any]:
     """Speculative decoding: acceptance from the server's counters, the A/B against the baseline,
-    and CUDA-graph capture-size warnings (seed 001's pitfall)."""
+    and CUDA-graph capture-size warnings (a step above the largest captured size runs without a graph)."""
     lines, tables, bases = [], [], baselines(sd)
     conc = sd.study.workload.concurrency
     for cid in sd.config_ids:

@@ -1,6 +1,6 @@
 """Per-level parts of the write-up for real-model studies: speculative decoding measured from the
 engine's counters per level (acceptance, mean accepted length, acceptance by draft position,
-drafts/s), the speed-up per prompt set (seed 000: the same configuration's speed varies with the
+drafts/s), the speed-up per prompt set (the same configuration's speed varies with the
 text) and how long each part of the run took (start-up and compilation, benchmark, quality check).
 
 Reads the level summary's `spec_*` columns (or levels.jsonl rows with them), records'

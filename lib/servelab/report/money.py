@@ -1,5 +1,5 @@
 """The write-up's cost and peer sections: self-host against managed APIs at each
-configuration's best measured level (prices from the committed, dated tables; the seed's
+configuration's best measured level (prices from the committed, dated tables; the
 published figures beside every ratio), and the engine's own benchmark tool run on the same
 server, side by side with servelab's numbers."""
 
@@ -59,7 +59,7 @@ def cost_rows(sd: StudyData) -> tuple[pd.DataFrame, str]:
 
 def cost_sentence(sd: StudyData) -> str:
     """The headline's cost sentence: the best configuration's $ per 1M output tokens against the
-    managed API, with the seed's published ratio beside it where the study reproduces a seed; ""
+    managed API, with the published ratio beside it where the study reproduces a published one; ""
     when nothing is priced (a local machine: the cost section says so)."""
     t, kind = cost_rows(sd)
     if kind != "instance" or t.empty:

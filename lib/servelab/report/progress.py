@@ -241,7 +241,7 @@ def change_sentence(sd: StudyData, e: pd.DataFrame, cid: str) -> str:
 
 
 MAX_HEADLINE_CHANGES = 3
-MAX_HEADLINE = 6  # bullets: the seeds' conclusions are a handful of lines, one number each
+MAX_HEADLINE = 6  # bullets: a headline is a handful of lines, one number each
 
 
 def headline_changes(eff: pd.DataFrame) -> list[str]:
@@ -260,7 +260,7 @@ def headline_changes(eff: pd.DataFrame) -> list[str]:
 
 def _start_sentence(sd: StudyData, s: pd.DataFrame) -> str:
     """Where the study starts: the first configuration's per-request decode speed at one request in
-    flight (the seeds' first number); the fastest configuration's aggregate peak where no level has
+    flight; the fastest configuration's aggregate peak where no level has
     one request in flight."""
     lab = sd.labels()
     first = sd.config_ids[0]

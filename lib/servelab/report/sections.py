@@ -213,7 +213,7 @@ def _long_values(sd: StudyData, cid: str) -> dict[str, str]:
 
 
 def repro_cards(sd: StudyData) -> list[Any]:
-    """A compact card per configuration (seed 002's list); long values in <details>."""
+    """A compact card per configuration (the reproducibility record, `run.json`); long values in <details>."""
     out = []
     for cid in sd.config_ids:
         out.append(html.card(f"{sd.labels().get(cid, cid)} ({cid})", _card_rows(sd, cid)))

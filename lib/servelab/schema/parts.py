@@ -209,7 +209,7 @@ class AttachHostParams(Strict):
     attach: AttachParams = Field(..., description="server to attach to")
 
 class AwsEcsHostParams(Strict):
-    """host.kind aws-ecs: the seeds' ECS service on GPU instances behind an internal ALB."""
+    """host.kind aws-ecs: an ECS service on GPU instances behind an internal ALB."""
 
     kind: Literal["aws-ecs"] = Field(..., description="the seeds' ECS stack (boto3)")
     aws: AwsParams = Field(..., description="the stack, the regions, the guards")

@@ -1,4 +1,4 @@
-"""The AWS hosts (`host.kind` aws-ecs and aws-instance) and the seeds' ECS GPU stack, one job
+"""The AWS hosts (`host.kind` aws-ecs and aws-instance) and the ECS GPU stack, one job
 per module; each imports only the ones listed before it:
 
 - `errors`: every AWS error (`AwsHostError`, `StackError` and their kinds);

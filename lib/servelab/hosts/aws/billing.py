@@ -5,7 +5,7 @@ All money in USD. Pieces (`stack` builds on them):
   gateway, ALB, gp3, public IPv4, interface endpoints, CloudWatch Logs) per region;
 - `template_resources` reads templates/ecs-gpu-stack.yaml without AWS (the dry run), and
   `stack_hourly_items` / `monthly_breakdown` price it: per hour idle or running, and an
-  itemised month that names the gap to seed 001's 8,887 USD figure;
+  itemised month that names the gap to the published 8,887 USD figure (data/seed001.yaml);
 - `find_billable` lists what bills right now (instances, NAT gateways, load balancers, EBS
   volumes, Elastic IPs / public IPv4, interface endpoints), found through the stack's physical
   resource ids and through the servelab:stack tag;
@@ -131,9 +131,9 @@ def monthly_breakdown(region: str, *, instance_hourly_usd: float, hours: float |
     IPv4, ALB hours + LCUs, gp3 root volume (GB-month), CloudWatch Logs `logs_gb` GB.
     Returns {"items": [CostItem...] (USD for the period), "total_usd", "hours",
     "reference_usd", "unexplained_usd"} where unexplained_usd = reference - total (None
-    without a reference): seed 001's 8,887 USD/month for g7e.12xlarge against ~6,049 for
-    the instance alone leaves a remainder these fixed items do not cover. Raises KeyError for
-    a region without fixed prices or an unknown egress.
+    without a reference): the published 8,887 USD/month for g7e.12xlarge (data/seed001.yaml)
+    against ~6,049 for the instance alone leaves a remainder these fixed items do not cover.
+    Raises KeyError for a region without fixed prices or an unknown egress.
     """
     p = load_fixed_prices(region)
     h = hours if hours is not None else hours_per_month()
@@ -372,7 +372,7 @@ def hourly_total_usd(items: Iterable[Billable]) -> float:
     return sum(i.hourly_usd or 0.0 for i in items)
 
 
-# ---- who else keeps the GPU pool busy (the seeds' "no OTHER service on the same compute pool")
+# ---- who else keeps the GPU pool busy (another service on the same compute pool blocks scaling it down)
 
 def asg_instances(session: Any, asg_names: set[str]) -> set[str]:
     """Instance ids now in the named Auto Scaling groups (none named: empty). Raises botocore ClientError."""

@@ -5,7 +5,7 @@ servelab is gone.
   group to min/max/desired 0 at a UTC time, and tags the group servelab:deadline; AWS runs it
   even when servelab dies mid-benchmark;
 - `clear_deadline` removes both after a clean stop; `deadline_of` reads them back;
-- `start` is seed 000's `operate.py start`: restore the group's MaxSize when a deadline fired
+- `start` brings the stack back up: restore the group's MaxSize when a deadline fired
   (MaxSize 0 keeps the capacity provider from scaling out), set a new deadline, service
   desired 1.
 

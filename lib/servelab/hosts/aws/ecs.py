@@ -1,4 +1,4 @@
-"""The seeds' stack through boto3: an ECS service on EC2 GPU instances of an Auto Scaling group
+"""The ECS GPU stack through boto3: an ECS service on EC2 GPU instances of an Auto Scaling group
 behind a capacity provider, reached through an internal ALB.
 
 start = (register the configuration's task definition) + desired count 1, then wait for an
@@ -22,7 +22,7 @@ _TD_READONLY = ("taskDefinitionArn", "revision", "status", "requiresAttributes",
 
 # ==========================================================================================
 class EcsServiceHost(BotoHost):
-    """The seeds' stack: ECS service on EC2 (ASG behind a capacity provider) and an internal ALB."""
+    """The stack: ECS service on EC2 (ASG behind a capacity provider) and an internal ALB."""
 
     mode = "ecs-service"
 

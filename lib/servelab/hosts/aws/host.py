@@ -40,7 +40,7 @@ AWS_CLASSES = {"aws-ecs": EcsServiceHost, "aws-instance": SingleInstanceHost}
 
 def make_host(params: AwsParams, kind: str = "aws-ecs", session_factory: SessionFactory | None = None,
               **kw: Any) -> BotoHost:
-    """The boto3 host of `host.kind` (aws-ecs: the seeds' ECS stack; aws-instance: one instance)."""
+    """The boto3 host of `host.kind` (aws-ecs: the ECS stack; aws-instance: one instance)."""
     return AWS_CLASSES[kind](params, session_factory, **kw)
 
 

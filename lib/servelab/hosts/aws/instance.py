@@ -1,6 +1,6 @@
 """One GPU instance from the public ECS GPU AMI (SSM parameter) whose user data runs the
 engine container, reached through an SSM port forward; stop = terminate. For a user without
-the seeds' stack."""
+the ECS stack."""
 
 from __future__ import annotations
 

@@ -1,14 +1,14 @@
-"""The seeds' ECS GPU stack as one CloudFormation stack: plan, up, status, down, logs, tunnel.
+"""The ECS GPU stack as one CloudFormation stack: plan, up, status, down, logs, tunnel.
 
-templates/ecs-gpu-stack.yaml is seeds 000/001's Terraform layout (VPC, NAT gateway or
-interface endpoints, internal ALB, ECS cluster + capacity provider on a 0..1 Auto Scaling
-group of GPU instances, engine service at desired 0). This module drives it through boto3:
+templates/ecs-gpu-stack.yaml holds the layout (VPC, NAT gateway or interface endpoints,
+internal ALB, ECS cluster + capacity provider on a 0..1 Auto Scaling group of GPU instances,
+engine service at desired 0). This module drives it through boto3:
 
 - `plan` prices the template without calling AWS (what `up --dry-run` prints);
   `change_set` asks CloudFormation what would change and deletes the change set again;
 - `up` creates or updates the stack and waits; a failed create is deleted and verified empty;
 - `status` lists what bills now (billing.find_billable) with the hourly total;
-- `down` is the seeds' "scale to zero and check": service 0, refuse if another service shares
+- `down` scales to zero and checks: service 0, refuse if another service shares
   the capacity, ASG 0, delete the stack, then verify that nothing billable is left;
 - the deadline AWS enforces itself and `start` are the job of `deadline.py`, above this module.
 

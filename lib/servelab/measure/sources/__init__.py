@@ -1,4 +1,4 @@
-"""Workload sources (design.md, Round 3): where a bucket's requests come from. Each source
+"""Workload sources: where a bucket's requests come from. Each source
 turns a bucket into drafts of requests (`base.Draft`) that carry their own record fields
 (`source`, and e.g. `session_id`/`turn` or `trace_index`), so the runner, the summary and the
 report need not know which one produced a request. Independent sources (`filler`, `trace`)
