@@ -15,15 +15,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .schema.runfiles import RequestRecord
 
 # prompt_set: "" for the calibrated filler, else the shipped set's name (target_input_tokens 0).
 LEVEL_KEYS = ["config", "bucket", "target_input_tokens", "target_output_tokens", "concurrency", "rate_rps",
               "prompt_set"]
-
-# The columns of a record row that every importer of another tool's results fills (analysis.peers,
-# analysis.sglang_bench), so summarize() works on any of them: the request record's peer fields.
-RECORD_COLUMNS = RequestRecord.peer_columns()
 
 #: every exported metric the report defines (its words: report/i18n/setup.yaml `definition.<metric>`)
 DEFINED_METRICS = ("ttft_s", "e2e_s", "output_tokens", "e2e_output_tps", "decode_tps", "tpot_s", "itl_s",

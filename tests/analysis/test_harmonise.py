@@ -12,7 +12,8 @@ import pytest
 from servelab.analysis.aiperf import aiperf_reported, aiperf_rows, in_flight_max
 from servelab.analysis.harmonise import (definitions, drop_role_chunk, harmonised_rows, recompute_per_request,
                                          recomputed, statistic, unexplained, window_throughput)
-from servelab.summary import DEFINED_METRICS, RECORD_COLUMNS
+from servelab.schema.runfiles import RequestRecord
+from servelab.summary import DEFINED_METRICS
 
 
 def _rec(**kw):
@@ -91,7 +92,7 @@ def test_aiperf_records_map_to_servelabs_fields():
             {"metadata": {**md, "benchmark_phase": "warmup"}, "metrics": m},
             {"metadata": md, "metrics": {}, "error": {"message": "boom", "code": 500}}]
     rows = aiperf_rows(recs, config="a")
-    assert set(RECORD_COLUMNS) <= set(rows[0])
+    assert set(RequestRecord.peer_columns()) <= set(rows[0])
     assert rows[0]["ttft_s"] == pytest.approx(0.1) and rows[0]["e2e_s"] == pytest.approx(0.5)
     assert rows[0]["chunk_times_s"] == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])
     assert rows[0]["start_s"] == pytest.approx(1000.0) and rows[0]["prompt_tokens"] == 9

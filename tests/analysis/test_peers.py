@@ -14,7 +14,8 @@ import json
 import numpy as np
 import pytest
 
-from servelab.analysis.peers import RECORD_COLUMNS, peer_summary, vllm_bench_reported
+from servelab.schema.runfiles import RequestRecord
+from servelab.analysis.peers import peer_summary, vllm_bench_reported
 from servelab.results.peers import import_guidellm, import_vllm_bench, read_objects
 from servelab.summary import itl_values, summarize
 from paths import FIXTURES
@@ -145,7 +146,7 @@ def test_guidellm_report(tmp_path):
     p = tmp_path / "benchmarks.json"
     p.write_text(json.dumps(_guidellm_v04()))
     df = import_guidellm(p, config="gl")
-    assert list(df.columns) == RECORD_COLUMNS
+    assert list(df.columns) == RequestRecord.peer_columns()
     assert len(df) == 5 and df["ok"].sum() == 4 and (df["tool"] == "guidellm").all()
     assert (df["concurrency"] == 4).all() and df["bucket"].iloc[0] == "in32-out8"
     good = df[df["ok"]]

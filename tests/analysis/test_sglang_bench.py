@@ -19,7 +19,8 @@ import json
 import numpy as np
 import pytest
 
-from servelab.analysis.sglang_bench import RECORD_COLUMNS, sglang_bench_command, sglang_bench_reported, sglang_bench_rows
+from servelab.schema.runfiles import RequestRecord
+from servelab.analysis.sglang_bench import sglang_bench_command, sglang_bench_reported, sglang_bench_rows
 from servelab.results.peers import import_sglang_bench, import_vllm_bench, read_objects
 from paths import FIXTURES
 
@@ -51,7 +52,7 @@ def test_fixture_has_the_real_keys():
 
 def test_import_token_counts_ttft_and_levels():
     df = import_sglang_bench(FIXTURE, config="sglang-cudagraph")
-    assert list(df.columns) == RECORD_COLUMNS and len(df) == 7
+    assert list(df.columns) == RequestRecord.peer_columns() and len(df) == 7
     assert df["tool"].eq("sglang.bench_serving").all() and df["times_reconstructed"].all()
     assert df["bucket"].eq("in256-out8").all()
     assert df["concurrency"].tolist() == [1, 1, 1, 2, 2, 2, 2] and df["round"].tolist() == [0, 0, 0, 1, 1, 1, 1]
@@ -113,5 +114,5 @@ def test_record_columns_match_the_other_importers():
     # one record shape for every peer tool: the SGLang import and the vLLM import line up column by column
     vllm = import_vllm_bench(FIXTURES / "vllm_bench_refserver.json", config="v")
     sglang = import_sglang_bench(FIXTURE, config="s")
-    assert list(sglang.columns) == list(vllm.columns) == RECORD_COLUMNS
+    assert list(sglang.columns) == list(vllm.columns) == RequestRecord.peer_columns()
     assert sglang["tool"].iloc[0] != vllm["tool"].iloc[0]  # each says which tool measured it

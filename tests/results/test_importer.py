@@ -13,7 +13,7 @@ from paths import FIXTURES
 from servelab.errors import RunFolderExists
 from servelab.results.importer import HARMONISED, SOURCE_SUMMARY, import_files
 from servelab.runfolder import LEVELS, RECORDS, RUN_JSON, RunFolder, read_jsonl
-from servelab.summary import RECORD_COLUMNS
+from servelab.schema.runfiles import RequestRecord
 
 IMPORTS = FIXTURES / "imports"
 CASES = {
@@ -38,7 +38,7 @@ def test_an_import_is_an_ordinary_run_folder(imported, tool):
     for f in (RECORDS, LEVELS, RUN_JSON, SOURCE_SUMMARY, HARMONISED):
         assert (res.path / f).exists(), f
     recs = rf.records
-    assert set(RECORD_COLUMNS) <= set(recs.columns)
+    assert set(RequestRecord.peer_columns()) <= set(recs.columns)
     assert (recs["study"] == "tools").all() and (recs["config"] == tool).all()
     run = rf.run
     assert run["status"] == "complete" and run["imported"]["tool"] == tool

@@ -27,7 +27,8 @@ from typing import Any, Iterable
 import numpy as np
 import pandas as pd
 
-from ..summary import RECORD_COLUMNS, summarize
+from ..schema.runfiles import RequestRecord
+from ..summary import summarize
 from .sglang_bench import sglang_bench_command
 
 VLLM_BENCH = "vllm bench serve"
@@ -138,7 +139,7 @@ def vllm_bench_frame(objs: Iterable[dict[str, Any]], *, config: str, bucket_labe
         rows += vllm_bench_rows(obj, config=config, bucket_label=bucket_label, round_=rnd,
                                 target_input_tokens=target_input_tokens,
                                 target_output_tokens=target_output_tokens, seq0=len(rows))
-    return pd.DataFrame(rows, columns=RECORD_COLUMNS)
+    return pd.DataFrame(rows, columns=RequestRecord.peer_columns())
 
 
 # -- GuideLLM -----------------------------------------------------------------------------------
@@ -262,7 +263,7 @@ def guidellm_frame(objs: Iterable[dict[str, Any]], *, config: str, bucket_label:
     rows: list[dict[str, Any]] = []
     for b in benches:
         rows += guidellm_rows(b, config=config, bucket_label=bucket_label, seq0=len(rows))
-    return pd.DataFrame(rows, columns=RECORD_COLUMNS)
+    return pd.DataFrame(rows, columns=RequestRecord.peer_columns())
 
 
 def peer_summary(df: pd.DataFrame) -> pd.DataFrame:

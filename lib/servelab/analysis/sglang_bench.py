@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..summary import RECORD_COLUMNS  # the one list of servelab's record columns every importer fills
+from ..schema.runfiles import RequestRecord
 
 SGLANG_BENCH = "sglang.bench_serving"
 
@@ -123,7 +123,7 @@ def sglang_bench_frame(objs: Iterable[dict[str, Any]], *, config: str, bucket_la
     rows: list[dict[str, Any]] = []
     for rnd, obj in enumerate(objs):
         rows += sglang_bench_rows(obj, config=config, bucket_label=bucket_label, round_=rnd, seq0=len(rows))
-    return pd.DataFrame(rows, columns=RECORD_COLUMNS)
+    return pd.DataFrame(rows, columns=RequestRecord.peer_columns())
 
 
 def sglang_bench_reported(res: dict[str, Any]) -> dict[str, Any]:

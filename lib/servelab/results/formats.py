@@ -31,7 +31,7 @@ from ..analysis.peers import guidellm_rows, guidellm_window, vllm_bench_reported
 from ..analysis.sglang_bench import sglang_bench_reported, sglang_bench_rows
 from ..errors import UserError
 from ..runfolder import RECORDS, RUN_JSON
-from ..summary import RECORD_COLUMNS
+from ..schema.runfiles import RequestRecord
 
 TOOLS = ("aiperf", "guidellm", "vllm-bench", "sglang-bench")
 EXPECTED = ("AIPerf profile_export.jsonl (0.1-0.13, or its artifact folder), GuideLLM benchmarks.json/.yaml "
@@ -404,10 +404,11 @@ def read(path: Path | str, tool: str | None = None, *, config: str = "imported",
 def frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """Records as a frame with servelab's record columns first (extra columns kept after them)."""
     df = pd.DataFrame(rows)
-    for c in RECORD_COLUMNS:
+    peer = RequestRecord.peer_columns()
+    for c in peer:
         if c not in df:
             df[c] = None
-    return df[RECORD_COLUMNS + [c for c in df.columns if c not in RECORD_COLUMNS]]
+    return df[peer + [c for c in df.columns if c not in peer]]
 
 
 __all__ = ["EXPECTED", "ImportFormatError", "SCHEMAS", "Source", "TOOLS", "counted_of", "detect", "frame",
