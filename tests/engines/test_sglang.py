@@ -201,22 +201,23 @@ def test_vllm_rerun_has_no_prefix_cache_hits_either():
 
 # -- GPU telemetry and the engine comparison (report/gpu.py) on the committed data --------------
 
-def test_gpu_section_and_engine_comparison_on_the_committed_data():
-    from servelab.report.gpu import engine_comparison_table, gpu_section
+def test_gpu_telemetry_and_engine_comparison_on_the_committed_data():
+    from servelab.report.gpu import engine_comparison_table, gpu_configs, gpu_levels
     from servelab.report.load import load_study_data
 
     sd = load_study_data(DATA.parent)
-    text, conf = gpu_section(sd)
+    levels = gpu_levels(sd)
+    conf = gpu_configs(sd, levels)
     assert list(conf["config"]) == ["sglang-cudagraph", "sglang-saturation", "vllm-cudagraph", "sglang-eager",
                                     "sglang-seed000"]
     c = conf.set_index("config")
     assert (c["energy_method"] == "counter").all() and (c["gpus"] == 1).all()
     assert c.loc["vllm-cudagraph", "gpu_mem_used_gib_peak"] == pytest.approx(128.03, abs=0.01)
     assert c.loc["sglang-cudagraph", "gpu_mem_used_gib_peak"] == pytest.approx(121.72, abs=0.01)
-    assert c.loc["sglang-cudagraph", "J/token in256-out256 c=4"] == pytest.approx(0.610, abs=0.001)
-    assert c.loc["sglang-saturation", "J/token in256-out256 c=128"] == pytest.approx(0.0593, abs=0.0001)
+    jpt = levels.set_index(["config", "level"])["j_per_output_token"]
+    assert jpt[("sglang-cudagraph", "in256-out256 c=4")] == pytest.approx(0.610, abs=0.001)
+    assert jpt[("sglang-saturation", "in256-out256 c=128")] == pytest.approx(0.0593, abs=0.0001)
     assert c.loc["sglang-eager", "gpu_util_pct_mean"] < 40 < c.loc["sglang-cudagraph", "gpu_util_pct_mean"]
-    assert "| sglang-eager | sglang |" in text and "in256-out256 c=128" in text
     cmp = engine_comparison_table(sd)
     assert set(cmp["config"]) == {"sglang-cudagraph", "vllm-cudagraph", "sglang-eager", "sglang-seed000"}
     assert len(cmp) == 9 * 4 and (cmp["reference"] == "vllm-cudagraph").all()

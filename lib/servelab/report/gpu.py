@@ -102,43 +102,6 @@ def gpu_configs(sd: Any, levels: pd.DataFrame | None = None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=CONFIG_COLUMNS)
 
 
-def _fmt(v: Any, nd: int = 1) -> str:
-    return "–" if v is None or pd.isna(v) else f"{v:,.{nd}f}"
-
-
-def gpu_section(sd: Any) -> tuple[str, pd.DataFrame]:
-    """(markdown text, per-configuration DataFrame) of the GPU telemetry. The frame has
-    CONFIG_COLUMNS plus one `J/token <level>` column per level measured; the text is a table of
-    the configurations and a table of J per output token at each level. Empty text and frame
-    when no configuration has telemetry."""
-    levels = gpu_levels(sd)
-    conf = gpu_configs(sd, levels)
-    if conf.empty:
-        return "", conf
-    jpt = levels.pivot_table(index="config", columns="level", values="j_per_output_token", aggfunc="first", sort=False)
-    order = list(dict.fromkeys(levels["level"]))
-    jpt = jpt.reindex(columns=[lv for lv in order if lv in jpt.columns])
-    wide = conf.merge(jpt.add_prefix("J/token ").reset_index(), on="config", how="left")
-    intro = ("GPU telemetry (NVML, sampled during every level): peak GPU memory in use, mean board power and mean "
-             "GPU busy share (NVML utilization.gpu: time with a kernel running, not SM occupancy) over the "
-             "measured levels, and energy per output token (whole-board energy of the level over its output "
-             "tokens, warmup included).")
-    lines = [intro, "",
-             "| configuration | engine | GPU memory peak (GiB) | mean power (W) | peak power (W) | GPU busy (%) | J/token (min–max) |",
-             "|---|---|---:|---:|---:|---:|---:|"]
-    for r in conf.itertuples():
-        lines.append(f"| {r.config} | {r.engine} | {_fmt(r.gpu_mem_used_gib_peak)} of {_fmt(r.gpu_mem_total_gib)} | "
-                     f"{_fmt(r.power_w_mean, 0)} | {_fmt(r.power_w_max, 0)} | {_fmt(r.gpu_util_pct_mean, 0)} | "
-                     f"{_fmt(r.j_per_output_token_min, 3)}–{_fmt(r.j_per_output_token_max, 3)} |")
-    cols = list(jpt.columns)
-    if cols:
-        lines += ["", "J per output token at each level:", "",
-                  "| level | " + " | ".join(jpt.index) + " |", "|---|" + "---:|" * len(jpt.index)]
-        for lv in cols:
-            lines.append(f"| {lv} | " + " | ".join(_fmt(jpt.loc[c, lv], 3) for c in jpt.index) + " |")
-    return "\n".join(lines) + "\n", wide
-
-
 def engine_comparison_table(sd: Any, configs: list[str] | None = None, reference: str | None = None) -> pd.DataFrame:
     """vLLM against SGLang at the levels every compared configuration measured: one row per
     (bucket, concurrency, configuration) with aggregate output tok/s, TTFT p50, decode tok/s p50
