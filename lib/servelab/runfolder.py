@@ -174,7 +174,8 @@ def read_design(*dirs: Path) -> DesignRecord:
 def write_design(root: Path, design: DesignRecord, *, update: bool = False) -> DesignRecord:
     """design.json beside a study's configurations; `update`: `design`'s fields set over the file's."""
     path = Path(root) / DESIGN_JSON
-    data = design.model_dump(mode="json", exclude_unset=True)
+    full = design.model_dump(mode="json")  # a level's every field, its defaults too
+    data = {k: v for k, v in full.items() if k in design.model_fields_set or k in (design.model_extra or {})}
     if update and path.exists():
         data = {**read_checked(path), **data}
     data = {"format_version": 1, **{k: v for k, v in data.items() if k != "format_version"}}

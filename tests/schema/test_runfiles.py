@@ -193,3 +193,21 @@ def test_the_writer_refuses_a_record_of_the_wrong_shape(tmp_path):
         with pytest.raises(RunFileError, match=r"a line for .*records.jsonl: not a servelab records.jsonl: level"):
             w.write({**_record(1), "level": "first"})
     assert len((tmp_path / RECORDS).read_text().splitlines()) == 1
+
+
+def test_design_json_is_written_whole_and_merged_through_its_type(tmp_path):
+    """design.json keeps every field of a level (its defaults too: a reader of the raw file sees
+    `stopped: fixed`), and a later write merges its fields over the launch's."""
+    from servelab.runfolder import read_design, write_design
+    from servelab.schema.runfiles import DesignRecord, LaunchTimes, SampledLevel
+
+    write_design(tmp_path, DesignRecord(interleaved=True, lanes=2, launch=LaunchTimes(wall_s=3.0, per_config_s={"a": 1.0})))
+    lv = SampledLevel(label="in20-out24 c=1")
+    lv.rounds, lv.seconds = {"a": 3, "b": 3}, 2.5
+    write_design(tmp_path, DesignRecord(interleaved=True, order=["a", "b"], levels=[lv]), update=True)
+    raw = json.loads((tmp_path / "design.json").read_text())
+    assert list(raw)[0] == "format_version" and raw["lanes"] == 2 and raw["order"] == ["a", "b"]
+    assert raw["levels"][0]["stopped"] == "fixed" and set(raw["levels"][0]) == set(SampledLevel.model_fields)
+    d = read_design(tmp_path)
+    assert d.launch.per_config_s == {"a": 1.0} and d.levels[0].rounds == {"a": 3, "b": 3}
+    assert read_design(tmp_path / "nowhere") == DesignRecord()
