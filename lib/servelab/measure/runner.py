@@ -272,6 +272,13 @@ class LevelRunner:
         self.out.stats.write({"level": li, "label": lv.label, "round": rnd, **({"attempt": attempt} if attempt else {}),
                               "warmup": warm, "requests": len(results), "workers": worker_count(wl.workers),
                               **stats, **extra})
+        await self._after_round(st, rnd, warm, results)
+        return results
+
+    async def _after_round(self, st: "LevelState", rnd: int, warm: bool, results: list[RequestRecord]) -> None:
+        """What a round's end decides: RunAborted on a stop signal or when the server stopped answering
+        (the records so far kept); a level past its failure budget stops early (the run is partial)."""
+        wl, lv, w = self.wl, st.lv, self.out.records
         if self.stop.is_set():
             how = "cancelled" if wl.on_interrupt == "cancel" or self.signals[-1:] != ["SIGINT"] else "drained"
             who = "the user (Ctrl-C)" if self.signals[-1:] == ["SIGINT"] else self.signals[-1]
@@ -290,7 +297,6 @@ class LevelRunner:
             self.message += f"level '{lv.label}': {st.verdict}. "
             self.status = "partial"
             self.stopped_early.append(lv.label)
-        return results
 
     async def level_end(self, st: "LevelState", **extra: Any) -> None:
         """The level's line in levels.jsonl (what --resume skips; `extra` adds fields, e.g. how
