@@ -12,17 +12,18 @@ import contextlib
 import logging
 import signal
 import sys
+import tempfile
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import stages
-import tempfile
-import uuid
 import psutil
-from .log import progress_line
+
+from . import stages
 from .errors import ServelabError
+from .log import progress_line
 from .measure.runfiles import finalize
 from .plan import ConfigPlan
 from .runfolder import RECORDS, RunFolder, project_root

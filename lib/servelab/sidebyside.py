@@ -19,10 +19,10 @@ import yaml
 
 from .execute import STAGES, StageFailed, StageParams, Stopped, close_partial, log, run_stage, stop_children
 from .hosts import EngineError
-from .plan import ConfigPlan, load_plan, plan_config
-from .runfolder import ENGINE_JSON, PARAMS_EFFECTIVE, RunFolder, read_engine, write_design
 from .hosts.process import tree_rss_bytes
 from .measure.pools import worker_count
+from .plan import ConfigPlan, load_plan, plan_config
+from .runfolder import ENGINE_JSON, PARAMS_EFFECTIVE, RunFolder, read_engine, write_design
 from .schema import Study
 from .schema.runfiles import DesignRecord, LaunchTimes
 

@@ -111,7 +111,7 @@ def cost_section(sd: StudyData) -> tuple[str, Any]:
 # -- peer tools ---------------------------------------------------------------------------------
 
 def peer_files(sd: StudyData) -> list[Any]:
-    root = sd.root / "data" / "peer" if (sd.root / "data").is_dir() else sd.root / "peer"
+    root = sd.data_dir / "peer"
     return sorted(root.glob("*/*.json")) + sorted(root.glob("*/*.jsonl")) if root.is_dir() else []
 
 

@@ -48,7 +48,7 @@ def study_verdicts(sd: StudyData) -> dict[str, Any]:
 def write_study_verdicts(sd: StudyData) -> dict[str, Any]:
     """Compute and write `data/verdicts.json` (the write-up renders from it)."""
     out = study_verdicts(sd)
-    write_json((sd.root / "data" if (sd.root / "data").is_dir() else sd.root) / VERDICTS_JSON, out)
+    write_json(sd.data_dir / VERDICTS_JSON, out)
     return out
 
 
