@@ -487,3 +487,27 @@ def test_a_configuration_of_another_model_gets_no_default_baseline():
     _, base = of(s, levels)
     assert [base.get(c) for c in ids[2:4]] == [s.config(c).baseline for c in ids[2:4]]
     assert base[ids[4]] == (s.config(ids[4]).baseline or ids[1])
+
+def test_cpu_engine_leaves_a_core_to_the_server_and_the_client(monkeypatch):
+    """On CPU the vLLM engine gets every usable core but one as torch threads (its own worker skips
+    the reduction), unless the shell or engine.env says otherwise; a GPU host adds nothing."""
+    from servelab.engines import vllm as vllm_profile
+    from servelab.hosts.process import engine_env
+    from servelab.schema import EngineParams
+
+    prof = engines.get("vllm")
+    p = EngineParams.model_validate({"kind": "vllm", "model": {"preset": "smollm2-135m"}})
+    monkeypatch.setattr(vllm_profile, "has_gpu", lambda: False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for cores, threads in ((1, 1), (2, 1), (16, 15)):
+        monkeypatch.setattr(vllm_profile.os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
+        assert prof.environment(p)["OMP_NUM_THREADS"] == str(threads)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert "OMP_NUM_THREADS" not in prof.environment(p)
+    assert engine_env(p)["OMP_NUM_THREADS"] == "2"
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    set_by_params = EngineParams.model_validate({"kind": "vllm", "model": {"preset": "smollm2-135m"},
+                                                 "env": {"OMP_NUM_THREADS": "4"}})
+    assert engine_env(set_by_params)["OMP_NUM_THREADS"] == "4"
+    monkeypatch.setattr(vllm_profile, "has_gpu", lambda: True)
+    assert "OMP_NUM_THREADS" not in prof.environment(p)

@@ -7,6 +7,7 @@ histograms are kept as `_sum`/`_count` (ITL: the new name wins over its deprecat
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,20 @@ VLLM_CPU_ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
 }
+
+
+def cpu_compute_threads() -> int:
+    """The CPU build's torch threads: every core this process may use but one, which the API server
+    and the benchmark client need (vLLM's own CPU binding reserves cores for them). Left to itself
+    the engine core of vllm-cpu 0.32 keeps one spin-waiting thread per core (its worker refuses
+    `torch.set_num_threads` after the binding, which it skips here), and on 2 vCPUs the spinning
+    team fights the server and the client for both cores: per-round decode tok/s varied 3.1-3.7 %
+    and two starts of one setting differed by 3.4 %, against 1.5-2.0 % and 0.5 % with one thread,
+    which decodes ~18 % slower (docs/cpu-engine.md, 2026-12-05). `engine.env` may set it."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - 1)
+
+
 VLLM_CUDAGRAPH_MODES = {"NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"}
 
 EQUIVALENTS = {
@@ -213,6 +228,8 @@ class VllmProfile(EngineProfile):
         env = dict(VLLM_CPU_ENV)
         if has_gpu():  # the in-process engine core is a CPU-only remedy
             env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+        elif "OMP_NUM_THREADS" not in os.environ:  # a shell's own setting stands, as engine.env's does
+            env["OMP_NUM_THREADS"] = str(cpu_compute_threads())
         return env
 
     def api_key_env(self, key: str) -> dict[str, str]:
