@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 
@@ -53,3 +55,21 @@ def test_terminal_table_says_a_level_failed_instead_of_nan():
     assert bad.split()[2] == "2" and bad.split()[3:11] == ["-"] * 8  # every measured cell is empty
     assert bad.split()[11] == "0.0"  # ok %
     assert good.split()[2] == "1" and "500.0" in good.split() and "failed" not in good
+
+
+def test_round_decode_speed_is_one_over_the_mean_tpot_and_keeps_still_when_the_batch_regroups():
+    """A round's decode tok/s is 1 / its requests' mean TPOT: when the engine prefills the four
+    requests of a round one then three instead of three then one, the median of their speeds jumps
+    (14.8, 29.5 x 3 against 22.7 x 3, 29.6: SmolLM2 on vLLM CPU, 2026-12-05) and the mean TPOT hardly moves."""
+    from servelab.summary import decode_tps_of_round
+
+    one_then_three, three_then_one = [14.8, 29.5, 29.5, 29.5], [22.7, 22.7, 22.7, 29.6]
+    assert decode_tps_of_round(one_then_three) == pytest.approx(4 / (1 / 14.8 + 3 / 29.5))
+    a, b = decode_tps_of_round(one_then_three), decode_tps_of_round(three_then_one)
+    assert abs(a / b - 1) < 0.02
+    assert abs(29.5 / 22.7 - 1) > 0.25  # what the median of each round said
+    assert decode_tps_of_round([30.0]) == pytest.approx(30.0)  # one request: its own speed
+    assert math.isnan(decode_tps_of_round([])) and math.isnan(decode_tps_of_round([None, 0.0]))
+    rows = [rec(1, 0.0, 0.1 + 10 / v, 0.1, c=4) for v in one_then_three]  # 11 tokens: 10 gaps at v tok/s
+    rt = round_throughput(pd.DataFrame(rows))
+    assert rt["decode_tps_mean_tpot"].iloc[0] == pytest.approx(a)

@@ -14,13 +14,13 @@ result; a suspect that could not be measured again within the budget stays in. N
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..schema.runfiles import RequestRecord
+from ..summary import decode_tps_of_round
 from . import outliers
 from .machine import FOREIGN_CPU, busy
 
@@ -46,9 +46,8 @@ class Attempt:
         ok = [r for r in self.records if r.ok]
         if not ok:
             return math.nan
-        if metric == "decode_tps_p50":
-            d = [float(r.decode_tps) for r in ok if r.decode_tps]
-            v = statistics.median(d) if d else math.nan
+        if metric == "decode_tps_mean_tpot":
+            v = decode_tps_of_round(r.decode_tps for r in ok)
         else:
             wall = self.wall_s
             v = sum(r.output_tokens or 0 for r in ok) / wall if wall > 0 else math.nan
@@ -144,7 +143,7 @@ class Disturbances:
         return {(level, a.rnd, a.attempt): a.reason for a in self.disturbed(sid)}
 
 
-_NAMES = {"decode_tps_p50": "decode tok/s", "aggregate_output_tps": "aggregate tok/s"}
+_NAMES = {"decode_tps_mean_tpot": "decode tok/s", "aggregate_output_tps": "aggregate tok/s"}
 
 
 def _machine_reason(stats: dict[str, Any]) -> str:
