@@ -509,5 +509,6 @@ def test_cpu_engine_leaves_a_core_to_the_server_and_the_client(monkeypatch):
     set_by_params = EngineParams.model_validate({"kind": "vllm", "model": {"preset": "smollm2-135m"},
                                                  "env": {"OMP_NUM_THREADS": "4"}})
     assert engine_env(set_by_params)["OMP_NUM_THREADS"] == "4"
+    assert prof.environment(p)["THP_MEM_ALLOC_ENABLE"] == "1" and prof.env_to_record("THP_MEM_ALLOC_ENABLE")
     monkeypatch.setattr(vllm_profile, "has_gpu", lambda: True)
-    assert "OMP_NUM_THREADS" not in prof.environment(p)
+    assert not {"OMP_NUM_THREADS", "THP_MEM_ALLOC_ENABLE"} & set(prof.environment(p))
