@@ -70,5 +70,5 @@ def test_the_kv_studys_between_start_sd_is_what_its_two_runs_measure():
     old["config"] = old["config"] + "-old"
     y = verdicts.log_rounds(pd.concat([sd.rounds, old], ignore_index=True), verdicts.PRIMARY)
     b = verdicts.between_starts(y, [("roomy", "roomy-old"), ("kv-tight", "kv-tight-old")])
-    assert b.source == "repeats" and b.df == 18
+    assert b.source == "repeats" and b.df == pytest.approx(18, rel=0.05)  # 18 mean squares, Satterthwaite over levels of unequal noise
     assert round(b.sd_pct, 1) == sd.study.design.between_starts_sd_pct == 6.0
