@@ -73,3 +73,56 @@ def test_round_decode_speed_is_one_over_the_mean_tpot_and_keeps_still_when_the_b
     rows = [rec(1, 0.0, 0.1 + 10 / v, 0.1, c=4) for v in one_then_three]  # 11 tokens: 10 gaps at v tok/s
     rt = round_throughput(pd.DataFrame(rows))
     assert rt["decode_tps_mean_tpot"].iloc[0] == pytest.approx(a)
+
+
+def _stream(start, ttft, step, n, stall_at=None, stall_s=0.0, tokens=None):
+    """A record of `n` one-token chunks `step` apart after `ttft`; a `stall_s` pause before chunk
+    `stall_at` (another request's prefill); `tokens`: the chunks' cumulative counts instead."""
+    times, t = [ttft], ttft
+    for k in range(1, n):
+        t += step + (stall_s if k == stall_at else 0.0)
+        times.append(t)
+    out = tokens[-1] if tokens else n
+    r = rec(1, start, start + t, ttft, out=out, c=4)
+    return {**r, "chunk_times_s": times, "chunk_tokens": tokens or []}
+
+
+def test_steady_decode_leaves_out_the_gaps_where_another_request_was_prefilled():
+    """At four in flight the engine prefills the first request alone and the other three together,
+    and the first one waits 0.8 s for their prefill: its TPOT is 74 ms against the others' 40 ms
+    (SmolLM2 on vLLM CPU, 2026-12-05). Between prefills every request decodes at 40 ms, whatever the
+    grouping: 1+3 and 2+2 give the same round value; the mean TPOT does not."""
+    from servelab.summary import decode_tps_of_round, decode_tps_steady
+
+    step = 0.040
+    one_then_three = [_stream(0.0, 0.34, step, 24, stall_at=1, stall_s=0.78)] + \
+        [_stream(0.0, 0.34 + step + 0.78 + 0.002 * i, step, 24) for i in range(3)]  # parsed 0-4 ms apart
+    two_and_two = [_stream(0.0, 0.60, step, 24, stall_at=1, stall_s=0.50) for _ in range(2)] + \
+        [_stream(0.0, 0.60 + step + 0.50, step, 24) for _ in range(2)]
+    a, b = decode_tps_steady(one_then_three), decode_tps_steady(two_and_two)
+    assert a == pytest.approx(1 / step, rel=1e-6) and b == pytest.approx(1 / step, rel=1e-6)
+    mean_a = decode_tps_of_round([r["decode_tps"] for r in one_then_three])
+    mean_b = decode_tps_of_round([r["decode_tps"] for r in two_and_two])
+    assert abs(mean_a / mean_b - 1) > 0.04 and mean_a < 0.9 / step
+    # one request alone: its own decode speed
+    alone = [_stream(0.0, 0.3, step, 24)]
+    assert decode_tps_steady(alone) == pytest.approx(alone[0]["decode_tps"])
+    # requests one after another (c=1 rounds of several): nobody's prefill falls inside another's decode
+    seq = [_stream(0.0, 0.3, step, 24), _stream(2.0, 0.3, 0.050, 24)]
+    assert decode_tps_steady(seq) == pytest.approx(2 / (step + 0.050))
+    assert round_throughput(pd.DataFrame(one_then_three))["decode_tps_steady"].iloc[0] == pytest.approx(a)
+    assert math.isnan(decode_tps_steady([])) and math.isnan(decode_tps_steady([rec(1, 0, 1, 0.5, ok=False)]))
+
+
+def test_steady_decode_counts_the_tokens_each_chunk_carried():
+    """Speculative decoding sends several tokens a chunk: the stalled gap's tokens come from the
+    chunks' usage counts; without them tokens are spread evenly over the chunks."""
+    from servelab.summary import steady_tpot_s
+
+    # 6 chunks, 24 tokens: 1 | 8 after a 0.5 s stall (another request prefilled) | 4, 4, 4, 3 at 0.05 s
+    r = _stream(0.0, 0.2, 0.05, 6, stall_at=1, stall_s=0.5, tokens=[1, 9, 13, 17, 21, 24])
+    other_first = 0.2 + 0.55
+    assert steady_tpot_s(r, [other_first], 0.01) == pytest.approx(0.20 / 15)
+    assert steady_tpot_s(r, [], 0.01) == pytest.approx(r["tpot_s"])  # nobody else: its TPOT
+    even = {**r, "chunk_tokens": []}  # 23 tokens over 5 gaps: 4.6 a gap
+    assert steady_tpot_s(even, [other_first], 0.01) == pytest.approx(0.20 / (23 - 4.6))

@@ -53,13 +53,15 @@ def _attempts(df: pd.DataFrame) -> pd.DataFrame:
 
 
 ROUND_COLUMNS = ["round", "attempt", "wall_s", "output_tokens_sum", "aggregate_output_tps", "decode_tps_mean_tpot",
-                 "ttft_p50_s", "requests"]
+                 "decode_tps_steady", "ttft_p50_s", "requests"]
 
 
 def round_throughput(df: pd.DataFrame) -> pd.DataFrame:
     """Aggregate output tok/s, the per-request decode tok/s and TTFT p50 of each measured round (each
     attempt of a re-measured round is its own row): one row per (level, round, attempt). The decode
-    speed of a round is 1 / its requests' mean TPOT (vllm bench serve's "Mean TPOT"; `decode_tps_of_round`)."""
+    speed of a round is 1 / its requests' mean TPOT (vllm bench serve's "Mean TPOT"; `decode_tps_of_round`),
+    and the same without the token gaps in which the engine prefilled the round's first requests
+    (`decode_tps_steady`, the verdicts' decode metric)."""
     df = _with_level_keys(df)
     if df.empty:
         return pd.DataFrame(columns=LEVEL_KEYS + ROUND_COLUMNS)
@@ -72,6 +74,8 @@ def round_throughput(df: pd.DataFrame) -> pd.DataFrame:
         rows.append(dict(zip(LEVEL_KEYS + ["round", "attempt"], key), wall_s=wall, output_tokens_sum=tokens,
                          aggregate_output_tps=tokens / wall if wall > 0 else float("nan"),
                          decode_tps_mean_tpot=decode_tps_of_round(ok["decode_tps"]) if "decode_tps" in ok else float("nan"),
+                         decode_tps_steady=decode_tps_steady(ok.to_dict("records"),
+                                                             round_wave(g["concurrency"].iloc[0], g["rate_rps"].iloc[0])),
                          ttft_p50_s=_pct(ok["ttft_s"], 50), requests=int(len(g))))
     return pd.DataFrame(rows)
 
@@ -83,6 +87,63 @@ def decode_tps_of_round(decode_tps: Iterable[Any]) -> float:
     their mean TPOT by 2.5-5 % (SmolLM2 on vLLM CPU, c=4, 2026-12-05). NaN without a positive value."""
     v = [float(x) for x in decode_tps if x is not None and math.isfinite(float(x)) and float(x) > 0]
     return len(v) / sum(1.0 / x for x in v) if v else float("nan")
+
+
+def _field(r: Any, k: str) -> Any:
+    v = r.get(k) if isinstance(r, Mapping) else getattr(r, k, None)
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else v
+
+
+def steady_tpot_s(r: Any, others_first_s: Iterable[float], tol_s: float) -> float | None:
+    """One request's TPOT without the token gaps in which the engine prefilled another request: its
+    decode time (e2e - TTFT) and decode tokens (output - 1), less each gap between two of its text
+    chunks that ends where another request got its first token (`others_first_s`, on the same clock
+    as `start_s`; within `tol_s` after the gap's end: the same engine step, parsed a little later).
+    A gap's tokens come from `chunk_tokens` (continuous usage stats), else one per chunk when the
+    chunks are the tokens, else spread evenly over the chunks. With nobody else in flight, `tpot_s`."""
+    times, n = _field(r, "chunk_times_s") or [], _field(r, "output_tokens")
+    ttft, e2e, start = _field(r, "ttft_s"), _field(r, "e2e_s"), _field(r, "start_s") or 0.0
+    if not n or n < 2 or ttft is None or e2e is None or e2e <= ttft or not times:
+        return None
+    toks = list(_field(r, "chunk_tokens") or [])
+    if len(toks) != len(times):
+        per = 1.0 if len(times) == n else (n - 1) / max(len(times) - 1, 1)
+        toks = [1.0 + per * k for k in range(len(times))]
+    t = np.asarray(times, dtype=float) + float(start)
+    stalled: set[int] = set()
+    for f in others_first_s:
+        if t[0] < f <= t[-1] + tol_s:  # started after this one's first token, before its last
+            stalled.add(int(np.searchsorted(t, f - tol_s, side="left")))
+    stalled.discard(0)
+    gap_s = sum(t[k] - t[k - 1] for k in stalled)
+    gap_tokens = sum(toks[k] - toks[k - 1] for k in stalled)
+    dt, dn = (e2e - ttft) - gap_s, (n - 1) - gap_tokens
+    return dt / dn if dt > 0 and dn > 0 else None
+
+
+def decode_tps_steady(records: Iterable[Any], wave: int | None = None) -> float:
+    """A round's per-request decode speed after its start: 1 / the mean of its requests'
+    `steady_tpot_s`, without the gaps in which the engine prefilled the round's first `wave` requests
+    (the first to start: a closed-loop level's concurrency; None: all of them; 0: none, the mean TPOT).
+    A round starts with `wave` requests at once, and the engine prefills them in groups that change
+    from round to round (one then three, two and two, four at once): the request prefilled first waits
+    for the others, 40 ms TPOT or 74 ms for the same request (SmolLM2 on vLLM CPU, c=4, 2026-12-05).
+    The prefills of requests that replace finished ones later in the round stay in: they are the load.
+    At one in flight it is `decode_tps_of_round`. NaN without a value."""
+    ok = sorted((r for r in records if _field(r, "ok") is not False), key=lambda r: _field(r, "start_s") or 0.0)
+    gaps = [np.diff(_field(r, "chunk_times_s")) for r in ok if len(_field(r, "chunk_times_s") or []) > 1]
+    tol = 0.5 * float(np.median(np.concatenate(gaps))) if gaps else 0.0
+    first = [(i, (_field(r, "start_s") or 0.0) + _field(r, "ttft_s")) for i, r in enumerate(ok[:wave])
+             if _field(r, "ttft_s") is not None]
+    tpots = [steady_tpot_s(r, [f for j, f in first if j != i], tol) for i, r in enumerate(ok)]
+    v = [x for x in tpots if x is not None and x > 0]
+    return len(v) / sum(v) if v else float("nan")
+
+
+def round_wave(concurrency: Any, rate_rps: Any) -> int:
+    """How many requests start a round together: a closed-loop level's concurrency, none open-loop."""
+    closed = not rate_rps or (isinstance(rate_rps, float) and math.isnan(rate_rps))
+    return int(concurrency) if closed and concurrency else 0
 
 
 def itl_values(g: pd.DataFrame) -> np.ndarray:

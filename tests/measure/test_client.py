@@ -38,6 +38,25 @@ def test_parser_skips_role_chunk_and_counts_text_chunks():
     assert r.end_s == pytest.approx(0.152)
 
 
+def test_parser_keeps_the_tokens_each_chunk_carried_from_continuous_usage():
+    """With stream_options.continuous_usage_stats every chunk carries the cumulative usage: the
+    tokens of each text chunk are kept (n-gram speculation sends several in one chunk); a stream
+    that said it for only some chunks keeps none."""
+    u = '"usage":{{"prompt_tokens":7,"completion_tokens":{}}}'
+    lines = [
+        ('data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}],' + u.format(0) + '}', 0.01),
+        ('data: {"choices":[{"index":0,"delta":{"content":"A"}}],' + u.format(1) + '}', 0.10),
+        ('data: {"choices":[{"index":0,"delta":{"content":"BCDE"}}],' + u.format(5) + '}', 0.13),
+        ('data: {"choices":[{"index":0,"delta":{"content":"F"},"finish_reason":"length"}],' + u.format(6) + '}', 0.16),
+        ('data: {"choices":[],' + u.format(6) + '}', 0.161),
+        ("data: [DONE]", 0.162),
+    ]
+    r, _ = _parse(lines)
+    assert r.chunk_tokens == [1, 5, 6] and len(r.chunk_times_s) == 3
+    r, _ = _parse([lines[1], ('data: {"choices":[{"index":0,"delta":{"content":"B"}}]}', 0.12), lines[-1]])
+    assert r.chunk_tokens == [] and r.n_text_chunks == 2
+
+
 def test_parser_bytes_split_anywhere():
     """Raw reads cut lines, CRLF pairs and UTF-8 characters anywhere; each line is timed by the
     read that completed it."""

@@ -49,12 +49,12 @@ INTERIM_ALPHA = 0.001  # Haybittle-Peto: an interim look settles a comparison on
 MDE_TARGET = 0.10  # default target of the sequential sampling (relative)
 
 #: metric -> (column of the round table, +1 when higher is better, -1 when lower is): the
-#: per-request decode speed (1 / a round's mean TPOT), aggregate output tok/s, TTFT p50
-METRICS: dict[str, tuple[str, int]] = {"decode_tps_mean_tpot": ("decode_tps_mean_tpot", 1),
+#: per-request decode speed (1 / a round's mean TPOT between prefills, `summary.decode_tps_steady`), aggregate output tok/s, TTFT p50
+METRICS: dict[str, tuple[str, int]] = {"decode_tps_steady": ("decode_tps_steady", 1),
                                        "aggregate_output_tps": ("aggregate_output_tps", 1),
                                        "ttft_p50_s": ("ttft_p50_s", -1)}
 PRIMARY = "aggregate_output_tps"
-DECODE = "decode_tps_mean_tpot"
+DECODE = "decode_tps_steady"
 #: the metrics a comparison must settle before its level stops sampling (`settled`)
 SAMPLED = (DECODE, PRIMARY)
 FASTER, SLOWER, NO_CHANGE, UNDETERMINED = "faster", "slower", "no detectable change", "not enough rounds"

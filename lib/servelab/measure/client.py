@@ -97,7 +97,7 @@ def _has_text(choice: dict[str, Any]) -> bool:
 
 #: the outcome's fields the stream parser sets
 STREAM_FIELDS = ("n_chunks", "n_text_chunks", "output_chars", "reasoning_chunks", "end_s", "ttft_s", "content_ttft_s",
-                 "finish_reason", "chunk_times_s", "server_chunk_ns", "server_due_ns")
+                 "finish_reason", "chunk_times_s", "chunk_tokens", "server_chunk_ns", "server_due_ns")
 
 
 class StreamParser:
@@ -120,6 +120,7 @@ class StreamParser:
         self.content_ttft_s: float | None = None
         self.finish_reason: str | None = None
         self.chunk_times_s: list[float] = []
+        self.chunk_tokens: list[int] = []  # usage.completion_tokens at each text chunk (continuous usage stats)
         self.server_chunk_ns: list[int] = []
         self.server_due_ns: list[int] = []
 
@@ -127,6 +128,8 @@ class StreamParser:
         """`r` with what the stream told (times relative to the send)."""
         for k in STREAM_FIELDS:
             setattr(r, k, getattr(self, k))
+        if len(self.chunk_tokens) != len(self.chunk_times_s):
+            r.chunk_tokens = []  # a count for every text chunk or none: half a list would misplace tokens
         return r
 
     def feed_bytes(self, data: bytes, t_ns: int) -> None:
@@ -167,6 +170,7 @@ class StreamParser:
         self.n_chunks += 1
         t_s = (t_ns - self.t0_ns) / 1e9
         self.end_s = t_s
+        texts = self.n_text_chunks
         for ch in obj.get("choices") or []:
             if self.keep_text and ch.get("token_ids"):
                 self.token_ids.extend(int(t) for t in ch["token_ids"])
@@ -195,6 +199,8 @@ class StreamParser:
                 self.finish_reason = ch["finish_reason"]
         if obj.get("usage"):
             self.usage = obj["usage"]
+            if self.n_text_chunks > texts and "completion_tokens" in self.usage:
+                self.chunk_tokens.append(int(self.usage["completion_tokens"]))
 
 
 async def send(client: "StreamClient", spec: RequestSpec, *, timeout_s: float,

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..schema.runfiles import RequestRecord
-from ..summary import decode_tps_of_round
+from ..summary import decode_tps_steady, round_wave
 from . import outliers
 from .machine import FOREIGN_CPU, busy
 
@@ -46,8 +46,8 @@ class Attempt:
         ok = [r for r in self.records if r.ok]
         if not ok:
             return math.nan
-        if metric == "decode_tps_mean_tpot":
-            v = decode_tps_of_round(r.decode_tps for r in ok)
+        if metric == "decode_tps_steady":
+            v = decode_tps_steady(ok, round_wave(ok[0].concurrency, ok[0].rate_rps))
         else:
             wall = self.wall_s
             v = sum(r.output_tokens or 0 for r in ok) / wall if wall > 0 else math.nan
@@ -143,7 +143,7 @@ class Disturbances:
         return {(level, a.rnd, a.attempt): a.reason for a in self.disturbed(sid)}
 
 
-_NAMES = {"decode_tps_mean_tpot": "decode tok/s", "aggregate_output_tps": "aggregate tok/s"}
+_NAMES = {"decode_tps_steady": "decode tok/s", "aggregate_output_tps": "aggregate tok/s"}
 
 
 def _machine_reason(stats: dict[str, Any]) -> str:

@@ -77,7 +77,7 @@ def reproduced(flagged: float, again: float, direction: int = 1) -> bool:
 # -- a study's round table ----------------------------------------------------------------------------
 
 #: the per-round metrics a disturbance shows in (TTFT of tens of milliseconds varies too much by itself)
-JUDGED = {"decode_tps_mean_tpot": 1, "aggregate_output_tps": 1}
+JUDGED = {"decode_tps_steady": 1, "aggregate_output_tps": 1}
 
 
 def gross_mask(rounds: pd.DataFrame, keys: Sequence[str] = ("bucket", "concurrency")) -> pd.Series:

@@ -59,6 +59,9 @@ class RequestOutcome(Open):
     n_chunks: int = 0
     n_text_chunks: int = 0
     chunk_times_s: list[float] = _peer(default_factory=list)  # offsets of text chunks from start
+    # usage.completion_tokens as each text chunk arrived (stream_options.continuous_usage_stats): how many
+    # tokens a chunk carried (several with speculative decoding); empty when the server did not say
+    chunk_tokens: list[int] = Field(default_factory=list)
     finish_reason: str | None = None
     output_chars: int = 0
     server_chunk_ns: list[int] = Field(default_factory=list)  # emission stamps (reference server only)
