@@ -286,4 +286,9 @@ def has_gpu() -> bool:
     return bool(shutil.which("nvidia-smi")) or bool(os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
-__all__ = ["COMM_FLAG", "EngineProfile", "Layout", "flag_on", "get_flag", "python_executable", "has_gpu"]
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask; all of them where there is none)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+__all__ = ["COMM_FLAG", "EngineProfile", "Layout", "flag_on", "get_flag", "python_executable", "has_gpu", "usable_cores"]

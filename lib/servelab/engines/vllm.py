@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .base import EngineProfile, Layout, has_gpu, python_executable
+from .base import EngineProfile, Layout, has_gpu, python_executable, usable_cores
 from .flags import AUTO, flag_on, get_flag, json_value, load_table, norm
 from .prom import ServerSample, by_label, counter_names, first_series, histogram, to_int, label_int, mean_of, Series, sum_of
 
@@ -43,8 +43,7 @@ def cpu_compute_threads() -> int:
     team fights the server and the client for both cores: per-round decode tok/s varied 3.1-3.7 %
     and two starts of one setting differed by 3.4 %, against 1.5-2.0 % and 0.5 % with one thread,
     which decodes ~18 % slower (docs/cpu-engine.md, 2026-12-05). `engine.env` may set it."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores - 1)
+    return max(1, usable_cores() - 1)
 
 
 VLLM_CUDAGRAPH_MODES = {"NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"}

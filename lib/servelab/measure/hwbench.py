@@ -16,11 +16,11 @@ model (`analysis.perfmodel`) nor the engine sweep (`calibrate_hw`).
 
 from __future__ import annotations
 
-import os
 import platform
 import time
 from typing import Any, Callable
 
+from ..engines.base import usable_cores
 from .runinfo import cpu_model
 
 DECODE_BATCHES = (1, 8, 32)
@@ -50,7 +50,7 @@ def machine(torch: Any, dev: str) -> dict[str, Any]:
         return {"kind": "gpu", "name": p.name, "memory_bytes": int(p.total_memory), "count": torch.cuda.device_count(),
                 "torch": torch.__version__, "cuda": torch.version.cuda}
     return {"kind": "cpu", "name": cpu_model() or platform.processor() or "unknown CPU",
-            "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "cores": usable_cores(),
             "torch": torch.__version__}
 
 
