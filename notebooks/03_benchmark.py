@@ -51,9 +51,11 @@ views.level_plan(plan)
 # %%
 if start and configs:
     plans = [load_plan(params_path, c, reduced) for c in configs]
-    for p in plans:  # one engine at a time: two engines decoding at once slow each other down many times
-        print(f"{p.config_id}: {views.quality_line(stages.quality(p, rdir.parent / p.config_id))}")
-    design = stages.benchmark_interleaved(plans, [rdir.parent / c for c in configs], deadline_unix=deadline_unix or None)
+    rdirs = [rdir.parent / c for c in configs]
+    checked, took = stages.quality_all(plans, rdirs)  # two engines at a time
+    for cid, q in checked.items():
+        print(f"{cid}: {views.quality_line(q)}")
+    design = stages.benchmark_interleaved(plans, rdirs, deadline_unix=deadline_unix or None, quality_s=took)
     display(views.sampling_table(design))
 elif start:
     result = stages.benchmark(plan, rdir, progress=False, resume=resume)

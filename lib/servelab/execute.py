@@ -208,11 +208,10 @@ def _launch(plan: ConfigPlan, p: StageParams, together: Sequence[ConfigPlan]) ->
 
 
 def _benchmark(plan: ConfigPlan, p: StageParams, together: Sequence[ConfigPlan]) -> None:
-    if p.configs:  # quality one engine at a time, then the interleaved benchmark
-        for q in together:
-            stages.quality(q, p.run_dir.parent / q.config_id)
-        stages.benchmark_interleaved(list(together), [p.run_dir.parent / c for c in p.configs],
-                                     deadline_unix=p.deadline_unix or None)
+    if p.configs:  # the quality checks, then the interleaved benchmark
+        rdirs = [p.run_dir.parent / c for c in p.configs]
+        _, took = stages.quality_all(list(together), rdirs)
+        stages.benchmark_interleaved(list(together), rdirs, deadline_unix=p.deadline_unix or None, quality_s=took)
         return
     res = stages.benchmark(plan, p.run_dir, resume=p.resume, progress=False)
     if res.message:

@@ -1,5 +1,5 @@
 """A study's configurations measured side by side: every engine started two at a time (once the
-first is up, its memory checked against the rest), the quality checks one engine at a time, the
+first is up, its memory checked against the rest), the quality checks two engines at a time, the
 interleaved benchmark with sequential sampling in the study's time budget (notebook 03 with
 `configs`: `stages.benchmark_interleaved`), every engine stopped, each configuration diagnosed.
 `interleave_blocked` says why a study cannot be measured this way. Not for one configuration at a

@@ -13,6 +13,7 @@ an AWS host is the plan's `Host` (`servelab.hosts`). Not for diagnosis or the wr
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -120,12 +121,12 @@ def benchmark(plan: ConfigPlan, rdir: Path, *, progress: bool = True,
 
 
 def benchmark_interleaved(plans: list[ConfigPlan], rdirs: list[Path], *, deadline_unix: float | None = None,
-                          log: Callable[[str], None] | None = None) -> DesignRecord:
+                          quality_s: float | None = None, log: Callable[[str], None] | None = None) -> DesignRecord:
     """Every configuration's workload against its own engine, all running side by side, one round
     at a time in alternating order, with sequential sampling until each change's verdict is
     settled or the study's time budget (`deadline_unix`, time.time() seconds) is spent
     (`measure.interleave`, `analysis.verdicts`). Writes design.json beside the run folders;
-    returns it."""
+    returns it, with `quality_s` (the quality checks' wall time before it) recorded."""
     study, design = plans[0].study, plans[0].study.design
     starts, hw = [], None
     for plan, rdir in zip(plans, rdirs):
@@ -141,7 +142,7 @@ def benchmark_interleaved(plans: list[ConfigPlan], rdirs: list[Path], *, deadlin
     results, sampling = run_interleaved(starts, plans[0].workload, study=study.study, decide=decide,
                                         deadline=deadline, max_rounds=design.max_rounds, log=log)
     out = DesignRecord(interleaved=True, order=[p.config_id for p in plans], started_at=began,
-                 benchmark_s=time.monotonic() - t0, budget_s=design.budget_s, mde_target=design.mde_target_pct / 100.0,
+                 benchmark_s=time.monotonic() - t0, quality_s=quality_s, budget_s=design.budget_s, mde_target=design.mde_target_pct / 100.0,
                  max_rounds=design.max_rounds, first_rounds=plans[0].workload.rounds,
                  left_s=(deadline - time.monotonic()) if deadline else None, levels=sampling,
                  status={cid: r.status for cid, r in results.items()})
@@ -183,6 +184,16 @@ def quality(plan: ConfigPlan, rdir: Path) -> dict[str, Any] | None:
     return q
 
 
+def quality_all(plans: list[ConfigPlan], rdirs: list[Path], *, lanes: int = 2) -> tuple[dict[str, Any], float]:
+    """`quality` of every configuration before an interleaved benchmark, `lanes` engines at a time
+    (greedy answers do not depend on a neighbour; with one torch thread an engine leaves the other
+    core free); ({config: its quality.json}, wall seconds of the whole check)."""
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max(1, min(lanes, len(plans)))) as pool:
+        done = list(pool.map(quality, plans, [Path(r) for r in rdirs]))
+    return {p.config_id: q for p, q in zip(plans, done)}, time.monotonic() - t0
+
+
 def against_reference(q: dict[str, Any], rdir: Path, qp: Any, model_dir: Path | None = None) -> dict[str, Any]:
     """The configuration's answers held against the model's own (`models.reference`: transformers,
     float32, greedy), with where and how those were made; {"available": False, "reason"} when the
@@ -206,5 +217,5 @@ def against_reference(q: dict[str, Any], rdir: Path, qp: Any, model_dir: Path | 
 
 # -- views the stage notebooks show ------------------------------------------------------------
 
-__all__ = ["HOST_JSON", "benchmark", "benchmark_interleaved", "launch", "provision", "quality", "run_dir",
+__all__ = ["HOST_JSON", "benchmark", "benchmark_interleaved", "launch", "provision", "quality", "quality_all", "run_dir",
            "sampling_rule", "serve", "smoke", "stop_served"]

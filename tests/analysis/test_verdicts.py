@@ -171,9 +171,9 @@ def _sequential(rng: np.random.Generator, effect: float, first: int, most: int, 
 
 
 def test_sequential_sampling_keeps_the_false_positive_rate():
-    """Looking after every round (3 to 10) and stopping where the 99.9 % interval already excludes
-    zero (Haybittle-Peto) must not raise the final verdict's false-positive rate above 5 %; a large
-    effect is found, and stops its level early."""
+    """Looking after every round (3 to 10) and stopping where the MDE reaches the target must not
+    raise the final verdict's false-positive rate above 5 %; a large effect is found, and is not
+    stopped before its MDE reaches the target (a clear verdict still says how precise it is)."""
     rng = np.random.default_rng(7)
     fp = rows = 0
     for _ in range(1000):
@@ -181,18 +181,27 @@ def test_sequential_sampling_keeps_the_false_positive_rate():
         fp += sum(r["verdict"] != verdicts.NO_CHANGE for r in final["null"])
         rows += LEVELS
     assert fp / rows <= 0.05
-    found = [_sequential(rng, 0.5, 3, 10, 0.10)[0]["change"] for _ in range(50)]
-    assert np.mean([r["verdict"] == verdicts.FASTER for f in found for r in f]) >= 0.95
+    found = [_sequential(rng, 0.5, 3, 10, 0.10) for _ in range(50)]
+    assert np.mean([r["verdict"] == verdicts.FASTER for f, _ in found for r in f["change"]]) >= 0.95
+    quiet = [_sequential(rng, 0.5, 3, 10, 1e-6) for _ in range(5)]  # an unreachable target: every level to the cap
+    assert all(n == 10 * LEVELS for _, n in quiet)
+
+
+def test_a_clear_verdict_is_not_settled_while_its_mde_is_above_the_target():
+    row = {"verdict": verdicts.FASTER, "ci": [0.3, 0.9], "mde": 0.19}
+    assert not verdicts.settled(row, 0.10) and verdicts.settled(row, 0.20)
+    assert not verdicts.settled({"mde": math.nan}, 0.10)
 
 
 def test_two_rounds_give_an_estimate_and_never_overflow():
-    """Two rounds per start (the CI's reduced studies): one residual degree of freedom, a 99.9 %
-    interval of hundreds of standard errors: infinite where exp() would overflow, never an error."""
+    """Two rounds per start (the CI's reduced studies): one residual degree of freedom, an interval
+    of many standard errors, never an error; `_rel` is infinite where exp() would overflow."""
     y = np.array([[0.0, 0.9], [1.5, 0.1]])  # a large, noisy difference
     f = verdicts.fit_arrays(np.repeat([0, 1], 2), np.tile([0, 1], 2), y.ravel(), ["a", "b"])
     r = verdicts.effect_of(f, ["b"], ["a"], verdicts.Between(None, math.inf, "not measured"))
-    assert r["df"] == 1 and math.isfinite(r["effect"]) and r["interim_ci"][1] == math.inf
+    assert r["df"] == 1 and math.isfinite(r["effect"]) and math.isfinite(r["ci"][0])
     assert r["verdict"] == verdicts.NO_CHANGE and not verdicts.settled(r)
+    assert verdicts._rel(800.0) == math.inf
 
 
 def test_three_starts_of_the_baseline_at_three_rounds_rarely_flag_an_a_a():

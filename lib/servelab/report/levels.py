@@ -195,7 +195,7 @@ def _benchmark_s(rec: pd.DataFrame, interleaved: bool) -> float:
 
 def budget_text(sd: StudyData, quality_s: float) -> str:
     """Where an interleaved study's time went (design.json): engine starts two at a time, the
-    quality checks one engine at a time, the rounds per level and why each level stopped, against
+    quality checks (their wall time where design.json has it, else the sum of their times), the rounds per level and why each level stopped, against
     the time budget."""
     d = sd.design
     if not d.interleaved or not d.launch:
@@ -211,11 +211,14 @@ def budget_text(sd: StudyData, quality_s: float) -> str:
                     why=sd.w(f"verdicts.stopped.{x.stopped}"))
 
     levels = sd.w("story.list_sep").join(level(x) for x in d.levels)
+    together = d.quality_s is not None  # recorded since the checks run two at a time: their wall time
+    quality_s = float(d.quality_s) if together else quality_s
     total = launch + quality_s + bench
     key = "timing.budget" if d.budget_s else "timing.no_budget"
     return sd.w(key, total=minutes(sd, total), budget=minutes(sd, float(d.budget_s or 0)),
                 launch=minutes(sd, launch), lanes=d.lanes if d.lanes is not None else 1, quality=minutes(sd, quality_s),
-                bench=minutes(sd, bench), levels=levels)
+                checked=sd.w("timing.checked_two" if together else "timing.checked_one"), bench=minutes(sd, bench),
+                levels=levels)
 
 
 def timing_table(sd: StudyData) -> tuple[str, Any]:
