@@ -502,6 +502,7 @@ def test_cpu_engine_leaves_a_core_to_the_server_and_the_client(monkeypatch):
     for cores, threads in ((1, 1), (2, 1), (16, 15)):
         monkeypatch.setattr(vllm_profile.os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
         assert prof.environment(p)["OMP_NUM_THREADS"] == str(threads)
+        assert prof.environment(p)["NUMBA_NUM_THREADS"] == str(threads)  # the n-gram proposer's pool
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert "OMP_NUM_THREADS" not in prof.environment(p)
     assert engine_env(p)["OMP_NUM_THREADS"] == "2"
@@ -511,4 +512,4 @@ def test_cpu_engine_leaves_a_core_to_the_server_and_the_client(monkeypatch):
     assert engine_env(set_by_params)["OMP_NUM_THREADS"] == "4"
     assert prof.environment(p)["THP_MEM_ALLOC_ENABLE"] == "1" and prof.env_to_record("THP_MEM_ALLOC_ENABLE")
     monkeypatch.setattr(vllm_profile, "has_gpu", lambda: True)
-    assert not {"OMP_NUM_THREADS", "THP_MEM_ALLOC_ENABLE"} & set(prof.environment(p))
+    assert not {"OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "THP_MEM_ALLOC_ENABLE"} & set(prof.environment(p))

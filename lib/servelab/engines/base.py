@@ -253,7 +253,7 @@ class EngineProfile:
 
     def env_to_record(self, name: str) -> bool:
         """Whether an environment variable belongs in run.json's engine record."""
-        return name.startswith((self.env_prefix, "CUDA_", "OMP_", "NCCL_")) or name in self.base_env
+        return name.startswith((self.env_prefix, "CUDA_", "OMP_", "NUMBA_", "NCCL_")) or name in self.base_env
 
     # -- talking to it --------------------------------------------------------------------
     def server_info(self, base_url: str, headers: dict[str, str] | None = None) -> dict[str, Any]:

@@ -42,7 +42,10 @@ def cpu_compute_threads() -> int:
     `torch.set_num_threads` after the binding, which it skips here), and on 2 vCPUs the spinning
     team fights the server and the client for both cores: per-round decode tok/s varied 3.1-3.7 %
     and two starts of one setting differed by 3.4 %, against 1.5-2.0 % and 0.5 % with one thread,
-    which decodes ~18 % slower (docs/cpu-engine.md, 2026-12-05). `engine.env` may set it."""
+    which decodes ~18 % slower (docs/cpu-engine.md, 2026-12-05). `engine.env` may set it.
+    The n-gram proposer's numba pool keeps one thread per core too (NUMBA_NUM_THREADS): beside one
+    busy core a 32-token n-gram answer took 1.9-2.7 s instead of 0.57 s; with one numba thread
+    0.69-0.73 s, alone or beside it (2026-12-05)."""
     return max(1, usable_cores() - 1)
 
 
@@ -234,7 +237,8 @@ class VllmProfile(EngineProfile):
         if has_gpu():  # the in-process engine core is a CPU-only remedy
             env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
         else:  # a shell's own setting stands, as engine.env's does
-            cpu = {"OMP_NUM_THREADS": str(cpu_compute_threads()), **CPU_ONLY_ENV}
+            n = str(cpu_compute_threads())  # torch's threads, and numba's (the n-gram proposer's) the same
+            cpu = {"OMP_NUM_THREADS": n, "NUMBA_NUM_THREADS": n, **CPU_ONLY_ENV}
             env.update({k: v for k, v in cpu.items() if k not in os.environ})
         return env
 
