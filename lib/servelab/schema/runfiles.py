@@ -326,6 +326,7 @@ class DesignRecord(Open):
     order: list[str] = Field(default_factory=list)
     started_at: str | None = None
     benchmark_s: Number = None
+    sampling_rule: str | None = None  # "mde": stopped on the MDE alone; None: before 2026-12-05, a clear interim verdict too
     quality_s: Number = None  # the quality checks before the rounds, wall time (engines checked two at a time)
     budget_s: Number = None
     mde_target: Number = None
