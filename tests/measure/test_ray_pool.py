@@ -201,8 +201,9 @@ def test_skewed_worker_clock_is_shifted_into_the_drivers(ray_cluster, refserver)
     assert all(t0 <= r["start_s"] < r["end_s"] <= t1 for _, r in got)
     span_s = max(r["end_s"] for _, r in got) - min(r["start_s"] for _, r in got)
     assert 0 < span_s <= t1 - t0
-    # the start barrier: both shares began within a few ms of the agreed time
-    assert 0 <= stats["start_late_max_s"] < 0.05 and stats["workers_lost"] == 0
+    # the start barrier: both shares began within a few ms of the agreed time; on the skewed worker the
+    # agreed time is known to its offset's error, half a round trip, so "late" may be a few us early
+    assert -max(w0.rtt_s, w1.rtt_s) / 2 <= stats["start_late_max_s"] < 0.05 and stats["workers_lost"] == 0
 
 
 def test_workers_spec_forms():
