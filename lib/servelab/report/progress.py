@@ -108,6 +108,8 @@ def method_text_prompt_sets(sd: StudyData) -> str:
                 warm_cap=sd.w("story.warm_cap", n=wl.warmup_max_tokens) if wl.warmup_max_tokens and wl.warmup_rounds else "",
                 warmup=wl.warmup_rounds, rounds=wl.rounds, k=wl.requests_per_round,
                 salt=sd.w("method.salt_on") if wl.cache_salt else sd.w("method.salt_off"),
+                more=sd.w("story.method_more") if sd.design.interleaved and sd.design.budget_s else "",
+                qwhen=sd.w("story.quality_before" if sd.design.interleaved else "story.quality_after"),
                 qsets=", ".join(f"`{x}`" for x in q.sets), qmax=q.max_tokens)
 
 
