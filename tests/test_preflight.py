@@ -227,3 +227,18 @@ def test_cli_dry_run_refuses_an_unknown_preset_before_printing_commands(tmp_path
     assert main(["run", str(bad), "--dry-run"]) == 2
     out = capsys.readouterr()
     assert "<model:gpt-17>" not in out.out and "unknown model preset 'gpt-17'" in out.err
+
+
+def test_cli_validate_checks_the_reduced_study_too(tmp_path, capsys):
+    """`--reduced` (CI's size) is a study of its own: a `reduced` block that breaks a rule fails
+    `servelab validate`, not the first `servelab run --reduced`."""
+    bad = _write(tmp_path, workload={"canaries": True, "warmup_rounds": 1, "concurrency": [1, 4]})
+    d = yaml.safe_load(bad.read_text())
+    d["reduced"] = {"warmup_rounds": 0}
+    bad.write_text(yaml.safe_dump(d))
+    assert main(["validate", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}: its `reduced` block makes an invalid study" in err and "set warmup_rounds to 1" in err
+    d["reduced"] = {"warmup_rounds": 0, "concurrency": [1]}  # no level with more than one in flight: no canary
+    bad.write_text(yaml.safe_dump(d))
+    assert main(["validate", str(bad)]) == 0

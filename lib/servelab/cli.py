@@ -110,6 +110,11 @@ def cmd_validate(a: argparse.Namespace) -> int:
             if isinstance(s, WorkloadBlock):
                 print(f"{p}: ok (a workload block: {len(s.workload.buckets)} buckets)")
                 continue
+            if s.reduced:  # `--reduced` (CI's size) must load too
+                try:
+                    s.reduced_copy()
+                except ValueError as e:
+                    raise ParamsError(f"{p}: its `reduced` block makes an invalid study: {e}") from e
             warned = _preflight.preflight(s, p, warn=lambda line: print(line, file=sys.stderr))
             note = f", {len(warned)} warnings" if warned else ""
             print(f"{p}: ok ({s.study}: {len(s.configurations)} configurations{note})")

@@ -174,7 +174,7 @@ class Workload(Strict):
     def _rates(self) -> "Workload":
         if self.arrival != "concurrency" and not self.rates_rps and not all(b.trace for b in self.buckets):
             raise ValueError(f"arrival '{self.arrival}' needs rates_rps (requests per second)")
-        if self.canaries and not self.warmup_rounds:
+        if self.canaries and not self.warmup_rounds and max(self.concurrency) > 1:  # at 1 in flight there are none
             raise ValueError("canaries ride in a level's warm-up round: set warmup_rounds to 1 or more")
         if self.concurrency_ramp_s and (self.arrival != "concurrency" or self.workers != 1):
             raise ValueError("concurrency_ramp_s needs a closed loop (arrival 'concurrency'); workers must be 1")
