@@ -294,7 +294,8 @@ def render(study_id: str, keep_dir: Path | None = None, *, index: bool = True, p
             jobs.append((WRITEUP if page == "index.html" else f"{WRITEUP}.{lang}", lang, page, alternate))
 
         def one(name: str, lang: str, page: str, alternate: dict[str, str] | None) -> None:
-            nb = execute_notebook(WRITEUP, work, {"study_dir": str(pub.resolve()), "language": lang}, out_name=name)
+            nb = execute_notebook(WRITEUP, work, {"study_dir": str(pub.resolve()), "language": lang}, out_name=name,
+                                  save_each_cell=False)
             notebook_to_html(nb, pub / page, title=study.in_language(lang).title, language=lang, alternate=alternate,
                              scrub=lambda text: portable(scrub(text)))
 
