@@ -297,3 +297,33 @@ def test_a_noisy_level_does_not_hide_the_variance_between_starts_that_the_quiet_
     assert np.mean(np.array(est) == 0.0) < 0.25
     assert np.median(est) == pytest.approx(sigma_b**2, rel=0.6)
     assert flagged / 400 <= 0.05
+
+
+def test_the_sampler_goes_on_towards_the_finer_aim_once_every_comparison_is_at_the_aim():
+    """Rounds go first to comparisons above the aim (9 % of a 10 % target); once none is, to those above
+    the finer aim (5 %) while the budget lasts (the budget is measure.interleave's); without a finer
+    aim the level stops."""
+    rng = np.random.default_rng(3)
+    groups = {"a": ["a", "a2"], "b": ["b"]}
+    cmps = [verdicts.Comparison("b", "a", ("b",), ("a", "a2"), False),
+            verdicts.Comparison("a2", "a", ("a2",), ("a",), True)]
+
+    def table(sd: float, rounds: int) -> pd.DataFrame:
+        rows = [{"config": s, "bucket": "x", "concurrency": 1, "round": r,
+                 "decode_tps_steady": 20 * math.exp(rng.normal(0, sd)),
+                 "aggregate_output_tps": 15 * math.exp(rng.normal(0, sd))}
+                for r in range(rounds) for s in ("a", "b", "a2")]
+        return pd.DataFrame(rows)
+
+    def mde(rt: pd.DataFrame) -> float:
+        lv = verdicts.log_rounds(rt, verdicts.DECODE)
+        return verdicts.estimate(lv, cmps[0], verdicts.between_starts(lv, groups.values()))["mde"]
+
+    rt = table(0.009, 6)  # quiet rounds: an MDE between the two aims
+    assert 0.05 < mde(rt) < 0.09
+    need, note = verdicts.sampling_rule(cmps, groups, target=0.10)(0, rt)
+    assert need == {"a", "a2", "b"} and "above 5 %" in note
+    need, note = verdicts.sampling_rule(cmps, groups, target=0.10, fine=None)(0, rt)
+    assert need == set() and "0 of 2 comparisons above 9 %" in note
+    need, _ = verdicts.sampling_rule(cmps, groups, target=0.10)(0, table(0.002, 6))  # below both aims: done
+    assert need == set()

@@ -326,7 +326,9 @@ class DesignRecord(Open):
     order: list[str] = Field(default_factory=list)
     started_at: str | None = None
     benchmark_s: Number = None
-    sampling_rule: str | None = None  # "mde": stopped on the MDE alone; None: before 2026-12-05, a clear interim verdict too
+    # "mde-then-budget": to the aim, then towards the finer aim while the budget lasts (analysis.verdicts.FINE_AIM);
+    # "mde": stopped at the aim; None: before 2026-12-05, a clear interim verdict stopped a comparison too
+    sampling_rule: str | None = None
     quality_s: Number = None  # the quality checks before the rounds, wall time (engines checked two at a time)
     budget_s: Number = None
     mde_target: Number = None
