@@ -135,3 +135,19 @@ def test_a_machine_shared_all_along_is_not_a_disturbance():
     d.background = 1.0
     d.judge()
     assert [a.status for a in d.attempts] == [OK, OK, DISTURBED]
+
+
+def test_a_window_counts_the_rounds_the_machine_disturbed():
+    """`machine_rounds` of a window: its rounds disturbed by other processes (the machine rule), not
+    those far slower than their start's others that were not as slow measured again."""
+    from servelab.measure.disturbed import DISTURBED, Attempt, Disturbances
+    from servelab.measure.interleave import _windows
+
+    d = Disturbances()
+    stats = [{"t0_unix": 100.0, "t1_unix": 101.0, "foreign_cpu": 0.9}, {"t0_unix": 102.0, "t1_unix": 103.0},
+             {"t0_unix": 200.0, "t1_unix": 201.0, "foreign_cpu": 0.0, "steal_cpu": 0.0}]
+    for i, (st, machine) in enumerate(zip(stats, [True, False, False])):
+        d.add(Attempt(sid=f"s{i}", rnd=0, attempt=0, records=[], stats=st, status=DISTURBED, by_machine=machine))
+    w = _windows(d)
+    assert [(x["rounds"], x["machine_rounds"], x["starts"]) for x in w] == [(2, 1, ["s0", "s1"]), (1, 0, ["s2"])]
+    assert abs(w[0]["busy_cpu"] - 0.9) < 1e-9 and w[1]["busy_cpu"] == 0.0

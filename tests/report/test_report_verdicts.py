@@ -77,15 +77,18 @@ def test_the_kv_studys_between_start_sd_is_what_its_two_runs_measure():
 @pytest.mark.parametrize("lang", ["en", "ja"])
 def test_disturbed_windows_say_whether_another_process_was_busy(lang):
     """A window of rounds that other processes disturbed gives the cores they took; one without them
-    (rounds far slower than their engine's others, not as slow measured again) says so, not "0.0 cores"."""
+    (rounds far slower than their engine's others, not as slow measured again) says so, not "0.0 cores";
+    a window recorded before `machine_rounds` reads as before."""
     import types
 
     from servelab.report.i18n import words
     from servelab.report.verdicts import disturbance_text
     from servelab.schema.runfiles import SampledLevel
 
-    busy = {"from": 1764950108.0, "to": 1764950123.0, "rounds": 6, "starts": ["a", "b"], "busy_cpu": 0.9}
-    slow = {"from": 1764950219.0, "to": 1764950221.0, "rounds": 1, "starts": ["a"], "busy_cpu": 0.01}
+    busy = {"from": 1764950108.0, "to": 1764950123.0, "rounds": 6, "starts": ["a", "b"], "busy_cpu": 0.9,
+            "machine_rounds": 6}
+    slow = {"from": 1764950219.0, "to": 1764950221.0, "rounds": 1, "starts": ["a"], "busy_cpu": 0.01,
+            "machine_rounds": 0}
     lv = SampledLevel(label="rewrite c=4", disturbed=7, remeasured=7, remeasure_s=46.0, waited_s=31.0,
                       windows=[busy, slow])
     sd = load_study_data(ROOT / "reports" / "local-cpu")  # its verdicts.json: the rounds the estimator left out
@@ -93,3 +96,6 @@ def test_disturbed_windows_say_whether_another_process_was_busy(lang):
     text = disturbance_text(types.SimpleNamespace(design=types.SimpleNamespace(levels=[lv]), w=w, root=sd.root))
     assert w("verdicts.window", t0="15:55:08", t1="15:55:23", rounds=6, starts=2, cpu="0.9") in text
     assert w("verdicts.window_slow", t0="15:56:59", t1="15:57:01", rounds=1, starts=1, cpu="0.0") in text
+    lv.windows = [{k: v for k, v in slow.items() if k != "machine_rounds"}]
+    text = disturbance_text(types.SimpleNamespace(design=types.SimpleNamespace(levels=[lv]), w=w, root=sd.root))
+    assert w("verdicts.window", t0="15:56:59", t1="15:57:01", rounds=1, starts=1, cpu="0.0") in text

@@ -39,6 +39,7 @@ class Attempt:
     stats: dict[str, Any] = field(default_factory=dict)
     status: str = OK
     reason: str = ""
+    by_machine: bool = False  # disturbed because other processes or the hypervisor took the CPU meanwhile
 
     def value(self, metric: str) -> float:
         """The log of a judged per-round metric (`measure.outliers.JUDGED`); NaN when the round
@@ -79,7 +80,7 @@ class Disturbances:
         """Mark what the machine and the statistics say of every attempt not judged yet."""
         for a in self.attempts:
             if a.status == OK and busy(a.stats) >= self.background + FOREIGN_CPU:
-                a.status, a.reason = DISTURBED, _machine_reason(a.stats)
+                a.status, a.reason, a.by_machine = DISTURBED, _machine_reason(a.stats), True
         for sid in dict.fromkeys(a.sid for a in self.attempts):
             mine = [a for a in self.attempts if a.sid == sid and a.status in (OK, REPRODUCED)]
             for metric, direction in outliers.JUDGED.items():

@@ -246,19 +246,21 @@ def _mean_wall(dist: Disturbances, sid: str) -> float:
 
 def _windows(dist: Disturbances, gap_s: float = 5.0) -> list[dict[str, Any]]:
     """The disturbed attempts of a level as time windows (attempts less than `gap_s` apart join one):
-    from, to (unix seconds), how many rounds of how many starts, the most cores other processes took."""
+    from, to (unix seconds), how many rounds of how many starts, the most cores other processes took,
+    and how many of the rounds other processes or the hypervisor disturbed (`machine_rounds`; the
+    others were far slower than their start's other rounds and not as slow measured again)."""
     out: list[dict[str, Any]] = []
     for a in sorted(dist.disturbed(), key=lambda a: a.stats.get("t0_unix", 0.0)):
         t0, t1 = a.stats.get("t0_unix"), a.stats.get("t1_unix")
         if t0 is None or t1 is None:
             continue
-        b = float(a.stats.get("foreign_cpu") or 0.0) + float(a.stats.get("steal_cpu") or 0.0)
+        b, m = busy(a.stats), int(a.by_machine)
         if out and t0 - out[-1]["to"] <= gap_s:
             w = out[-1]
             w["to"], w["rounds"], w["busy_cpu"] = max(w["to"], t1), w["rounds"] + 1, max(w["busy_cpu"], b)
-            w["starts"] = sorted({*w["starts"], a.sid})
+            w["starts"], w["machine_rounds"] = sorted({*w["starts"], a.sid}), w["machine_rounds"] + m
         else:
-            out.append({"from": t0, "to": t1, "rounds": 1, "starts": [a.sid], "busy_cpu": b})
+            out.append({"from": t0, "to": t1, "rounds": 1, "starts": [a.sid], "busy_cpu": b, "machine_rounds": m})
     return out
 
 

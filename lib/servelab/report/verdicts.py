@@ -179,12 +179,11 @@ def disturbance_text(sd: StudyData) -> str:
             return datetime.fromtimestamp(t, timezone.utc).strftime("%H:%M:%S")
 
         wins = [w for x in lv for w in x.windows]
-        from ..measure.machine import FOREIGN_CPU
-
-        # a window without other processes is one of rounds far slower than their engine's others
-        # that were not as slow measured again ("up to 0.0 cores" said nothing)
+        # a window that the machine rule did not flag is one of rounds far slower than their engine's
+        # others that were not as slow measured again ("up to 0.0 cores" said nothing); windows recorded
+        # before `machine_rounds` read as before
         when = sd.w("story.list_sep").join(
-            sd.w("verdicts.window" if w["busy_cpu"] >= FOREIGN_CPU else "verdicts.window_slow", t0=hm(w["from"]),
+            sd.w("verdicts.window" if w.get("machine_rounds", 1) else "verdicts.window_slow", t0=hm(w["from"]),
                  t1=hm(w["to"]), rounds=w["rounds"], starts=len(w["starts"]), cpu=num(w["busy_cpu"], 1)) for w in wins)
         out.append(sd.w("verdicts.disturbed", n=n, again=again, when=when or html.MISSING,
                         s=num(sum(x.remeasure_s for x in lv), 0), waited=num(sum(x.waited_s for x in lv), 0)))
