@@ -1,7 +1,9 @@
-"""Noise figures of a study's measurement design, before and after: per level, the within-start
-coefficient of variation of the per-round aggregate tok/s, each change's MDE under the two-level
-model (analysis.verdicts, the same model for every folder), the measured requests per configuration
-and level, and the measurement's wall time. Any number of study folders (a published data/ folder,
+"""Noise figures of a study's measurement design, before and after: per level and for both sampled
+metrics (per-request decode tok/s, aggregate tok/s), the within-start coefficient of variation (the
+residual sd of the two-way fit of the repeated baseline starts, else the median sd of each start's
+rounds), the largest change MDE under the two-level model (analysis.verdicts, the same model for every
+folder), the rounds re-measured, the measured requests per configuration and level, and the
+measurement's wall time. Any number of study folders (a published data/ folder,
 a runs/<study> folder, or a git revision's published data extracted with --rev).
 
     .venv/bin/python benchmarks/verdict_noise.py reports/local-cpu --rev 44b6aeb:reports/local-cpu
@@ -50,23 +52,50 @@ def wall_s(sd) -> float:
     return (max(ends) - min(starts)).total_seconds() if starts and ends else float("nan")
 
 
+def within_cv(rt: pd.DataFrame, col: str, reps: list[str]) -> pd.Series:
+    """Per level: the residual sd of the two-way fit (start + round) of the repeated starts `reps`
+    on the log scale, or without repeats the median over starts of the sd of their rounds."""
+    out = {}
+    for (b, c), lv in rt.groupby(["bucket", "concurrency"]):
+        y = lv[pd.to_numeric(lv[col], errors="coerce") > 0]
+        if len(reps) >= 2:
+            f = v.fit_level(pd.DataFrame({"start": y["config"], "round": y["round"], "y": np.log(y[col].astype(float))}),
+                            reps)
+            out[(b, c)] = float(np.sqrt(f.sigma_w2)) if f is not None else float("nan")
+        else:
+            out[(b, c)] = float(y.groupby("config")[col].agg(
+                lambda x: float(np.std(np.log(x), ddof=1)) if len(x) > 1 else float("nan")).median())
+    return pd.Series(out)
+
+
 def figures(folder: Path) -> dict:
     sd = load_study_data(folder)
     rt = sd.rounds
-    cv = (rt.groupby(["config", "bucket", "concurrency"])["aggregate_output_tps"]
-          .agg(lambda x: float(np.std(np.log(x), ddof=1)) if len(x) > 1 else float("nan"))
-          .groupby(["bucket", "concurrency"]).median())
     out = v.from_json(study_verdicts(sd))
-    out = out[(out["metric"] == v.PRIMARY) & (~out["aa"].astype(bool))]
-    mde = out.groupby(["bucket", "concurrency"])["mde"].max()
+    changes = out[~out["aa"].astype(bool)]
+    aa = out[out["aa"].astype(bool)]
+    reps = list(dict.fromkeys([*aa["baseline"], *aa["configuration"]]))  # the repeated baseline's starts
     req = sd.records[~sd.records["warmup"]].groupby(["config", "bucket", "concurrency"]).size()
+    metrics = {"decode": v.DECODE, "aggregate": v.PRIMARY}
+    cvs = {k: within_cv(rt, m, reps) for k, m in metrics.items()}
+    mdes = {k: changes[changes["metric"] == m].groupby(["bucket", "concurrency"])["mde"].max() for k, m in metrics.items()}
+    sampled = {x.label: x for x in sd.design.levels} if sd.design and sd.design.levels else {}
     levels = []
-    for (b, c), x in cv.items():
-        levels.append({"level": f"{b} c={int(c)}", "within_start_cv_pct": round(100 * x, 1),
-                       "largest_change_mde_pct": round(100 * float(mde.get((b, c), float("nan"))), 1),
-                       "requests_per_config": {k[0]: int(n) for k, n in req.items() if k[1] == b and k[2] == c}})
-    verdicts = {f"{r.configuration} {r.level}": r.verdict for r in out.itertuples()}
+    for (b, c) in cvs["aggregate"].index:
+        label = f"{b} c={int(c)}"
+        lv = {"level": label,
+              "requests_per_config": {k[0]: int(n) for k, n in req.items() if k[1] == b and k[2] == c}}
+        for k in metrics:
+            lv[f"within_start_cv_{k}_pct"] = round(100 * float(cvs[k].get((b, c), float("nan"))), 1)
+            lv[f"largest_change_mde_{k}_pct"] = round(100 * float(mdes[k].get((b, c), float("nan"))), 1)
+        s = sampled.get(label)
+        lv["remeasured"] = int(s.remeasured) if s is not None else 0
+        lv["disturbed"] = int(s.disturbed) if s is not None else 0
+        levels.append(lv)
+    prim = changes[changes["metric"] == v.PRIMARY]
+    verdicts = {f"{r.configuration} {r.level}": r.verdict for r in prim.itertuples()}
     return {"folder": str(folder), "interleaved": sd.design.interleaved, "wall_s": round(wall_s(sd), 1),
+            "within_start_cv": "two-way fit of " + ", ".join(reps) if len(reps) >= 2 else "median sd of each start",
             "levels": levels, "verdicts": verdicts}
 
 
@@ -81,11 +110,15 @@ def main() -> None:
         res = [figures(f) for f in folders]
     for r, name in zip(res, [*a.rev, *a.folders]):
         print(f"\n{name}: {'interleaved' if r['interleaved'] else 'one at a time'}, measurement {r['wall_s']:.0f} s")
-        t = pd.DataFrame([{"level": x["level"], "within-start CV %": x["within_start_cv_pct"],
-                           "largest MDE %": x["largest_change_mde_pct"],
+        t = pd.DataFrame([{"level": x["level"],
+                           "CV decode %": x["within_start_cv_decode_pct"], "CV aggregate %": x["within_start_cv_aggregate_pct"],
+                           "MDE decode %": x["largest_change_mde_decode_pct"],
+                           "MDE aggregate %": x["largest_change_mde_aggregate_pct"],
+                           "disturbed / again": f"{x['disturbed']} / {x['remeasured']}",
                            "requests per config": "/".join(str(n) for n in x["requests_per_config"].values())}
                           for x in r["levels"]])
         print(t.to_string(index=False))
+        print(f"(within-start CV: {r['within_start_cv']})")
     if len(res) >= 2:
         a0, b0 = res[-2]["verdicts"], res[-1]["verdicts"]
         same = [k for k in a0 if a0[k] == b0.get(k)]

@@ -143,14 +143,14 @@ def benchmark_interleaved(plans: list[ConfigPlan], rdirs: list[Path], *, deadlin
                                         deadline=deadline, max_rounds=design.max_rounds, log=log)
     out = DesignRecord(interleaved=True, order=[p.config_id for p in plans], started_at=began,
                  benchmark_s=time.monotonic() - t0, quality_s=quality_s,
-                 sampling_rule="mde-then-budget" if decide is not None else None, budget_s=design.budget_s, mde_target=design.mde_target_pct / 100.0,
+                 sampling_rule="mde-borrow-then-budget" if decide is not None else None, budget_s=design.budget_s, mde_target=design.mde_target_pct / 100.0,
                  max_rounds=design.max_rounds, first_rounds=plans[0].workload.rounds,
                  left_s=(deadline - time.monotonic()) if deadline else None, levels=sampling,
                  status={cid: r.status for cid, r in results.items()})
     return write_design(Path(rdirs[0]).parent, out, update=True)
 
 
-def sampling_rule(plans: list[ConfigPlan]) -> Callable[[int, pd.DataFrame], tuple[set[str], str]]:
+def sampling_rule(plans: list[ConfigPlan]) -> Callable[[int, pd.DataFrame, bool], tuple[set[str], str]]:
     """The study's sampling rule (`analysis.verdicts.sampling_rule`) for these configurations: their
     comparisons under the one baseline rule, on the levels each plans to measure."""
     study = plans[0].study

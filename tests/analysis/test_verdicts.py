@@ -325,5 +325,7 @@ def test_the_sampler_goes_on_towards_the_finer_aim_once_every_comparison_is_at_t
     assert need == {"a", "a2", "b"} and "above 5 %" in note
     need, note = verdicts.sampling_rule(cmps, groups, target=0.10, fine=None)(0, rt)
     assert need == set() and "0 of 2 comparisons above 9 %" in note
+    need, note = verdicts.sampling_rule(cmps, groups, target=0.10)(0, rt, False)  # past the level's share
+    assert need == set() and "0 of 2 comparisons above 9 %" in note
     need, _ = verdicts.sampling_rule(cmps, groups, target=0.10)(0, table(0.002, 6))  # below both aims: done
     assert need == set()

@@ -72,7 +72,7 @@ def test_the_sampling_rule_adds_rounds_only_where_asked(refserver, tmp_path):
     servers = {sid: refserver(ttft_s=0.005, itl_s=0.001) for sid in ("base", "change")}
     asked = []
 
-    def decide(li: int, rounds: pd.DataFrame) -> tuple[set[str], str]:
+    def decide(li: int, rounds: pd.DataFrame, finer: bool) -> tuple[set[str], str]:
         n = rounds.groupby("config")["round"].nunique().to_dict()
         asked.append((li, n))
         if li == 0 and n["change"] < 4:
@@ -95,7 +95,35 @@ def test_a_level_stops_at_its_share_of_the_budget(refserver, tmp_path):
     import time
 
     _, sampling = run_interleaved(_starts(servers, tmp_path), _wl(concurrency=[1]), study="t",
-                                  decide=lambda li, r: ({"base", "change"}, "open"),
+                                  decide=lambda li, r, finer: ({"base", "change"}, "open"),
                                   deadline=time.monotonic() + 1.5, max_rounds=50)
     assert sampling[0].stopped == "budget"
     assert 2 <= sampling[0].rounds["base"] < 50
+
+
+def test_past_its_share_a_level_goes_on_only_for_comparisons_above_the_aim(refserver, tmp_path):
+    """A level whose share is spent goes on while the rule names starts without its finer aim (asked
+    with finer=False), on time the later levels lend (at most BORROW of the share); a level whose
+    comparisons are only above the finer aim stops at its share."""
+    import time
+
+    from servelab.measure import interleave
+
+    servers = {sid: refserver(ttft_s=0.05, itl_s=0.01) for sid in ("base", "change")}
+    asked: list[tuple[int, bool]] = []
+
+    def coarse_open_at_level_0(li: int, r: pd.DataFrame, finer: bool) -> tuple[set[str], str]:
+        asked.append((li, finer))
+        return ({"base", "change"}, "open") if li == 0 or finer else (set(), "at the aim")
+
+    budget = 6.0
+    t0 = time.monotonic()
+    _, sampling = run_interleaved(_starts(servers, tmp_path), _wl(concurrency=[1, 2, 4], rounds=1), study="t",
+                                  decide=coarse_open_at_level_0, deadline=t0 + budget, max_rounds=200)
+    share = (1 - interleave.RESERVE) * budget / 3
+    assert [x.stopped for x in sampling] == ["budget", "budget", "budget"]
+    assert (0, False) in asked and (1, False) in asked  # past the share, asked for the aim alone
+    assert 0 < sampling[0].borrowed_s <= interleave.BORROW * share + 0.5  # one round may end past the limit
+    assert sampling[0].seconds > share  # it went on past its share ...
+    assert sampling[1].borrowed_s == 0 and sampling[2].borrowed_s == 0  # ... the others did not
+    assert sampling[0].seconds + sampling[1].seconds + sampling[2].seconds < budget  # the run's budget holds

@@ -99,3 +99,23 @@ def test_disturbed_windows_say_whether_another_process_was_busy(lang):
     lv.windows = [{k: v for k, v in slow.items() if k != "machine_rounds"}]
     text = disturbance_text(types.SimpleNamespace(design=types.SimpleNamespace(levels=[lv]), w=w, root=sd.root))
     assert w("verdicts.window", t0="15:56:59", t1="15:57:01", rounds=1, starts=1, cpu="0.0") in text
+
+
+@pytest.mark.parametrize("lang", ["en", "ja"])
+def test_the_page_names_the_levels_that_went_on_past_their_share(lang):
+    """A study sampled with borrowing describes that rule and names each level that went on past its
+    share of the budget, with the seconds; one without (the published default study) does not."""
+    from servelab.report.verdicts import verdicts_text
+
+    sd = load_study_data(ROOT / "reports" / "local-cpu").with_language(lang)
+    w = sd.w
+    assert "verdicts.borrowed" not in str(sd.design.sampling_rule)
+    before = verdicts_text(sd)
+    d = sd.design.model_copy(deep=True)
+    d.sampling_rule = "mde-borrow-then-budget"
+    d.levels[1].borrowed_s = 21.4
+    sd.__dict__["design"] = d  # the cached design.json, as a run with borrowing writes it
+    text = verdicts_text(sd)
+    said = w("verdicts.borrowed", levels=w("verdicts.borrowed_level", label=d.levels[1].label, s="21"))
+    assert said in text and said not in before
+    assert ("half its share" if lang == "en" else "借りて") in text

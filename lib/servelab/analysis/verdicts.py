@@ -447,13 +447,14 @@ def sampling_rule(cmps: Sequence[Comparison], groups: Mapping[str, Sequence[str]
                   ) -> Callable[[int, pd.DataFrame], tuple[set[str], str]]:
     """`measure.interleave.Decide` for these comparisons: after each round of level `li` (its round table
     `rt`), the starts of every comparison whose verdict on per-request decode tok/s or aggregate tok/s is
-    not `settled` at `SAMPLING_AIM` of the target; when there are none, those not settled at `fine` of it
-    (the budget, which `measure.interleave` keeps, ends those rounds; None: stop at the aim). With the
+    not `settled` at `SAMPLING_AIM` of the target; when there are none and `finer` (False past the level's
+    share of the budget), those not settled at `fine` of it (the budget, which `measure.interleave` keeps,
+    ends those rounds; None: stop at the aim). With the
     between-start variance from the levels measured so far and without the rounds the estimator leaves
     out (`keep_rounds`)."""
     seen: dict[int, pd.DataFrame] = {}
 
-    def decide(li: int, rt: pd.DataFrame) -> tuple[set[str], str]:
+    def decide(li: int, rt: pd.DataFrame, finer: bool = True) -> tuple[set[str], str]:
         seen[li], _ = keep_rounds(rt)
         results = []
         for metric in SAMPLED:  # a comparison is open while either metric is
@@ -464,7 +465,7 @@ def sampling_rule(cmps: Sequence[Comparison], groups: Mapping[str, Sequence[str]
         mdes = [r["mde"] for _, r in results if pd.notna(r["mde"])]
         aim = target * SAMPLING_AIM
         need = open_starts(results, aim)
-        if not need and fine is not None:
+        if not need and fine is not None and finer:
             aim = target * fine
             need = open_starts(results, aim)
         open_ = sum(not settled(r, aim) for _, r in results)

@@ -7,8 +7,13 @@ levels, samples): the files are those of a one-at-a-time run, with rounds number
 same round of a level sends the same prompts to every engine). Levels run in the grid's order;
 within a level, after the workload's `rounds` measured rounds, `decide` (given every start's
 rounds so far) names the starts that still need rounds, and one more round goes to those, until
-it names none, `max_rounds` is reached or the level's share of the budget is spent. The workload's
-warm-up rounds run first at every level, unmeasured, for every start.
+it names none, `max_rounds` is reached or the level's share of the budget is spent. Past its share a
+level goes on only for comparisons still above the rule's aim (`decide` asked with fine=False), for at
+most `BORROW` of its share more, taken from the levels after it (each lends at most `LEND` of its own;
+the last level takes it from the re-measuring reserve, at most `LAST_LEND` of it):
+the level whose rounds cost most (rewrite at c=4: 3 rounds in every run, the worst MDE on noisy days)
+is not left above the aim while a cheap one settled early. The workload's warm-up rounds run first at
+every level, unmeasured, for every start.
 
 Around every round the machine is metered (`measure.machine`): the waiting engines' CPU
 (`neighbour_cpu_frac_*` in client_stats.jsonl: idle engines must not disturb the measured one),
@@ -40,12 +45,16 @@ from .machine import MachineMeter, busy, wait_quiet
 from .rounds import PoolLost, run_sync
 from .runner import STOP_SIGNALS, LevelRunner, RunAborted, finish_run, prepare_run
 
-#: decide(level index, rounds so far: summary.round_throughput rows with `config` = start id) ->
-#: (the starts that need another round, a short note for the progress line)
-Decide = Callable[[int, pd.DataFrame], tuple[set[str], str]]
+#: decide(level index, rounds so far: summary.round_throughput rows with `config` = start id, whether the
+#: rule's finer aim may ask for rounds (False past the level's share)) -> (the starts that need another
+#: round, a short note for the progress line)
+Decide = Callable[[int, pd.DataFrame, bool], tuple[set[str], str]]
 MIN_ROUNDS = 3  # rounds a level gets even past its budget share: at 2 an A/A pair's interval rests on one
 #                residual degree of freedom (a fresh clone on a slow day got 2 at every level, 2026-12-03)
 RESERVE = 0.15  # share of the sampling time kept for measuring disturbed rounds again
+BORROW = 0.5  # past its share, a level with comparisons above the aim may use this much of its share more ...
+LEND = 0.25  # ... and each level after it lends at most this much of its own
+LAST_LEND = 0.5  # the last level borrows at most this much of the re-measuring reserve
 QUIET_WAIT_S = 45.0  # the longest wait for other processes to stop before a round is measured again
 
 
@@ -196,6 +205,11 @@ class Interleaved:
         end = self.sampling_deadline
         share = (end - time.monotonic()) / max(levels_left, 1) if end is not None else None
         level_end = time.monotonic() + share if share is not None else None
+        borrow_end = None
+        if level_end is not None and share is not None and end is not None and self.deadline is not None:
+            # the levels after it lend; the last level borrows from the re-measuring reserve instead
+            lendable = LEND * share * (levels_left - 1) if levels_left > 1 else LAST_LEND * (self.deadline - end)
+            borrow_end = level_end + min(BORROW * share, lendable)
         note = ""
         for i in range(wl.rounds):
             if self.decide is not None and i >= MIN_ROUNDS and level_end is not None and time.monotonic() > level_end:
@@ -206,7 +220,8 @@ class Interleaved:
             rnd += 1
         if self.decide is not None and log.stopped != "budget":
             while True:
-                need, note = self.decide(li, self._rounds_table(dist))
+                table = self._rounds_table(dist)
+                need, note = self.decide(li, table, True)
                 need_order = [s for s in starts if s in need]
                 if not need_order:
                     log.stopped = "settled"
@@ -215,15 +230,24 @@ class Interleaved:
                     log.stopped = "max_rounds"
                     break
                 per_round = sum(_mean_wall(dist, s) for s in need_order)
-                if level_end is not None and time.monotonic() + per_round > level_end:
-                    log.stopped = "budget"
-                    break
+                borrowing = level_end is not None and time.monotonic() + per_round > level_end
+                if borrowing:  # past the share: only comparisons above the aim, on borrowed time
+                    need, note = self.decide(li, table, False)
+                    need_order = [s for s in starts if s in need]
+                    per_round = sum(_mean_wall(dist, s) for s in need_order)
+                    if not need_order or borrow_end is None or time.monotonic() + per_round > borrow_end:
+                        log.stopped = "budget"
+                        break
+                t_round = time.monotonic()
                 await self._round(states, need_order, rnd, dist)
+                if borrowing:
+                    log.borrowed_s += time.monotonic() - t_round
                 await self._again(states, dist, lv.label, log)
                 rnd += 1
                 left = f", budget left {self.deadline - time.monotonic():.0f} s" if self.deadline else ""
+                lent = " (past the level's share)" if borrowing else ""
                 self.log(f"interleaved {lv.label}: round {rnd - wl.warmup_rounds} for {len(need_order)} of "
-                         f"{len(starts)} starts ({note}){left}")
+                         f"{len(starts)} starts{lent} ({note}){left}")
         log.rounds = {sid: dist.rounds(sid) for sid in starts}
         for sid, r in self.runners.items():
             await r.level_end(states[sid], sampling={"stopped": log.stopped, "measured_rounds": log.rounds[sid]},

@@ -205,13 +205,17 @@ def verdicts_text(sd: StudyData) -> str:
     first = d.get("first_rounds") or sd.study.workload.rounds
     if d.get("budget_s"):
         # studies measured before 2026-12-05 stopped a comparison on a clear interim verdict too
-        rule = {"mde-then-budget": "verdicts.sampling_fine", "mde": "verdicts.sampling"}.get(
-            sd.design.sampling_rule or "", "verdicts.sampling_interim")
+        rule = {"mde-borrow-then-budget": "verdicts.sampling_borrow", "mde-then-budget": "verdicts.sampling_fine",
+                "mde": "verdicts.sampling"}.get(sd.design.sampling_rule or "", "verdicts.sampling_interim")
         target = float(load(sd)["model"]["mde_target"])
         sampling = sd.w(rule, first=first, target=f"{num(target * 100, 0)} %",
                         aim=f"{num(target * verdicts.SAMPLING_AIM * 100, 0)} %",
                         fine=f"{num(target * verdicts.FINE_AIM * 100, 0)} %",
                         most=d.get("max_rounds"), budget=num(d["budget_s"], 0))
+        lent = [sd.w("verdicts.borrowed_level", label=x.label, s=num(x.borrowed_s, 0))
+                for x in sd.design.levels if x.borrowed_s >= 0.5]
+        if lent:
+            sampling += " " + sd.w("verdicts.borrowed", levels=", ".join(lent))
     else:
         sampling = sd.w("verdicts.fixed", first=first)
     out = sd.w("verdicts.text", sampling=sampling) + " " + model_sentence(sd, with_link=False)

@@ -301,6 +301,7 @@ class SampledLevel(Open):
     remeasured: int = 0
     remeasure_s: float = 0.0
     waited_s: float = 0.0
+    borrowed_s: float = 0.0  # rounds past the level's share of the budget (comparisons above the aim)
     windows: list[dict[str, Any]] = Field(default_factory=list)
 
 
@@ -326,7 +327,8 @@ class DesignRecord(Open):
     order: list[str] = Field(default_factory=list)
     started_at: str | None = None
     benchmark_s: Number = None
-    # "mde-then-budget": to the aim, then towards the finer aim while the budget lasts (analysis.verdicts.FINE_AIM);
+    # "mde-borrow-then-budget": to the aim (past a level's share on time the later levels lend: measure.interleave.BORROW),
+    # then towards the finer aim while the level's share lasts; "mde-then-budget": the same without borrowing;
     # "mde": stopped at the aim; None: before 2026-12-05, a clear interim verdict stopped a comparison too
     sampling_rule: str | None = None
     quality_s: Number = None  # the quality checks before the rounds, wall time (engines checked two at a time)
