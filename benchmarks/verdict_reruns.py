@@ -11,7 +11,13 @@ are judged alike.
   near 1 and |z| > 1.96 in about 5 % of pairs. A mean z^2 well above 1 means the runs differ by
   more than each run's interval says (a component between runs, e.g. the day's machine, that no
   single run can measure);
-- what each run says would reach an MDE of 10 % and of 15 % at every level (plan_for_target).
+- what each run says would reach an MDE of 10 % and of 15 % at every level (plan_for_target);
+- expected agreement: taking each change's effect pooled over all runs (inverse-variance weights, log
+  scale) as the true one, each run's chance of each verdict from its own se (normal), so each pair's
+  expected number of verdicts alike and its chance of at least 11 of 12 (all but one), also were every
+  run's se 0.75, 0.5 or 0.25 of what it was (about 1.8, 4 or 16 times the rounds, where rounds dominate). When the
+  true effects of some changes sit near the MDE, 10 of 12 alike is what honest intervals give, not a
+  fault of one run.
 
     .venv/bin/python benchmarks/verdict_reruns.py RUN1/reports/local-cpu RUN2/reports/local-cpu ... \
         --out benchmarks/results/verdict-reruns.json
@@ -29,6 +35,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from scipy.special import ndtr, ndtri
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
@@ -54,6 +61,45 @@ def run_rows(folder: str, metric: str = v.PRIMARY) -> tuple[dict, dict]:
     keyed = {(r.configuration, r.level): r for r in rows.itertuples()}
     return keyed, {"between_sd_pct": out["between_starts"][metric]["sd_pct"], "to_target": plans,
                    "mde_pct": {f"{r.configuration} {r.level}": round(r.mde * 100, 1) for r in rows.itertuples() if not r.aa}}
+
+
+def _verdict_probs(mu: float, se: float, t: float) -> tuple[float, float, float]:
+    """(faster, no change, slower) chances of a run whose log effect is N(mu, se^2), with the interval
+    mu_hat +- t se."""
+    f, sl = float(ndtr(mu / se - t)), float(ndtr(-mu / se - t))
+    return f, 1.0 - f - sl, sl
+
+
+def _at_least(ps: list[float], k: int) -> float:
+    """Chance of at least k successes among independent trials with chances `ps` (Poisson binomial)."""
+    dist = np.zeros(len(ps) + 1)
+    dist[0] = 1.0
+    for p in ps:
+        dist[1:] = dist[1:] * (1 - p) + dist[:-1] * p
+        dist[0] *= 1 - p
+    return float(dist[k:].sum())
+
+
+def expected_agreement(runs: dict, names: list[str], shrink: float = 1.0) -> dict:
+    """Each pair's expected verdicts alike and chance of all but one alike, from pooled effects (see the
+    module's text); `shrink` scales every se (0.5: intervals half as wide)."""
+    t = float(ndtri(1 - v.ALPHA / 2))
+    keys = [k for k in runs[names[0]][0] if not runs[names[0]][0][k].aa and all(k in runs[n][0] for n in names)]
+    pooled = {}
+    for k in keys:
+        rs = [runs[n][0][k] for n in names if runs[n][0][k].se > 0]
+        w = np.array([1 / r.se**2 for r in rs])
+        pooled[k] = float(np.sum(w * np.array([math.log1p(r.effect) for r in rs])) / w.sum())
+    out = {}
+    for x, y in itertools.combinations(names, 2):
+        ps = []
+        for k in keys:
+            a = _verdict_probs(pooled[k], runs[x][0][k].se * shrink, t)
+            b = _verdict_probs(pooled[k], runs[y][0][k].se * shrink, t)
+            ps.append(sum(i * j for i, j in zip(a, b)))
+        out[f"{x}/{y}"] = {"expected_alike": round(sum(ps), 2), "p_all_but_one": round(_at_least(ps, len(ps) - 1), 3),
+                           "of": len(ps)}
+    return out
 
 
 def main() -> int:
@@ -102,8 +148,22 @@ def main() -> int:
                  if p and p.get("reached") else p and f"{p['met']}/{p['rows']} met; not within 12 starts")
              for k, p in info["to_target"].items()}
         print(f"{n}: between-start sd {info['between_sd_pct']:.1f} %; MDE 10 %: {t['0.10']}; MDE 15 %: {t['0.15']}")
+    expected = expected_agreement(runs, names) if len(names) >= 2 else {}
+    for pair, e in expected.items():
+        print(f"{pair}: expected {e['expected_alike']:.1f} of {e['of']} alike, chance of at least {e['of'] - 1}: "
+              f"{e['p_all_but_one'] * 100:.0f} %")
+    narrower = {}
+    for shrink in (0.75, 0.5, 0.25):  # intervals this much narrower: ~1/shrink^2 the rounds where rounds dominate
+        e = expected_agreement(runs, names, shrink) if expected else {}
+        if e:
+            narrower[str(shrink)] = round(float(np.mean([x["p_all_but_one"] for x in e.values()])), 3)
+    if narrower:
+        print("chance of all but one alike, mean over the pairs, with every se x 1 / " +
+              " / ".join(narrower) + ": " + f"{np.mean([x['p_all_but_one'] for x in expected.values()]) * 100:.0f} / " +
+              " / ".join(f"{x * 100:.0f}" for x in narrower.values()) + " %")
     if a.out:
         Path(a.out).write_text(json.dumps({"runs": names, "pairs": pairs, "calibration": calib, "effects": effects,
+                                           "expected_agreement": expected, "all_but_one_with_narrower_se": narrower,
                                            "per_run": {n: runs[n][1] for n in names}}, indent=1) + "\n")
     return 0
 

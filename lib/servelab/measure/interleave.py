@@ -8,7 +8,7 @@ same round of a level sends the same prompts to every engine). Levels run in the
 within a level, after the workload's `rounds` measured rounds, `decide` (given every start's
 rounds so far) names the starts that still need rounds, and one more round goes to those, until
 it names none, `max_rounds` is reached or the level's share of the budget is spent. Past its share a
-level goes on only for comparisons still above the rule's aim (`decide` asked with fine=False), for at
+level goes on only for comparisons still above the rule's aim (`decide` asked with finer=False), for at
 most `BORROW` of its share more, taken from the levels after it (each lends at most `LEND` of its own;
 the last level takes it from the re-measuring reserve, at most `LAST_LEND` of it):
 the level whose rounds cost most (rewrite at c=4: 3 rounds in every run, the worst MDE on noisy days)
