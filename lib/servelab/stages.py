@@ -145,7 +145,8 @@ def benchmark_interleaved(plans: list[ConfigPlan], rdirs: list[Path], *, deadlin
                  benchmark_s=time.monotonic() - t0, quality_s=quality_s,
                  sampling_rule="mde-borrow-then-budget" if decide is not None else None, budget_s=design.budget_s, mde_target=design.mde_target_pct / 100.0,
                  max_rounds=design.max_rounds, first_rounds=plans[0].workload.rounds,
-                 left_s=(deadline - time.monotonic()) if deadline else None, levels=sampling,
+                 left_s=(deadline + sum(x.credited_s for x in sampling) - time.monotonic()) if deadline else None,
+                 levels=sampling,
                  status={cid: r.status for cid, r in results.items()})
     return write_design(Path(rdirs[0]).parent, out, update=True)
 

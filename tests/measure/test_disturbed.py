@@ -126,6 +126,10 @@ def test_an_interleaved_run_measures_disturbed_rounds_again_and_keeps_them(refse
     levels = read_jsonl(tmp_path / "a" / "levels.jsonl") + read_jsonl(tmp_path / "b" / "levels.jsonl")
     assert sum(len(x.get("disturbed") or []) for x in levels) == lv.disturbed
     assert {r.status for r in results.values()} == {"complete"}
+    # waiting for quiet moved the deadline instead of costing the later rounds (up to WAIT_CREDIT_S)
+    from servelab.measure.interleave import WAIT_CREDIT_S
+
+    assert abs(lv.credited_s - min(lv.waited_s, WAIT_CREDIT_S)) < 1e-9
 
 
 def test_a_machine_shared_all_along_is_not_a_disturbance():

@@ -96,6 +96,10 @@ def test_disturbed_windows_say_whether_another_process_was_busy(lang):
     text = disturbance_text(types.SimpleNamespace(design=types.SimpleNamespace(levels=[lv]), w=w, root=sd.root))
     assert w("verdicts.window", t0="15:55:08", t1="15:55:23", rounds=6, starts=2, cpu="0.9") in text
     assert w("verdicts.window_slow", t0="15:56:59", t1="15:57:01", rounds=1, starts=1, cpu="0.0") in text
+    assert w("verdicts.credited", s="31") not in text  # nothing credited: the budget paid for the wait
+    lv.credited_s = 31.0
+    assert w("verdicts.credited", s="31") in disturbance_text(
+        types.SimpleNamespace(design=types.SimpleNamespace(levels=[lv]), w=w, root=sd.root))
     lv.windows = [{k: v for k, v in slow.items() if k != "machine_rounds"}]
     text = disturbance_text(types.SimpleNamespace(design=types.SimpleNamespace(levels=[lv]), w=w, root=sd.root))
     assert w("verdicts.window", t0="15:56:59", t1="15:57:01", rounds=1, starts=1, cpu="0.0") in text

@@ -20,8 +20,9 @@ Around every round the machine is metered (`measure.machine`): the waiting engin
 other processes' CPU and the hypervisor's steal. After every pass the level's rounds are judged
 (`measure.disturbed`): a round that other processes disturbed, or that is far slower than its
 start's other rounds and not as slow when measured again, is measured again once the machine is
-quiet, out of a reserve of the budget (`RESERVE`); the disturbed attempt stays in the run folder,
-flagged, and out of every result. Not for the statistics (`analysis.verdicts`, handed in as
+quiet, out of a reserve of the budget (`RESERVE`); the wait for quiet moves the deadline (up to
+`WAIT_CREDIT_S` over the run: the run takes longer, the later levels keep their rounds); the disturbed
+attempt stays in the run folder, flagged, and out of every result. Not for the statistics (`analysis.verdicts`, handed in as
 `decide`) nor for starting engines (`hosts`).
 """
 
@@ -56,6 +57,10 @@ BORROW = 0.5  # past its share, a level with comparisons above the aim may use t
 LEND = 0.25  # ... and each level after it lends at most this much of its own
 LAST_LEND = 0.5  # the last level borrows at most this much of the re-measuring reserve
 QUIET_WAIT_S = 45.0  # the longest wait for other processes to stop before a round is measured again
+WAIT_CREDIT_S = 30.0  # waiting for quiet up to this much over the run does not count against the budget: the
+#                       run takes that much longer instead of the levels after the disturbance losing their rounds
+#                       (two busy processes for 60 s: 48 s of waiting left the last level 3 rounds and an MDE of
+#                       10.8 % in a 9:11 `make report`, 2026-12-05; more credit would pass 10 minutes)
 
 
 class Interleaved:
@@ -84,6 +89,7 @@ class Interleaved:
         # the levels' sampling ends before the deadline: the rest is kept for re-measuring
         self.sampling_deadline = (deadline - RESERVE * max(0.0, deadline - time.monotonic())
                                   if deadline is not None else None)
+        self.credit_s = 0.0  # waiting for quiet added to the deadline so far (at most WAIT_CREDIT_S)
         self.status, self.message = "complete", ""
 
     def _on_signal(self, sig: signal.Signals) -> None:
@@ -154,6 +160,12 @@ class Interleaved:
                 room = self.deadline - time.monotonic()
                 waited, load = await wait_quiet(self.meter, most_s=max(0.0, min(QUIET_WAIT_S, room - 5.0)))
                 log.waited_s += waited
+                credit = max(0.0, min(waited, WAIT_CREDIT_S - self.credit_s))
+                if credit > 0 and self.sampling_deadline is not None:
+                    self.credit_s += credit
+                    log.credited_s += credit
+                    self.deadline += credit
+                    self.sampling_deadline += credit
                 self.log(f"interleaved {lv_label}: other processes busy; waited {waited:.0f} s "
                          f"(last second: {load:.2f} cores)")
             for sid, rnd in todo:
@@ -210,9 +222,15 @@ class Interleaved:
             # the levels after it lend; the last level borrows from the re-measuring reserve instead
             lendable = LEND * share * (levels_left - 1) if levels_left > 1 else LAST_LEND * (self.deadline - end)
             borrow_end = level_end + min(BORROW * share, lendable)
+        credit0 = self.credit_s
+
+        def past(at: float | None, extra: float = 0.0) -> bool:
+            """Whether `extra` seconds from now end past `at`, moved by the waiting credited in this level."""
+            return at is not None and time.monotonic() + extra > at + (self.credit_s - credit0)
+
         note = ""
         for i in range(wl.rounds):
-            if self.decide is not None and i >= MIN_ROUNDS and level_end is not None and time.monotonic() > level_end:
+            if self.decide is not None and i >= MIN_ROUNDS and past(level_end):
                 log.stopped = "budget"  # a slow machine: the first rounds alone would overrun the budget
                 break
             await self._round(states, starts, rnd, dist)
@@ -230,12 +248,12 @@ class Interleaved:
                     log.stopped = "max_rounds"
                     break
                 per_round = sum(_mean_wall(dist, s) for s in need_order)
-                borrowing = level_end is not None and time.monotonic() + per_round > level_end
+                borrowing = past(level_end, per_round)
                 if borrowing:  # past the share: only comparisons above the aim, on borrowed time
                     need, note = self.decide(li, table, False)
                     need_order = [s for s in starts if s in need]
                     per_round = sum(_mean_wall(dist, s) for s in need_order)
-                    if not need_order or borrow_end is None or time.monotonic() + per_round > borrow_end:
+                    if not need_order or borrow_end is None or past(borrow_end, per_round):
                         log.stopped = "budget"
                         break
                 t_round = time.monotonic()

@@ -187,6 +187,9 @@ def disturbance_text(sd: StudyData) -> str:
                  t1=hm(w["to"]), rounds=w["rounds"], starts=len(w["starts"]), cpu=num(w["busy_cpu"], 1)) for w in wins)
         out.append(sd.w("verdicts.disturbed", n=n, again=again, when=when or html.MISSING,
                         s=num(sum(x.remeasure_s for x in lv), 0), waited=num(sum(x.waited_s for x in lv), 0)))
+        credited = sum(x.credited_s for x in lv)
+        if credited >= 0.5:
+            out[-1] += " " + sd.w("verdicts.credited", s=num(credited, 0))
     else:
         busy = [a + b for a, b in zip(_round_stats(sd, "foreign_cpu"), _round_stats(sd, "steal_cpu"))]
         if busy:

@@ -302,6 +302,7 @@ class SampledLevel(Open):
     remeasure_s: float = 0.0
     waited_s: float = 0.0
     borrowed_s: float = 0.0  # rounds past the level's share of the budget (comparisons above the aim)
+    credited_s: float = 0.0  # of `waited_s`, what did not count against the budget (measure.interleave.WAIT_CREDIT_S)
     windows: list[dict[str, Any]] = Field(default_factory=list)
 
 
