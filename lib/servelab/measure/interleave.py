@@ -202,6 +202,22 @@ class Interleaved:
         recs = [r for sid in self.runners for r in dist.kept(sid)]
         return round_throughput(pd.DataFrame([r.line() for r in recs])) if recs else pd.DataFrame()
 
+    def _share(self, levels_left: int) -> tuple[float | None, float | None]:
+        """(when this level's share of the sampling budget ends, how far past it the level may borrow):
+        the time left divided by the levels left; the levels after it lend, the last level borrows from
+        the re-measuring reserve instead. (None, None) without a budget."""
+        end = self.sampling_deadline
+        if end is None or self.deadline is None:
+            return None, None
+        share = (end - time.monotonic()) / max(levels_left, 1)
+        level_end = time.monotonic() + share
+        lendable = LEND * share * (levels_left - 1) if levels_left > 1 else LAST_LEND * (self.deadline - end)
+        return level_end, level_end + min(BORROW * share, lendable)
+
+    def _past(self, at: float | None, credit0: float, extra: float = 0.0) -> bool:
+        """Whether `extra` seconds from now end past `at`, moved by the waiting credited since `credit0`."""
+        return at is not None and time.monotonic() + extra > at + (self.credit_s - credit0)
+
     async def _level(self, li: int, levels_left: int) -> None:
         wl, t0 = self.wl, time.monotonic()
         self._level_t0 = t0
@@ -214,59 +230,62 @@ class Interleaved:
             await self._round(states, starts, rnd, Disturbances())
         log.warmup_s = time.monotonic() - t0
         rnd = wl.warmup_rounds
-        end = self.sampling_deadline
-        share = (end - time.monotonic()) / max(levels_left, 1) if end is not None else None
-        level_end = time.monotonic() + share if share is not None else None
-        borrow_end = None
-        if level_end is not None and share is not None and end is not None and self.deadline is not None:
-            # the levels after it lend; the last level borrows from the re-measuring reserve instead
-            lendable = LEND * share * (levels_left - 1) if levels_left > 1 else LAST_LEND * (self.deadline - end)
-            borrow_end = level_end + min(BORROW * share, lendable)
+        level_end, borrow_end = self._share(levels_left)
         credit0 = self.credit_s
-
-        def past(at: float | None, extra: float = 0.0) -> bool:
-            """Whether `extra` seconds from now end past `at`, moved by the waiting credited in this level."""
-            return at is not None and time.monotonic() + extra > at + (self.credit_s - credit0)
-
         note = ""
         for i in range(wl.rounds):
-            if self.decide is not None and i >= MIN_ROUNDS and past(level_end):
+            if self.decide is not None and i >= MIN_ROUNDS and self._past(level_end, credit0):
                 log.stopped = "budget"  # a slow machine: the first rounds alone would overrun the budget
                 break
             await self._round(states, starts, rnd, dist)
             await self._again(states, dist, lv.label, log)
             rnd += 1
         if self.decide is not None and log.stopped != "budget":
-            while True:
-                table = self._rounds_table(dist)
-                need, note = self.decide(li, table, True)
+            note = await self._sample(li, states, dist, log, rnd, (level_end, borrow_end, credit0))
+        await self._close_level(li, states, dist, log)
+        log.seconds, log.note = time.monotonic() - t0, note
+        self.sampling.append(log)
+
+    async def _sample(self, li: int, states: dict[str, Any], dist: Disturbances, log: SampledLevel, rnd: int,
+                      ends: tuple[float | None, float | None, float]) -> str:
+        """The level's rounds after its first: to the starts `decide` names, within the level's share (then
+        on borrowed time for comparisons above the aim); sets `log.stopped`, returns the last note."""
+        assert self.decide is not None
+        wl, starts, label = self.wl, list(self.runners), self.grid[li].label
+        level_end, borrow_end, credit0 = ends
+        while True:
+            table = self._rounds_table(dist)
+            need, note = self.decide(li, table, True)
+            need_order = [s for s in starts if s in need]
+            if not need_order:
+                log.stopped = "settled"
+                return note
+            if rnd - wl.warmup_rounds >= self.max_rounds:
+                log.stopped = "max_rounds"
+                return note
+            per_round = sum(_mean_wall(dist, s) for s in need_order)
+            borrowing = self._past(level_end, credit0, per_round)
+            if borrowing:  # past the share: only comparisons above the aim, on borrowed time
+                need, note = self.decide(li, table, False)
                 need_order = [s for s in starts if s in need]
-                if not need_order:
-                    log.stopped = "settled"
-                    break
-                if rnd - wl.warmup_rounds >= self.max_rounds:
-                    log.stopped = "max_rounds"
-                    break
                 per_round = sum(_mean_wall(dist, s) for s in need_order)
-                borrowing = past(level_end, per_round)
-                if borrowing:  # past the share: only comparisons above the aim, on borrowed time
-                    need, note = self.decide(li, table, False)
-                    need_order = [s for s in starts if s in need]
-                    per_round = sum(_mean_wall(dist, s) for s in need_order)
-                    if not need_order or borrow_end is None or past(borrow_end, per_round):
-                        log.stopped = "budget"
-                        break
-                t_round = time.monotonic()
-                await self._round(states, need_order, rnd, dist)
-                if borrowing:
-                    log.borrowed_s += time.monotonic() - t_round
-                await self._again(states, dist, lv.label, log)
-                rnd += 1
-                left = f", budget left {self.deadline - time.monotonic():.0f} s" if self.deadline else ""
-                lent = " (past the level's share)" if borrowing else ""
-                self.log(f"interleaved {lv.label}: round {rnd - wl.warmup_rounds} for {len(need_order)} of "
-                         f"{len(starts)} starts{lent} ({note}){left}")
-        log.rounds = {sid: dist.rounds(sid) for sid in starts}
+                if not need_order or borrow_end is None or self._past(borrow_end, credit0, per_round):
+                    log.stopped = "budget"
+                    return note
+            t_round = time.monotonic()
+            await self._round(states, need_order, rnd, dist)
+            if borrowing:
+                log.borrowed_s += time.monotonic() - t_round
+            await self._again(states, dist, label, log)
+            rnd += 1
+            left = f", budget left {self.deadline - time.monotonic():.0f} s" if self.deadline else ""
+            lent = " (past the level's share)" if borrowing else ""
+            self.log(f"interleaved {label}: round {rnd - wl.warmup_rounds} for {len(need_order)} of "
+                     f"{len(starts)} starts{lent} ({note}){left}")
+
+    async def _close_level(self, li: int, states: dict[str, Any], dist: Disturbances, log: SampledLevel) -> None:
+        """Every start's level line (its sampling, its disturbed and re-measured rounds) and the level's log."""
+        log.rounds = {sid: dist.rounds(sid) for sid in self.runners}
         for sid, r in self.runners.items():
             await r.level_end(states[sid], sampling={"stopped": log.stopped, "measured_rounds": log.rounds[sid]},
                               **({"disturbed": dist.lines(sid)} if dist.disturbed(sid) else {}),
@@ -275,10 +294,8 @@ class Interleaved:
         log.disturbed, log.remeasured = len(dist.disturbed()), dist.remeasured()
         log.windows = _windows(dist)
         if log.disturbed:
-            self.log(f"interleaved {lv.label}: {log.disturbed} disturbed rounds left out, {log.remeasured} "
+            self.log(f"interleaved {log.label}: {log.disturbed} disturbed rounds left out, {log.remeasured} "
                      f"measured again ({log.remeasure_s:.0f} s, {log.waited_s:.0f} s of it waiting for quiet)")
-        log.seconds, log.note = time.monotonic() - t0, note
-        self.sampling.append(log)
 
 
 def _mean_wall(dist: Disturbances, sid: str) -> float:
