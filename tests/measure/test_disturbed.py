@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
 import time
 
 from servelab.measure.disturbed import DISTURBED, OK, REPRODUCED, SUSPECT, Attempt, Disturbances
@@ -91,7 +90,7 @@ def test_the_meter_sees_another_process_take_the_cpu():
     assert r["foreign_cpu"] >= FOREIGN_CPU  # one process spinning for about a second of the window
 
 
-def test_an_interleaved_run_measures_disturbed_rounds_again_and_keeps_them(refserver, tmp_path):
+def test_an_interleaved_run_measures_disturbed_rounds_again_and_keeps_them(refserver, tmp_path, monkeypatch):
     from servelab.measure.interleave import Start, run_interleaved
     from servelab.hosts.base import Server
     from servelab.measure.runinfo import base_record
@@ -108,12 +107,23 @@ def test_an_interleaved_run_measures_disturbed_rounds_again_and_keeps_them(refse
               for (sid, s), p in zip(servers.items(), idle)]
     wl = Workload(buckets=[Bucket(input_tokens=20, output_tokens=24)], concurrency=[1], warmup_rounds=0, rounds=4,
                   requests_per_round=1, timeout_s=10)
-    timer = threading.Timer(0.8, lambda: _spin(2, 1.5))  # a noisy neighbour mid-level
-    timer.start()
+    from servelab.measure.machine import MachineMeter
+
+    # a noisy neighbour mid-level: started as the second round begins (its first send is the third metered one), not
+    # at a fixed time from the start, which a busy machine (another test worker) could put before the first round
+    metered = MachineMeter.around
+    sends: list[str] = []
+
+    def around_with_neighbour(self, sid):
+        sends.append(sid)
+        if len(sends) == len(servers) + 1:
+            _spin(2, 1.5)
+        return metered(self, sid)
+
+    monkeypatch.setattr(MachineMeter, "around", around_with_neighbour)
     try:
         results, sampling = run_interleaved(starts, wl, study="t", deadline=time.monotonic() + 25)  # waits <= 20 s for quiet
     finally:
-        timer.cancel()
         for p in idle:
             p.kill()
     lv = sampling[0]
