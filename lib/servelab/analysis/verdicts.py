@@ -444,14 +444,13 @@ def open_starts(results: Iterable[tuple[Comparison, Mapping[str, Any]]], target:
 
 def sampling_rule(cmps: Sequence[Comparison], groups: Mapping[str, Sequence[str]], *, target: float,
                   given_sd_pct: float | None = None, fine: float | None = FINE_AIM
-                  ) -> Callable[[int, pd.DataFrame], tuple[set[str], str]]:
+                  ) -> Callable[[int, pd.DataFrame, bool], tuple[set[str], str]]:
     """`measure.interleave.Decide` for these comparisons: after each round of level `li` (its round table
     `rt`), the starts of every comparison whose verdict on per-request decode tok/s or aggregate tok/s is
     not `settled` at `SAMPLING_AIM` of the target; when there are none and `finer` (False past the level's
     share of the budget), those not settled at `fine` of it (the budget, which `measure.interleave` keeps,
-    ends those rounds; None: stop at the aim). With the
-    between-start variance from the levels measured so far and without the rounds the estimator leaves
-    out (`keep_rounds`)."""
+    ends those rounds; None: stop at the aim). With the between-start variance from the levels measured so
+    far and without the rounds the estimator leaves out (`keep_rounds`)."""
     seen: dict[int, pd.DataFrame] = {}
 
     def decide(li: int, rt: pd.DataFrame, finer: bool = True) -> tuple[set[str], str]:
