@@ -4,6 +4,10 @@ children of the run) for a while, then let the run finish. Prints the wall time,
 disturbance ran, and what the run's design.json says it found (disturbed rounds, measured again).
 
     python3 benchmarks/noisy_neighbour.py CLONE [--study local-cpu] [--delay 5] [--seconds 30] [--procs 2]
+                                            [--during rounds|starts]
+
+`--during starts`: the delay counts from the moment the engines begin to start (the configurations'
+run folders appear) instead.
 
 CLONE is a fresh clone (`git clone . "$(mktemp -d)/x"`); the command it runs is the README's
 `make report`. Not a test: what one machine did; the verdicts are compared with a quiet run by
@@ -39,6 +43,7 @@ def main() -> int:
     ap.add_argument("--delay", type=float, default=5.0, help="seconds after the first measured round starts")
     ap.add_argument("--seconds", type=float, default=30.0, help="how long the busy processes run")
     ap.add_argument("--procs", type=int, default=2)
+    ap.add_argument("--during", choices=["rounds", "starts"], default="rounds")
     a = ap.parse_args()
     clone = Path(a.clone).resolve()
     runs = clone / "runs" / a.study
@@ -47,7 +52,8 @@ def main() -> int:
     run = subprocess.Popen(["make", "report"], cwd=clone, stdout=log, stderr=subprocess.STDOUT)
     noise_at = None
     while run.poll() is None:
-        if noise_at is None and first_measured_round(runs):
+        begun = first_measured_round(runs) if a.during == "rounds" else any(runs.glob("*/params.effective.yaml"))
+        if noise_at is None and begun:
             time.sleep(a.delay)
             loop = f"import time\nt = time.time()\nwhile time.time() - t < {a.seconds}: pass"
             # in the background of a shell that exits at once: not the run's children
@@ -65,6 +71,10 @@ def main() -> int:
             print(f"  {lv['label']}: rounds {max(lv['rounds'].values())}, stopped {lv['stopped']}, disturbed "
                   f"{lv.get('disturbed', 0)}, measured again {lv.get('remeasured', 0)} ({lv.get('remeasure_s', 0):.0f} s, "
                   f"waited {lv.get('waited_s', 0):.0f} s), warm-up {lv.get('warmup_s', 0):.0f} s")
+        for w in (d.get("launch") or {}).get("windows", []):
+            print(f"  engine starts disturbed: {time.strftime('%H:%M:%S', time.gmtime(w['from']))}-"
+                  f"{time.strftime('%H:%M:%S', time.gmtime(w['to']))} UTC, up to {w['busy_cpu']:.1f} cores, "
+                  f"starts {', '.join(w['starts'])}")
     if noise_at is None:
         print("noise: never started (no measured round seen)")
     return run.returncode

@@ -20,6 +20,7 @@ import yaml
 from .execute import STAGES, StageFailed, StageParams, Stopped, close_partial, log, run_stage, stop_children
 from .hosts import EngineError
 from .hosts.process import tree_rss_bytes
+from .measure.machine import LaunchWatch
 from .measure.pools import worker_count
 from .plan import ConfigPlan, load_plan, plan_config
 from .runfolder import ENGINE_JSON, PARAMS_EFFECTIVE, RunFolder, read_engine, write_design
@@ -100,21 +101,26 @@ LANES = 2  # engines started at once: start-up is mostly one busy core (imports,
 
 
 def _launch_all(plans: list[ConfigPlan], effective: Path, root: Path, notebooks: bool
-                ) -> tuple[dict[str, float], bool, str]:
-    """Launch `plans` two at a time (each lane takes the next configuration when its last is up).
-    When the first engine is up, check that all of them fit in memory side by side; if not,
-    launch nothing more. Returns (seconds per launched configuration, fits, the memory check)."""
+                ) -> tuple[LaunchTimes, bool, str]:
+    """Launch `plans` two at a time (each lane takes the next configuration when its last is up),
+    watching what else used the CPU meanwhile (`LaunchWatch`). When the first engine is up, check
+    that all of them fit in memory side by side; if not, launch nothing more. Returns (the launch:
+    its wall time, each configuration's start-up and when, the disturbed windows; fits, the memory check)."""
     took: dict[str, float] = {}
+    spans: dict[str, tuple[float, float]] = {}
+    t0 = time.monotonic()
     # the long start-ups (compilation) first, so the two lanes end close together
     queue = sorted(plans, key=lambda p: not p.profile.compiles_at_startup(p.engine.args))
     fits, why = True, ""
-    with ProcessPoolExecutor(min(LANES, len(plans))) as pool:
+    with LaunchWatch() as watch, ProcessPoolExecutor(min(LANES, len(plans))) as pool:
         running = {}
+        begun: dict[str, float] = {}
 
         def submit() -> None:
             p = queue.pop(0)
             running[pool.submit(_launch_in_worker, str(effective), p.config_id, str(root / p.config_id),
                                 notebooks)] = p.config_id
+            begun[p.config_id] = time.time()
 
         for _ in range(min(LANES, len(queue))):
             submit()
@@ -123,13 +129,19 @@ def _launch_all(plans: list[ConfigPlan], effective: Path, root: Path, notebooks:
             for f in done:
                 cid = running.pop(f)
                 took[cid] = f.result()  # StageFailed / EngineError travel here
+                spans[cid] = (begun[cid], time.time())
                 log(f"{cid}: launched in {took[cid]:.1f} s")
                 if len(took) == 1:
                     fits, why = fits_side_by_side(root / cid, len(plans))
                     log(f"engines side by side: {why}" if fits else f"configurations measured one at a time: {why}")
                 if fits and queue:
                     submit()
-    return took, fits, why
+    windows = watch.windows(spans)
+    for w in windows:
+        log(f"engine starts disturbed: other processes took up to {w['busy_cpu']:.1f} cores for "
+            f"{w['to'] - w['from']:.0f} s (the starts of {', '.join(w['starts']) or 'none'})")
+    return LaunchTimes(wall_s=time.monotonic() - t0, per_config_s=took,
+                       spans={c: [round(a, 3), round(b, 3)] for c, (a, b) in spans.items()}, windows=windows), fits, why
 
 
 def measure_interleaved(study: Study, todo: list[ConfigPlan], root: Path, *, notebooks: bool,
@@ -152,14 +164,13 @@ def measure_interleaved(study: Study, todo: list[ConfigPlan], root: Path, *, not
     launched = [root / c for c in ids]  # stopped on every exit path (a handle not written is no engine)
     try:
         log(f"configurations {', '.join(ids)}: starting {LANES} at a time, to be measured side by side")
-        took, fits, why = _launch_all(plans, effective, root, notebooks)
+        launch, fits, why = _launch_all(plans, effective, root, notebooks)
         if not fits:
             for rdir in launched:
                 log(f"{rdir.name}: {host.stop(rdir)}")
             write_design(root, DesignRecord(interleaved=False, reason=why))
             return fallback(study, plans, root)
-        write_design(root, DesignRecord(interleaved=True, lanes=LANES, memory=why,
-                                  launch=LaunchTimes(wall_s=time.monotonic() - t0, per_config_s=took)))
+        write_design(root, DesignRecord(interleaved=True, lanes=LANES, memory=why, launch=launch))
         t1 = time.monotonic()
         run_stage(STAGES[2], plans[0], StageParams(effective, ids[0], root / ids[0], configs=tuple(ids),
                                                    deadline_unix=deadline or 0.0),

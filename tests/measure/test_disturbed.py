@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from servelab.measure.disturbed import DISTURBED, OK, REPRODUCED, SUSPECT, Attempt, Disturbances
 from servelab.measure.machine import FOREIGN_CPU, MachineMeter, machine_cpu
 from servelab.schema.runfiles import RequestRecord
@@ -165,3 +167,37 @@ def test_a_window_counts_the_rounds_the_machine_disturbed():
     w = _windows(d)
     assert [(x["rounds"], x["machine_rounds"], x["starts"]) for x in w] == [(2, 1, ["s0", "s1"]), (1, 0, ["s2"])]
     assert abs(w[0]["busy_cpu"] - 0.9) < 1e-9 and w[1]["busy_cpu"] == 0.0
+
+
+def test_the_launch_watch_sees_another_process_and_not_this_ones_children():
+    """While engines start, their own short-lived processes (compilers, kernels) are this tree's:
+    only a process outside it counts, and a stretch of it names the starts it overlapped."""
+    if machine_cpu() is None:
+        import pytest
+
+        pytest.skip("no /proc/stat on this system")
+    from servelab.measure.machine import LaunchWatch
+
+    with LaunchWatch(every_s=0.25) as w:
+        child = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 0.6: pass"])
+        child.wait()
+        t_spin = time.time()
+        _spin(1, 1.5)  # orphaned at once: not a child of this process
+        time.sleep(1.8)
+    assert child.pid not in {pid for pid, _ in w.seen}
+    wins = w.windows({"before": (w.t0, t_spin - 0.5), "during": (t_spin, t_spin + 1.0)}, least_s=0.5)
+    assert any(x["busy_cpu"] >= FOREIGN_CPU and "during" in x["starts"] for x in wins), (w.samples, wins)
+
+
+def test_launch_windows_join_busy_samples_and_drop_short_ones():
+    from servelab.measure.machine import LaunchWatch
+
+    w = LaunchWatch()
+    t0 = w.t0
+    w.samples = [(t0 + 1, 0.0), (t0 + 2, 0.9), (t0 + 3, 1.1), (t0 + 4, 0.1), (t0 + 5, 0.5), (t0 + 6, 0.0)]
+    wins = w.windows({"a": (t0, t0 + 0.5), "b": (t0 + 2.5, t0 + 9)})
+    assert len(wins) == 1  # the one-second stretch at t0+4..5 is dropped (least_s 2)
+    x = wins[0]
+    assert x["from"] == pytest.approx(t0 + 1, abs=1e-3) and x["to"] == pytest.approx(t0 + 3, abs=1e-3)
+    assert x["busy_cpu"] == pytest.approx(1.1) and x["cpu_s"] == pytest.approx(2.0)
+    assert x["starts"] == ["b"]

@@ -123,3 +123,27 @@ def test_the_page_names_the_levels_that_went_on_past_their_share(lang):
     said = w("verdicts.borrowed", levels=w("verdicts.borrowed_level", label=d.levels[1].label, s="21"))
     assert said in text and said not in before
     assert ("half its share" if lang == "en" else "借りて") in text
+
+
+@pytest.mark.parametrize("lang", ["en", "ja"])
+def test_the_page_says_when_the_engine_starts_were_disturbed(lang):
+    """A stretch of the launch in which other processes took the CPU (design.json's launch windows) is
+    named with the starts it overlapped; a launch without one says nothing of it."""
+    import types
+
+    from servelab.report.i18n import words
+    from servelab.report.verdicts import disturbance_text
+    from servelab.schema.runfiles import LaunchTimes
+
+    sd = load_study_data(ROOT / "reports" / "local-cpu")
+    w = words(lang)
+    win = {"from": 1764950108.0, "to": 1764950138.0, "busy_cpu": 1.94, "cpu_s": 55.0, "starts": ["budget", "x"]}
+
+    def text(launch):
+        return disturbance_text(types.SimpleNamespace(design=types.SimpleNamespace(levels=[], launch=launch), w=w,
+                                                      root=sd.root, folders={}, labels=lambda: {"budget": "budget 128"}))
+
+    said = text(LaunchTimes(windows=[win]))
+    assert w("verdicts.launch_window", t0="15:55:08", t1="15:55:38", cpu="1.9", starts="budget 128, x") in said
+    assert said.startswith(w("verdicts.launch_disturbed", when="")[:12])
+    assert w("verdicts.launch_disturbed", when="")[:12] not in text(LaunchTimes())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -132,4 +133,82 @@ async def wait_quiet(meter: MachineMeter, *, most_s: float, step_s: float = 1.0)
             return time.monotonic() - t0, last
 
 
-__all__ = ["FOREIGN_CPU", "MachineMeter", "busy", "machine_cpu", "wait_quiet"]
+class LaunchWatch:
+    """Other processes' CPU and steal while the engines start (`with LaunchWatch() as w: ...`), sampled
+    every `every_s` in a thread: a start that shared the cores with another process took longer, and
+    the engine it left running may not serve like one started on a quiet machine.
+
+    Starting engines spawn short-lived processes of their own (the compiled engine's C++ compilers, a
+    notebook's kernel), so "other" is not "the machine minus this process tree" (a child that ended
+    between two samples would count as another's): every process outside this process's tree is read
+    by itself, each keeping its last reading when it ends; one that lives less than a sample is missed."""
+
+    def __init__(self, every_s: float = 1.0) -> None:
+        self.every_s = every_s
+        self.samples: list[tuple[float, float]] = []  # (end of the interval, unix; cores busy over it)
+        self.t0 = time.time()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="launch-watch", daemon=True)
+        self._mine: set[tuple[int, float]] = set()
+        self.seen: dict[tuple[int, float], float] = {}  # another process (pid, created) -> CPU seconds, last read
+        self._base: dict[tuple[int, float], float] = {}  # ... at its first (0 for one born while watched)
+
+    def __enter__(self) -> "LaunchWatch":
+        self.t0 = time.time()
+        self._last = (time.monotonic(), self._others(), self._steal())
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _steal(self) -> float:
+        m = machine_cpu()
+        return m[1] if m else 0.0
+
+    def _others(self) -> float:
+        """CPU seconds that the processes outside this tree used since they were first seen."""
+        mine = {p.pid for p in _tree(os.getpid())}
+        for p in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                key = (p.pid, p.create_time())
+                if key in self._mine or p.pid in mine:
+                    self._mine.add(key)  # once this tree's, always (an orphaned child stays ours)
+                    continue
+                t = p.cpu_times()
+                self.seen[key] = t.user + t.system
+                self._base.setdefault(key, self.seen[key] if key[1] < self.t0 else 0.0)
+        return sum(v - self._base[k] for k, v in self.seen.items())
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            t, others, steal = time.monotonic(), self._others(), self._steal()
+            t_, others_, steal_ = self._last
+            if t > t_:
+                self.samples.append((time.time(), max(0.0, others - others_ + steal - steal_) / (t - t_)))
+            self._last = (t, others, steal)
+
+    def windows(self, spans: Mapping[str, tuple[float, float]] | None = None, *, least_s: float = 2.0
+                ) -> list[dict[str, Any]]:
+        """The stretches of `least_s` or more in which other processes and steal took `FOREIGN_CPU`
+        cores or more: `from`, `to` (unix), `busy_cpu` (the most in a sample), `cpu_s` (CPU seconds
+        taken) and `starts`, the configurations whose start (`spans`: config -> unix from, to) overlaps."""
+        out: list[dict[str, Any]] = []
+        prev = self.t0
+        for t, cores in self.samples:
+            if cores >= FOREIGN_CPU:
+                if out and out[-1]["to"] >= prev - 1e-6:
+                    w = out[-1]
+                    w["to"], w["busy_cpu"], w["cpu_s"] = t, max(w["busy_cpu"], cores), w["cpu_s"] + cores * (t - prev)
+                else:
+                    out.append({"from": prev, "to": t, "busy_cpu": cores, "cpu_s": cores * (t - prev)})
+            prev = t
+        out = [w for w in out if w["to"] - w["from"] >= least_s - 1e-6]
+        for w in out:
+            w.update({k: round(w[k], 3) for k in ("from", "to", "busy_cpu", "cpu_s")})
+            w["starts"] = [c for c, (a, b) in (spans or {}).items() if a < w["to"] and b > w["from"]]
+        return out
+
+
+__all__ = ["FOREIGN_CPU", "LaunchWatch", "MachineMeter", "busy", "machine_cpu", "wait_quiet"]

@@ -166,18 +166,25 @@ def neighbour_cpu_pct(sd: StudyData) -> tuple[float, float] | None:
 
 
 def disturbance_text(sd: StudyData) -> str:
-    """What disturbed the measured rounds and what was done about it: the windows in which other
-    processes or the hypervisor took the CPU (design.json), the rounds measured again, those the
-    estimator left out (verdicts.json's `left_out`); or how quiet the machine was."""
+    """What disturbed the engine starts and the measured rounds and what was done about it: the windows
+    in which other processes or the hypervisor took the CPU (design.json), the rounds measured again,
+    those the estimator left out (verdicts.json's `left_out`); or how quiet the rounds were."""
     from datetime import datetime, timezone
+
+    def hm(t: float) -> str:
+        return datetime.fromtimestamp(t, timezone.utc).strftime("%H:%M:%S")
 
     lv = sd.design.levels
     n, again = sum(x.disturbed for x in lv), sum(x.remeasured for x in lv)
     out = []
+    launch = getattr(sd.design, "launch", None)
+    starts = launch.windows if launch else []
+    if starts:
+        lab = sd.labels()
+        out.append(sd.w("verdicts.launch_disturbed", when=sd.w("story.list_sep").join(
+            sd.w("verdicts.launch_window", t0=hm(w["from"]), t1=hm(w["to"]), cpu=num(w["busy_cpu"], 1),
+                 starts=", ".join(lab.get(c, c) for c in w.get("starts", [])) or html.MISSING) for w in starts)))
     if n:
-        def hm(t: float) -> str:
-            return datetime.fromtimestamp(t, timezone.utc).strftime("%H:%M:%S")
-
         wins = [w for x in lv for w in x.windows]
         # a window that the machine rule did not flag is one of rounds far slower than their engine's
         # others that were not as slow measured again ("up to 0.0 cores" said nothing); windows recorded

@@ -311,6 +311,9 @@ class LaunchTimes(Open):
 
     wall_s: float = 0.0
     per_config_s: dict[str, float] = Field(default_factory=dict)
+    spans: dict[str, list[float]] = Field(default_factory=dict)  # config -> [from, to] (unix): its start-up
+    #: stretches in which other processes took the CPU (measure.machine.LaunchWatch.windows)
+    windows: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class DesignRecord(Open):
