@@ -131,3 +131,31 @@ def test_the_published_japanese_page_is_japanese(page_path):
     english = [line.strip() for line in text.splitlines()
                if re.search(r"([A-Za-z]{3,}[ ,;:()]+){3}[A-Za-z]{3,}", line)]  # the page before this change: 16
     assert english == []
+
+
+def test_every_bold_phrase_renders_as_bold():
+    """Markdown's `**` closes only where CommonMark lets it: after a full-width colon and before a digit
+    it stays two literal asterisks on the page (the Japanese launch-disturbance sentence, 2026-12-05)."""
+    import re
+    import string
+
+    from nbconvert.filters.markdown import markdown2html
+
+    from servelab.report.i18n import table
+
+    class Filler(dict):
+        def __missing__(self, key):
+            return "X1"
+
+    left = []
+    for key, v in table().items():
+        for lang, text in v.items():
+            if "**" not in text:
+                continue
+            try:
+                filled = string.Formatter().vformat(text, (), Filler())
+            except (ValueError, TypeError):  # a format spec for numbers
+                filled = re.sub(r"\{[^{}]*\}", "X1", text)
+            if "**" in markdown2html(filled):
+                left.append(f"{key} [{lang}]")
+    assert not left, left
