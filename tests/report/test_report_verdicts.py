@@ -144,6 +144,6 @@ def test_the_page_says_when_the_engine_starts_were_disturbed(lang):
                                                       root=sd.root, folders={}, labels=lambda: {"budget": "budget 128"}))
 
     said = text(LaunchTimes(windows=[win]))
-    assert w("verdicts.launch_window", t0="15:55:08", t1="15:55:38", cpu="1.9", starts="budget 128, x") in said
+    assert w("verdicts.launch_window", t0="15:55:08", t1="15:55:38", cpu="1.9", starts=w("story.count_sep").join(["budget 128", "x"])) in said
     assert said.startswith(w("verdicts.launch_disturbed", when="")[:12])
     assert w("verdicts.launch_disturbed", when="")[:12] not in text(LaunchTimes())

@@ -183,7 +183,7 @@ def disturbance_text(sd: StudyData) -> str:
         lab = sd.labels()
         out.append(sd.w("verdicts.launch_disturbed", when=sd.w("story.list_sep").join(
             sd.w("verdicts.launch_window", t0=hm(w["from"]), t1=hm(w["to"]), cpu=num(w["busy_cpu"], 1),
-                 starts=", ".join(lab.get(c, c) for c in w.get("starts", [])) or html.MISSING) for w in starts)))
+                 starts=sd.w("story.count_sep").join(lab.get(c, c) for c in w.get("starts", [])) or html.MISSING) for w in starts)))
     if n:
         wins = [w for x in lv for w in x.windows]
         # a window that the machine rule did not flag is one of rounds far slower than their engine's
