@@ -92,6 +92,7 @@ def test_the_meter_sees_another_process_take_the_cpu():
     assert r["foreign_cpu"] >= FOREIGN_CPU  # one process spinning for about a second of the window
 
 
+@pytest.mark.alone
 def test_an_interleaved_run_measures_disturbed_rounds_again_and_keeps_them(refserver, tmp_path, monkeypatch):
     from servelab.measure.interleave import Start, run_interleaved
     from servelab.hosts.base import Server
@@ -100,8 +101,6 @@ def test_an_interleaved_run_measures_disturbed_rounds_again_and_keeps_them(refse
     from servelab.schema import Bucket, Workload
 
     if machine_cpu() is None:
-        import pytest
-
         pytest.skip("no /proc/stat on this system")
     servers = {sid: refserver(ttft_s=0.02, itl_s=0.02) for sid in ("a", "b")}  # ~0.5 s rounds
     idle = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"]) for _ in servers]
@@ -129,7 +128,8 @@ def test_an_interleaved_run_measures_disturbed_rounds_again_and_keeps_them(refse
         for p in idle:
             p.kill()
     lv = sampling[0]
-    # (in CI another test runs beside this one: more rounds may be disturbed, some more than twice)
+    # (run alone: with another test worker busy all along, the machine was already shared and the
+    # neighbour took no more than that; nothing was disturbed, 2 of ~10 CI runs, 2026-12-05)
     assert lv.disturbed >= 1 and lv.remeasured >= 1
     assert lv.windows and max(w["busy_cpu"] for w in lv.windows) >= FOREIGN_CPU
     assert all(1 <= n <= 4 for n in lv.rounds.values())
