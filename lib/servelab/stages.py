@@ -17,8 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-import pandas as pd
-
 from .analysis import verdicts
 from .analysis.quality import compare
 from .engines.smoke import smoke_check
@@ -26,7 +24,7 @@ from .forecast import prediction
 from .hosts.attach import serve, stop_served
 from .hosts.process import RssWatcher
 from .measure.capacity import run_capacity_study
-from .measure.interleave import Start, run_interleaved
+from .measure.interleave import Decide, Start, run_interleaved
 from .measure.probe import measure_cpu_bandwidth
 from .measure.quality import DUMMY_REASON, run_quality, selected_prompts
 from .measure.runinfo import base_record, engine_gpu_devices, layout_record, model_record
@@ -151,7 +149,7 @@ def benchmark_interleaved(plans: list[ConfigPlan], rdirs: list[Path], *, deadlin
     return write_design(Path(rdirs[0]).parent, out, update=True)
 
 
-def sampling_rule(plans: list[ConfigPlan]) -> Callable[[int, pd.DataFrame, bool], tuple[set[str], str]]:
+def sampling_rule(plans: list[ConfigPlan]) -> Decide:
     """The study's sampling rule (`analysis.verdicts.sampling_rule`) for these configurations: their
     comparisons under the one baseline rule, on the levels each plans to measure."""
     study = plans[0].study

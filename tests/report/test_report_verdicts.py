@@ -83,7 +83,7 @@ def test_disturbed_windows_say_whether_another_process_was_busy(lang):
 
     from servelab.report.i18n import words
     from servelab.report.verdicts import disturbance_text
-    from servelab.schema.runfiles import SampledLevel
+    from servelab.schema.runfiles import DesignRecord, SampledLevel
 
     busy = {"from": 1764950108.0, "to": 1764950123.0, "rounds": 6, "starts": ["a", "b"], "busy_cpu": 0.9,
             "machine_rounds": 6}
@@ -93,15 +93,15 @@ def test_disturbed_windows_say_whether_another_process_was_busy(lang):
                       windows=[busy, slow])
     sd = load_study_data(ROOT / "reports" / "local-cpu")  # its verdicts.json: the rounds the estimator left out
     w = words(lang)
-    text = disturbance_text(types.SimpleNamespace(design=types.SimpleNamespace(levels=[lv]), w=w, root=sd.root))
+    text = disturbance_text(types.SimpleNamespace(design=DesignRecord(levels=[lv]), w=w, root=sd.root))
     assert w("verdicts.window", t0="15:55:08", t1="15:55:23", rounds=6, starts=2, cpu="0.9") in text
     assert w("verdicts.window_slow", t0="15:56:59", t1="15:57:01", rounds=1, starts=1, cpu="0.0") in text
     assert w("verdicts.credited", s="31") not in text  # nothing credited: the budget paid for the wait
     lv.credited_s = 31.0
     assert w("verdicts.credited", s="31") in disturbance_text(
-        types.SimpleNamespace(design=types.SimpleNamespace(levels=[lv]), w=w, root=sd.root))
+        types.SimpleNamespace(design=DesignRecord(levels=[lv]), w=w, root=sd.root))
     lv.windows = [{k: v for k, v in slow.items() if k != "machine_rounds"}]
-    text = disturbance_text(types.SimpleNamespace(design=types.SimpleNamespace(levels=[lv]), w=w, root=sd.root))
+    text = disturbance_text(types.SimpleNamespace(design=DesignRecord(levels=[lv]), w=w, root=sd.root))
     assert w("verdicts.window", t0="15:56:59", t1="15:57:01", rounds=1, starts=1, cpu="0.0") in text
 
 
@@ -133,14 +133,14 @@ def test_the_page_says_when_the_engine_starts_were_disturbed(lang):
 
     from servelab.report.i18n import words
     from servelab.report.verdicts import disturbance_text
-    from servelab.schema.runfiles import LaunchTimes
+    from servelab.schema.runfiles import DesignRecord, LaunchTimes
 
     sd = load_study_data(ROOT / "reports" / "local-cpu")
     w = words(lang)
     win = {"from": 1764950108.0, "to": 1764950138.0, "busy_cpu": 1.94, "cpu_s": 55.0, "starts": ["budget", "x"]}
 
     def text(launch):
-        return disturbance_text(types.SimpleNamespace(design=types.SimpleNamespace(levels=[], launch=launch), w=w,
+        return disturbance_text(types.SimpleNamespace(design=DesignRecord(launch=launch), w=w,
                                                       root=sd.root, folders={}, labels=lambda: {"budget": "budget 128"}))
 
     said = text(LaunchTimes(windows=[win]))

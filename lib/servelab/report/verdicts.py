@@ -177,8 +177,7 @@ def disturbance_text(sd: StudyData) -> str:
     lv = sd.design.levels
     n, again = sum(x.disturbed for x in lv), sum(x.remeasured for x in lv)
     out = []
-    launch = getattr(sd.design, "launch", None)
-    starts = launch.windows if launch else []
+    starts = sd.design.launch.windows if sd.design.launch else []
     if starts:
         lab = sd.labels()
         out.append(sd.w("verdicts.launch_disturbed", when=sd.w("story.list_sep").join(
