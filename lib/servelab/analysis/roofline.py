@@ -30,7 +30,8 @@ def _load_hardware() -> list[dict[str, Any]]:
                     "memory_bytes": h["memory_GB"] * GB, "memory_bandwidth_Bps": h["memory_bandwidth_TBps"] * TB,
                     "bf16_dense_flops": h["bf16_dense_TFLOPS"] * TFLOPS,
                     "fp8_dense_flops": h["fp8_dense_TFLOPS"] * TFLOPS,
-                    "source": h["source"], "as_of": h["as_of"]})
+                    "sm_count": h.get("sm_count"), "boost_clock_hz": (h.get("boost_clock_MHz") or 0) * 1e6 or None,
+                    "clock_source": h.get("clock_source"), "source": h["source"], "as_of": h["as_of"]})
     return out
 
 
