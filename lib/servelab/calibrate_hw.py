@@ -207,7 +207,7 @@ def merge(main: Path, other: Path) -> dict[str, Any]:
                 seen.add(key)
                 uniq.append(p)
         known = a["engines"].get(eng) or {}
-        kept = {"moe_prefill": known["moe_prefill"]} if known.get("moe_prefill") else {}
+        kept = {k: known[k] for k in ("moe_prefill", "request") if known.get(k)}
         a["engines"][eng] = {"version": known.get("version"), **fit(uniq, micro, eng, known), **kept}
     a["source"] += "; deeper calibration models: " + b["source"].split(": ", 1)[-1]
     main.write_text(yaml.safe_dump(a, sort_keys=False, width=120), encoding="utf-8")
@@ -318,6 +318,72 @@ def moe_prefill_from(study_dir: Path | str, add_to: str, engine: str = "vllm") -
     return entry
 
 
+def request_points(study_dirs: list[Path | str], entry: dict[str, Any], engine: str = "vllm") -> list[dict[str, Any]]:
+    """Every concurrency-1 level of the studies' configurations that ran `engine` with CUDA graphs on one GPU
+    of the entry's kind (no speculative decoding): its median TTFT and the model's prefill steps for its prompt
+    (`perfmodel.prefill_step`, the entry's costs, the engine's graph size and chunk from the flags, the
+    router's ties under dummy weights), the difference being the request's fixed cost."""
+    from .analysis.calibration import _norm
+
+    base = copy.deepcopy(entry)
+    (base.get("engines") or {}).get(engine, {}).pop("request", None)
+    m = Machine(base)
+    prof = engine_profile(engine)
+    pts = []
+    for study_dir in study_dirs:
+        sd = load_study_data(Path(study_dir))
+        s = sd.summary
+        for cid in sd.config_ids:
+            run = sd.runs[cid]
+            ep = run.get("engine_params") or {}
+            args = engine_args(ep.get("args"))
+            facts = ((run.get("model") or {}).get("facts")) or {}
+            gpus = run.get("gpus_used") or (run.get("client_host") or {}).get("gpus") or []
+            if (ep.get("kind", "vllm") != engine or not facts.get("param_count") or not gpus
+                    or _norm(gpus[0].get("name", "")) != _norm(entry["machine"]["name"])
+                    or prof.layout(args).gpus > 1 or prof.speculative(args)
+                    or perfmodel.mode_of(engine, args) != "graphs"):
+                continue
+            g = s[(s["config"] == cid) & (s["concurrency"] == 1) & (s["rate_rps"] <= 0)]
+            ties = bool(perfmodel.router_ties(run))
+            for r in g.itertuples():
+                n = float(r.prompt_tokens)
+                step = perfmodel.prefill_step(m, engine, "graphs", facts, n, graph_tokens=prof.graph_prefill_tokens(args),
+                                              chunk=prof.prefill_chunk_tokens(args, m.memory_bytes), ties=ties)
+                pts.append({"study": Path(study_dir).name, "config": cid, "bucket": r.bucket, "tokens": n,
+                            "measured_s": float(r.ttft_p50_s), "model_s": step["total_s"], "how": step["how"],
+                            "started_at": str(run.get("started_at", ""))[:10]})
+    return pts
+
+
+def ttft_from(study_dirs: list[Path | str], add_to: str, engine: str = "vllm") -> dict[str, Any]:
+    """The engine's fixed cost of a request (`perfmodel_terms.fit_request_cost`) from published TTFTs at
+    concurrency 1 (`request_points`), stored in calibration entry `add_to` as `engines.<engine>.request` with its
+    points, studies and dates; the model then gives TTFT as an estimate (its request cost + its prefill)."""
+    target = CALIBRATIONS / f"{add_to}.yaml"
+    if not target.is_file():
+        raise UserError(f"calibrate-hw --ttft-from: no calibration entry {target}")
+    entry = yaml.safe_load(target.read_text())
+    pts = request_points(study_dirs, entry, engine)
+    try:
+        fitted = terms.fit_request_cost(pts)
+    except ValueError as e:
+        raise UserError(f"calibrate-hw --ttft-from: {e}; found {len(pts)} levels of {engine} with CUDA graphs on "
+                        f"{entry['machine']['name']} in {', '.join(str(d) for d in study_dirs)}") from None
+    dates = sorted({p["started_at"] for p in pts if p["started_at"]})
+    studies = sorted({p["study"] for p in pts})
+    entry.setdefault("engines", {}).setdefault(engine, {})["request"] = {
+        **fitted, "points": [{k: p[k] for k in ("study", "config", "bucket", "tokens", "measured_s", "model_s", "how")}
+                             for p in pts],
+        "measured_at": f"{dates[0]}..{dates[-1]}" if dates else None,
+        "source": f"median TTFT at c=1 less the model's prefill steps over {len(pts)} levels of {', '.join(studies)} "
+                  f"(measured {dates[0] if dates else '?'} to {dates[-1] if dates else '?'}; calibrate-hw --ttft-from)"}
+    target.write_text(yaml.safe_dump(entry, sort_keys=False, width=120), encoding="utf-8")
+    progress_line(f"calibrate-hw: {engine} request cost {fitted['request_s'] * 1e3:.2f} ms (median of {fitted['n']} "
+                  f"levels' TTFT less the model's prefill) into {target}")
+    return entry
+
+
 def calibrate_collectives(add_to: str | None = None) -> dict[str, Any]:
     """`calibrate-hw --collectives`: all-reduce and all-to-all timed between this machine's GPUs
     (`measure.collectives`), fitted as alpha + bytes / beta per op and GPU count
@@ -357,4 +423,5 @@ def _engine_version(folder: Path) -> str | None:
     return None
 
 
-__all__ = ["calibrate_collectives", "calibrate_hw", "fit", "merge", "moe_prefill_from", "plan", "run_sweep"]
+__all__ = ["calibrate_collectives", "calibrate_hw", "fit", "merge", "moe_prefill_from", "plan", "request_points",
+           "run_sweep", "ttft_from"]

@@ -25,10 +25,15 @@ def _csv(s: str) -> list[str]:
 
 
 def cmd_calibrate_hw(a: argparse.Namespace) -> int:
-    from .calibrate_hw import calibrate_collectives, calibrate_hw, moe_prefill_from
+    from .calibrate_hw import calibrate_collectives, calibrate_hw, moe_prefill_from, ttft_from
 
     if a.collectives:
         calibrate_collectives(a.add_to)
+        return 0
+    if a.ttft_from:
+        if not a.add_to:
+            raise UserError("calibrate-hw --ttft-from STUDY_DIR ... needs --add-to ID (the entry it goes into)")
+        ttft_from(a.ttft_from, a.add_to, a.engine)
         return 0
     if a.moe_prefill_from:
         if not a.add_to:
@@ -80,8 +85,9 @@ def _model_config(path: str) -> tuple[dict[str, Any], str]:
 
 def _gpu_record(gpu: str | None) -> tuple[dict[str, Any], str]:
     """The run record's GPU for a prediction and how the figures are got: a calibration entry of that
-    GPU (estimates), else its datasheet row (bounds); the newest calibrated GPU when none is named."""
-    from .analysis.calibration import calibration_for, calibrations
+    GPU (estimates), the nearest calibrated GPU's terms carried to it by the datasheets (estimates with a
+    wider band), else its datasheet row (bounds); the newest calibrated GPU when none is named."""
+    from .analysis.calibration import calibrations, gpu_machine
     from .analysis.roofline import get_hardware
 
     if gpu is None:
@@ -89,16 +95,18 @@ def _gpu_record(gpu: str | None) -> tuple[dict[str, Any], str]:
         if not gpus:
             raise UserError("no GPU calibration entry (data/calibrations/): give --gpu")
         gpu = gpus[-1]["machine"]["name"]
-    entry, own = calibration_for("gpu", gpu)
-    if entry is not None and own:
-        mem = entry["machine"].get("memory_bytes")
-        return {"name": gpu, "memory": f"{mem / 2**20:.0f} MiB" if mem else ""}, f"calibration {entry['id']}"
+    m, why = gpu_machine(gpu)
+    if m is not None:
+        mem = m.memory_bytes
+        how = (f"terms carried from calibration {m.transferred_from} by the datasheets (estimates, with a band)"
+               if m.transferred_from else f"calibration {m.entry['id']}")
+        return {"name": gpu, "memory": f"{mem / 2**20:.0f} MiB" if mem else ""}, how
     try:
         hw = get_hardware(gpu)
     except KeyError as e:
         raise UserError(f"--gpu {gpu}: no calibration entry and no datasheet row ({e.args[0]})") from None
     return ({"name": gpu, "memory": f"{hw['memory_bytes'] / 2**20:.0f} MiB" if hw.get("memory_bytes") else ""},
-            f"datasheet {hw['name']} (as of {hw.get('as_of')}): bounds, no calibration of this GPU")
+            f"datasheet {hw['name']} (as of {hw.get('as_of')}): bounds ({why})")
 
 
 def predict_model(a: argparse.Namespace) -> int:
@@ -143,7 +151,7 @@ def yaml_scalar(v: str) -> Any:
 
 def _print_model(name: str, f: dict[str, Any], a: argparse.Namespace, gpu: dict[str, Any], how: str,
                  pred: dict[str, Any], label: str, kv_dtype: str) -> None:
-    from .forecast import fmt_value as _fmt
+    from .forecast import band_text, fmt_value as _fmt
 
     moe = (f"; {f['num_experts']} routed experts per MoE layer ({f['num_moe_layers']} of {f['num_layers']} layers), "
            f"{f['num_active_experts']} per token, {f['num_shared_experts']} shared; "
@@ -162,15 +170,23 @@ def _print_model(name: str, f: dict[str, Any], a: argparse.Namespace, gpu: dict[
     print(f"  KV cache: {kv_bytes_per_token(f, kv_dtype, a.tp):,} bytes per token ({kv_dtype}; {layers}); "
           f"{_fmt(p['kv_tokens'])} tokens fit ({p['kv_from']}), {_fmt(p['kv_limited_concurrency'])} requests of "
           f"{a.input} + {a.output} tokens ({kinds.get('kv_limited_concurrency')})")
-    tp = ", ".join(f"c={c} {_fmt(v, 1000, ' ms')}" for c, v in sorted(p["tpot_s"].items(), key=lambda x: int(x[0])))
+    band = p.get("band") or {}
+    tp = ", ".join(f"c={c} {_fmt(v, 1000, ' ms')}{band_text(band.get('tpot_s', {}).get(c))}"
+                   for c, v in sorted(p["tpot_s"].items(), key=lambda x: int(x[0])))
     print(f"  TPOT: {tp} ({kinds.get('tpot_s', 'bound')}; each request its own tokens unless --identical, a closed "
           "loop in waves)")
-    print(f"  TTFT at c=1: {_fmt(p['ttft_c1_s'], 1000, ' ms')} ({kinds.get('ttft_c1_s', 'bound')})")
+    print(f"  TTFT at c=1: {_fmt(p['ttft_c1_s'], 1000, ' ms')}{band_text(band.get('ttft_c1_s'))} "
+          f"({kinds.get('ttft_c1_s', 'bound')})")
     print(f"  capacity at the SLO (p95 TTFT <= {a.ttft_slo:g} s, TPOT <= {a.tpot_slo * 1000:g} ms): "
           f"{_fmt(p.get('capacity_rps'))} req/s at c={p.get('capacity_concurrency')} (binding: "
           f"{p.get('capacity_binding')}; {kinds.get('capacity_rps', 'bound')})")
     for t in p.get("engine_terms") or []:
         print(f"  engine term {t['id']}: {_fmt(t['seconds'], 1000, ' ms')} per decode step ({t['source']})")
+    for t in (pred.get("machine") or {}).get("transfer") or []:
+        rng = f", +/-{t['range'] * 100:.0f} %" if t.get("range") else ""
+        print(f"  carried: {t['term']}: {t['rule']} ({t['source']}{rng})")
+    if band:
+        print(f"  band: {band.get('rule')}")
     for why in p.get("bound_because") or []:
         print(f"  bound: {why}")
     for why in p.get("ttft_bound_because") or []:
@@ -189,6 +205,10 @@ def add_parser(sub: Any) -> None:
     c.add_argument("--moe-prefill-from", metavar="STUDY_DIR",
                    help="fit the engine's MoE prefill term from a published TTFT sweep (MoE and dense shapes at "
                         "c=1, several prompt lengths) into the entry --add-to names; measures nothing")
+    c.add_argument("--ttft-from", metavar="STUDY_DIR", nargs="+",
+                   help="fit the engine's fixed cost of a request (HTTP, template, tokenization, scheduling) from "
+                        "published studies' TTFTs at c=1 less the model's prefill, into the entry --add-to names; "
+                        "measures nothing")
     c.add_argument("--collectives", action="store_true",
                    help="time all-reduce and all-to-all between this machine's GPUs (NCCL; 2 or more GPUs) for the "
                         "model's tensor- and expert-parallel terms, into the entry --add-to names (default: the newest "

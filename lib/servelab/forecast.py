@@ -10,7 +10,7 @@ import statistics
 from types import SimpleNamespace
 from typing import Any
 
-from .analysis.calibration import calibration_for, calibrations
+from .analysis.calibration import calibrations, gpu_machine
 from .analysis.perfmodel import predict_configuration
 from .errors import UserError
 from .hosts import get as host_class
@@ -45,8 +45,8 @@ def prediction_machine(study: Any, hardware: str | None) -> tuple[dict[str, Any]
             raise UserError("no GPU calibration entry (data/calibrations/): give --hardware or run calibrate-hw")
         name = gpus[-1]["machine"]["name"]
     if name and name.lower() != "cpu":
-        entry, own = calibration_for("gpu", name)
-        mem = (entry or {}).get("machine", {}).get("memory_bytes") if own else None
+        m, _ = gpu_machine(name)
+        mem = m.memory_bytes if m is not None else None
         return {"gpus_used": [{"name": name, "memory": f"{mem / 2**20:.0f} MiB" if mem else ""}]}, name
     probe = measure_cpu_bandwidth(seconds=1.0)
     return {"hardware_measured": probe}, f"this CPU ({probe.get('cpu_model')}, {probe.get('cpu_count')} cores)"
@@ -65,13 +65,18 @@ def prediction_lines(study: Any, config_id: str, machine: dict[str, Any]) -> lis
     if pred.get("not_predictable"):
         return [f"{config_id}: not predictable: {pred['not_predictable']}"]
     mach = pred.get("machine") or {}
-    out = [f"{config_id}: " + (f"calibration {mach['calibration']} ({mach['name']}, measured "
+    carried = f"terms carried from {mach['transferred_from']} to {mach['name']} by the datasheets, " \
+        if mach.get("transferred_from") else ""
+    out = [f"{config_id}: " + (f"{carried}calibration {mach['calibration']} ({mach['name']}, measured "
                                f"{str(mach['measured_at'])[:10]})" if mach.get("calibration")
                                else f"roofline bounds ({mach.get('why')})")]
     for label, p in pred["buckets"].items():
         kinds = p.get("kinds") or {}
-        tp = ", ".join(f"c={c} {fmt_value(v, 1000, ' ms')}" for c, v in sorted(p["tpot_s"].items(), key=lambda x: int(x[0])))
-        out.append(f"  {label}: TPOT {tp} ({kinds.get('tpot_s')}); TTFT c=1 {fmt_value(p['ttft_c1_s'], 1000, ' ms')}; "
+        band = p.get("band") or {}
+        tp = ", ".join(f"c={c} {fmt_value(v, 1000, ' ms')}{band_text(band.get('tpot_s', {}).get(c))}"
+                       for c, v in sorted(p["tpot_s"].items(), key=lambda x: int(x[0])))
+        out.append(f"  {label}: TPOT {tp} ({kinds.get('tpot_s')}); TTFT c=1 {fmt_value(p['ttft_c1_s'], 1000, ' ms')}"
+                   f"{band_text(band.get('ttft_c1_s'))} ({kinds.get('ttft_c1_s', 'bound')}); "
                    f"prefill {fmt_value(p['prefill_tok_s'])} tok/s; KV-limited concurrency "
                    f"{fmt_value(p['kv_limited_concurrency'])}; capacity at SLO {fmt_value(p.get('capacity_rps'))} req/s "
                    f"(c={p.get('capacity_concurrency')}, {p.get('capacity_binding')})")
@@ -85,6 +90,13 @@ def fmt_value(v: Any, scale: float = 1.0, unit: str = "") -> str:
         return "-"
     x = float(v) * scale
     return f"{x:,.3g}{unit}" if abs(x) < 1000 else f"{x:,.0f}{unit}"
+
+
+def band_text(b: Any, scale: float = 1000.0) -> str:
+    """" (lo-hi)" of an estimate's band in ms, "" without one."""
+    if not b or any(x is None or not math.isfinite(float(x)) for x in b):
+        return ""
+    return f" ({fmt_value(b[0], scale)}-{fmt_value(b[1], scale)})"
 
 
 def bucket_lengths(wl: Any, server: Any = None) -> dict[str, tuple[int | None, int | None]]:
@@ -106,4 +118,4 @@ def bucket_lengths(wl: Any, server: Any = None) -> dict[str, tuple[int | None, i
     return out
 
 
-__all__ = ["bucket_lengths", "fmt_value", "prediction", "prediction_lines", "prediction_machine"]
+__all__ = ["band_text", "bucket_lengths", "fmt_value", "prediction", "prediction_lines", "prediction_machine"]

@@ -133,6 +133,9 @@ class Machine:
     def __init__(self, entry: Mapping[str, Any], *, own: bool = True, probe: Mapping[str, Any] | None = None,
                  memory_bytes: float | None = None) -> None:
         self.entry, self.own = dict(entry), own
+        #: the terms carried from another GPU's calibration (`analysis.transfer`), each with its rule and source
+        self.transfer: list[dict[str, Any]] = list(entry.get("transfer") or [])
+        self.transferred_from: str | None = entry.get("transferred_from")
         self.kind = entry["machine"]["kind"]
         micro = entry.get("micro") or {}
         self.gemm = (micro.get("gemm_flops") or {})
@@ -148,7 +151,19 @@ class Machine:
     def label(self) -> str:
         m = self.entry["machine"]
         own = "" if self.own else " (another machine of its kind: its bandwidth scaled by this machine's copy probe)"
+        if self.transferred_from:
+            return (f"{m['name']}: terms carried from {self.transferred_from} (measured "
+                    f"{str(self.entry.get('measured_at', ''))[:10]}) by the datasheets")
         return f"{self.entry.get('id')}: {m['name']}, measured {str(self.entry.get('measured_at', ''))[:10]}{own}"
+
+    def request(self, engine: str) -> tuple[float | None, str]:
+        """The engine's fixed cost of one request (HTTP, chat template, tokenization, scheduling, the first
+        token's way back: a TTFT less the model's prefill step, `calibrate-hw --ttft-from`), and where from."""
+        r = ((self.entry.get("engines") or {}).get(engine) or {}).get("request") or {}
+        if "request_s" not in r:
+            return None, f"{engine}: no request cost calibrated (calibrate-hw --ttft-from)"
+        host = f", the host of {self.transferred_from}" if self.transferred_from else ""
+        return float(r["request_s"]), f"{engine} request cost: {r.get('source', '')}{host}"
 
     def bandwidth(self, engine: str, batch: float) -> tuple[float, str]:
         eng = (self.entry.get("engines") or {}).get(engine) or {}
@@ -201,19 +216,58 @@ class Machine:
             return total, gpu, f"{eng} {md} fixed costs ({', '.join(counts)} layers)", own
         return None, gpu, "no fixed costs calibrated for these layer kinds", False
 
+    def eager_parts(self, engine: str, counts: Mapping[str, int]) -> tuple[float | None, float, str, bool]:
+        """The engine's CPU side of a step that runs without captured graphs (its eager calibration: the
+        step's cost and each layer's kernel launches), split in two: (the part the GPU's work overlaps:
+        the step and the dense layers; the part it does not: MoE and latent-attention layers, whose launches
+        wait on the GPU in the published runs (docs/predictions.md); where from; whether the engine's own).
+        None when no eager costs cover these layer kinds."""
+        engines = self.entry.get("engines") or {}
+        for eng, own in ((engine, True), ("vllm", False)):
+            costs = (engines.get(eng) or {}).get("eager")
+            if not costs:
+                continue
+            layers = {k: _layer_cost(costs, k) for k in counts}
+            if None in layers.values():
+                continue
+            step = max(float(c.get("step_s", 0.0)) for c in costs.values() if isinstance(c, Mapping) and "step_s" in c)
+            over = step + sum(n * layers[k] for k, n in counts.items() if k == "dense")
+            serial = sum(n * layers[k] for k, n in counts.items() if k != "dense")
+            return over * self.scale_fixed, serial * self.scale_fixed, f"{eng} eager launch costs ({', '.join(counts)} layers)", own
+        return None, 0.0, "no eager costs calibrated for these layer kinds", False
+
+
+def gpu_machine(name: str | None, folder: Path | str | None = None,
+                memory_bytes: float | None = None) -> tuple[Machine | None, str]:
+    """The machine of a GPU by name: its own calibration entry; else (no entry, or one of micro-benchmarks
+    only) the nearest calibrated GPU's terms carried to it by the datasheets (`analysis.transfer`), each
+    labelled; else None and why (no datasheet row, or no calibrated GPU to carry from)."""
+    from . import transfer
+
+    entry, own = calibration_for("gpu", name, folder)
+    if entry is not None and own and transfer.has_engine_costs(entry):
+        return Machine(entry, own=True, memory_bytes=memory_bytes), ""
+    target = transfer.hardware_row(str(name or ""))
+    if target is None:
+        have = f" (have {entry['machine']['name']})" if entry is not None else ""
+        return None, (f"no calibration entry for {name}{have} and no datasheet row to carry one to: run servelab "
+                      "calibrate-hw there")
+    near = transfer.nearest_calibrated(target, calibrations(folder))
+    if near is None:
+        return None, f"no calibration entry for a GPU to carry to {name}: run servelab calibrate-hw on one"
+    micro = entry.get("micro") if entry is not None and own else None
+    carried = transfer.transferred_entry(target, near[0], near[1], own_micro=micro,
+                                         own_id=entry.get("id") if micro else None)
+    return Machine(carried, own=True, memory_bytes=memory_bytes or target.get("memory_bytes")), ""
+
 
 def machine_for(run: Mapping[str, Any], folder: Path | str | None = None) -> tuple[Machine | None, str]:
     """The calibrated machine of a run record (its GPUs, else the CPU it measured), or None and why."""
     gpus = run.get("gpus_used") or (run.get("client_host") or {}).get("gpus") or []
     if gpus:
-        entry, own = calibration_for("gpu", gpus[0].get("name"), folder)
         mib = str(gpus[0].get("memory") or "").split()
         mem = float(mib[0]) * 2**20 if mib and mib[0].replace(".", "").isdigit() else None  # nvidia-smi "143771 MiB"
-        if entry is None:
-            return None, f"no calibration entry for a GPU ({gpus[0].get('name')}): run servelab calibrate-hw there"
-        if not own:
-            return None, f"no calibration entry for {gpus[0].get('name')} (have {entry['machine']['name']})"
-        return Machine(entry, own=True, memory_bytes=mem), ""
+        return gpu_machine(gpus[0].get("name"), folder, mem)
     probe = run.get("hardware_measured")
     if probe:
         entry, own = calibration_for("cpu", probe.get("cpu_model"), folder)
@@ -238,6 +292,6 @@ def _same_cpu(entry: Mapping[str, Any], probe: Mapping[str, Any]) -> bool:
     return bool(0.8 <= ratio <= 1.25)
 
 
-__all__ = ["Machine", "calibration_for", "calibrations", "fit_collective", "fit_engine_bandwidth",
+__all__ = ["Machine", "calibration_for", "gpu_machine", "calibrations", "fit_collective", "fit_engine_bandwidth",
            "fit_fixed_costs",
            "fit_graph_costs", "machine_for"]

@@ -33,13 +33,21 @@ requests. How they ride depends on the arrivals:
   their c prompts are prefilled at the wave's start, and a request whose first token comes early
   waits in its decode for the prefills still to run, on average half of the wave's, so TPOT gains
   half the prefill of c x input tokens over its output - 1 gaps.
-Prefill of n tokens:
-max(weights touched / BW, FLOPs / F) plus the fixed costs; FLOPs = 2 * matmul parameters * n + attention's
-2 * layers * heads * head_dim * n^2, the non-expert part at F(n) rows and a MoE's expert GEMMs at
-F(n * k / touched experts) rows each; plus the engine's MoE prefill term per MoE layer when the
-calibration entry has one (a TTFT sweep, `perfmodel_terms.fit_moe_prefill`). TTFT at c = 1 is one
-prefill, always a bound (the engine's prefill is not calibrated). The KV-limited concurrency and the
-capacity at the SLO follow (`predict`).
+Prefill of n tokens (`prefill_step`), in chunks of the engine's batch budget: on the GPU, max(weights
+touched / BW, FLOPs / F) plus the per-layer fixed time; FLOPs = 2 * matmul parameters * n + attention's
+2 * layers * heads * head_dim * n^2, each GEMM at the measured throughput of its work (a layer's mean GEMM
+at n rows; a MoE layer's experts as one grouped GEMM of n * k rows); plus the engine's MoE prefill term per
+MoE layer when the calibration entry has one. The CPU side: a step the engine runs inside a captured graph
+(vLLM: up to min(2 x max-num-seqs, 512) tokens) pays the step's floor, the longer of it and the GPU; a larger
+one launches its kernels one by one at the eager calibration's cost per layer, MoE and latent-attention
+layers in series with the GPU's work, the rest overlapped. TTFT at c = 1 = the engine's request cost (HTTP,
+chat template, tokenization, scheduling, the token's way back: fitted on published TTFTs less the model's
+prefill, `calibrate-hw --ttft-from`) + the prefill. The KV-limited concurrency and the capacity at the SLO
+follow (`predict`). Every estimate carries a band: its uncertain terms at both ends (`analysis.transfer`).
+
+A GPU without a calibration entry of its own takes the nearest calibrated GPU's terms carried by the
+datasheets (bandwidth and FLOP/s shares, per-layer kernel time by clock, the host's CPU-side terms as
+measured there; `analysis.transfer`), each labelled with its rule and source.
 
 Several GPUs (`perfmodel_parallel`, from the engine's `Layout`): tensor parallel splits the weights,
 the KV cache and the FLOPs over t GPUs and adds two all-reduces per layer of the step's activations at
@@ -73,7 +81,11 @@ from .roofline import decode_weight_bytes, prefill_matmul_params
 # 2: prefills in waves (closed loops of one forced length); 3: model facts from the library (any architecture
 # transformers builds; sliding-window layers read at most their window), engine terms (data/engine_terms.yaml),
 # MoE prefill counted per expert GEMM (and its calibrated term when the entry has one)
-MODEL_VERSION = "perfmodel-3"
+# 4: TTFT as an estimate (the engine's request cost, calibrated from published TTFTs, plus its prefill steps: inside
+# a captured graph or launched kernel by kernel, chunked, the GEMMs at the throughput of their work); a GPU without
+# a calibration of its own gets the nearest calibrated GPU's terms carried by the datasheets (analysis.transfer);
+# an uncertainty band on every estimate; dummy-weight routers that tie through a score-correction bias (ERNIE-4.5)
+MODEL_VERSION = "perfmodel-4"
 FORMAT_VERSION = 1
 KINDS = ("dense", "moe", "mla")
 ESTIMATE, BOUND = "estimate", "bound"
@@ -109,10 +121,12 @@ def weight_bytes(facts: Mapping[str, Any], distinct_tokens: float) -> float:
 
 def step_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], *, batch: int, ctx: float,
               kv_bpt: float, distinct: float, n_gpus: int = 1, prefill_tokens: float = 0.0,
-              extra_s: float = 0.0, par: Parallel | None = None) -> dict[str, Any]:
+              extra_s: float = 0.0, par: Parallel | None = None, graph_tokens: int | None = None) -> dict[str, Any]:
     """One decode step of `batch` sequences (and, when `prefill_tokens`, a prefill riding in it);
     `extra_s`: the engine terms this configuration pays per step (GPU work, `perfmodel_terms`); `par`: a
-    layout of several GPUs (its per-GPU weight bytes and its collectives; `n_gpus` its TP size)."""
+    layout of several GPUs (its per-GPU weight bytes and its collectives; `n_gpus` its TP size);
+    `graph_tokens`: the most tokens a step runs inside a captured graph (None: every step does), beyond
+    which the step's CPU side is the eager launch costs (`prefill_step`)."""
     bw, _ = m.bandwidth(engine, batch)
     wbytes = par.weight_bytes(facts, distinct) if par else weight_bytes(facts, distinct) / n_gpus
     comm = par.comm_s(facts, batch + prefill_tokens) if par else 0.0
@@ -125,9 +139,14 @@ def step_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], *, b
     if prefill_tokens:
         f_pre, _ = m.flops(prec, prefill_tokens)
         t_cmp += prefill_flops(facts, prefill_tokens) / n_gpus / f_pre
-    cpu, gpu, _, _ = m.fixed(engine, mode, layer_counts(facts))
+    counts = layer_counts(facts)
+    cpu, gpu, _, _ = m.fixed(engine, mode, counts)
     if m.kind == "cpu":  # the CPU engine computes on the cores that also run its steps: everything adds up
         total = max(t_mem, t_cmp) + (cpu or 0.0) + gpu + extra_s + comm
+    elif mode == "graphs" and graph_tokens is not None and batch + prefill_tokens > graph_tokens:
+        over, serial, _, _ = m.eager_parts(engine, counts)  # a step too large for the captured graphs
+        total = (serial or 0.0) + max(over or cpu or 0.0, max(t_mem, t_cmp) + gpu + extra_s + comm)
+        cpu = (over or 0.0) + (serial or 0.0)
     else:  # the GPU runs its kernels while the CPU side prepares the next step: the longer of the two
         total = max(cpu or 0.0, max(t_mem, t_cmp) + gpu + extra_s + comm)
     return {"memory_s": t_mem, "compute_s": t_cmp, "cpu_s": cpu or 0.0, "gpu_fixed_s": gpu, "terms_s": extra_s,
@@ -159,37 +178,95 @@ def expert_split(facts: Mapping[str, Any], n: float) -> tuple[float, float]:
     return float(k) * per_expert, (n * float(k) / touched if touched > 0 else float(n))
 
 
-def prefill_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n: float, n_gpus: int = 1,
-                 seqs: float = 1.0, par: Parallel | None = None) -> float:
-    """One prefill step of n tokens (in `seqs` prompts): the weights its tokens touch over the
-    bandwidth, or its FLOPs (a MoE's expert GEMMs at their own few rows each, the rest at n rows),
-    plus the fixed costs and, when the calibration entry has one, the engine's MoE prefill term."""
-    bw, _ = m.bandwidth(engine, n)
+#: the GEMMs of one layer's dense part in vLLM and SGLang: fused QKV, the output projection, fused gate-up, down
+GEMMS_PER_LAYER = 4
+
+
+def gemm_rate(m: Machine, precision: str, rows: float, params_per_gemm: float) -> float:
+    """The measured GEMM throughput (the calibration's micro-benchmark, one k x n shape at several row
+    counts) at a GEMM of `rows` x `params_per_gemm` weights, read at the rows that give the micro-benchmark's
+    shape the same work: a wide layer at few rows fills the GPU as the micro-benchmark's square does at more."""
+    shape = (m.entry.get("micro") or {}).get("gemm_shape") or {"k": 4096, "n": 4096}
+    eq = float(rows) * float(params_per_gemm) / (float(shape["k"]) * float(shape["n"]))
+    return m.flops(precision, max(eq, 1.0))[0]
+
+
+def prefill_compute_s(m: Machine, facts: Mapping[str, Any], n: float, seqs: float = 1.0) -> float:
+    """The GPU's matmul and attention time of a prefill of n tokens (in `seqs` prompts) on one GPU: the
+    dense part's GEMMs and the attention at the throughput of a layer's mean GEMM at n rows, a MoE
+    layer's expert GEMMs as one grouped GEMM of n x k rows (its work over the touched experts), each at
+    the measured throughput of that much work (`gemm_rate`)."""
     prec = _precision(facts)
-    f, _ = m.flops(prec, n)
-    cpu, gpu, _, _ = m.fixed(engine, mode, layer_counts(facts))
-    t_mem = (par.weight_bytes(facts, n) if par else weight_bytes(facts, n) / n_gpus) / bw
-    comm = par.comm_s(facts, n) if par else 0.0
-    expert_params, rows = expert_split(facts, n)
-    if f == f:
-        f_exp, _ = m.flops(prec, rows)
-        t_cmp = ((prefill_flops(facts, n, seqs) - 2.0 * expert_params * n) / f + 2.0 * expert_params * n / f_exp) / n_gpus
-    else:
-        t_cmp = 0.0
+    mm = prefill_matmul_params(facts)
+    exp_params, _ = expert_split(facts, n)
+    dense = max(mm - exp_params, 1.0)
+    layers = max(int(facts.get("num_layers") or 1), 1)
+    f_dense = gemm_rate(m, prec, n, dense / layers / GEMMS_PER_LAYER)
+    if f_dense != f_dense:
+        return 0.0
+    attn = prefill_flops(facts, n, seqs) - 2.0 * mm * n
+    t = (2.0 * dense * n + attn) / f_dense
+    if exp_params:
+        k = float(facts.get("num_active_experts") or 1)
+        moe_layers = max(int(facts.get("num_moe_layers") or layers), 1)
+        per_expert_layer = exp_params / k / moe_layers  # one expert's parameters in one MoE layer
+        t += 2.0 * exp_params * n / gemm_rate(m, prec, n * k, per_expert_layer / 2.0)
+    return t
+
+
+def prefill_step(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n: float, n_gpus: int = 1,
+                 seqs: float = 1.0, par: Parallel | None = None, *, graph_tokens: int | None = None,
+                 chunk: int | None = None, ties: bool = False) -> dict[str, Any]:
+    """The engine's steps that prefill n prompt tokens (in `seqs` prompts), split in chunks of `chunk`
+    tokens (chunked prefill's budget), each:
+    - the GPU: the weights its tokens touch over the bandwidth (`ties`: every token takes the same experts),
+      or its matmuls and attention (`prefill_compute_s`), plus the per-layer fixed time, the engine's MoE
+      prefill term when calibrated, and the collectives;
+    - the CPU side: inside a captured graph (`graph_tokens`: the engine's largest; None: always) the step's
+      floor, the longer of it and the GPU; outside, the eager launch costs: the MoE and latent-attention
+      layers' in series with the GPU's work, the rest overlapped by it (`Machine.eager_parts`).
+    Returns the parts and `total_s`."""
+    chunks = max(1, math.ceil(n / chunk)) if chunk else 1
+    nc = n / chunks
+    counts = layer_counts(facts)
+    bw, _ = m.bandwidth(engine, nc)
+    distinct = 1.0 if ties else nc
+    t_mem = (par.weight_bytes(facts, distinct) if par else weight_bytes(facts, distinct) / n_gpus) / bw
+    t_cmp = prefill_compute_s(m, facts, n, seqs) / chunks / n_gpus
+    comm = par.comm_s(facts, nc) if par else 0.0
+    cpu, gpu, _, _ = m.fixed(engine, mode, counts)
     moe = terms.moe_prefill(m.entry, engine) if facts.get("num_experts") else None
-    t_moe = terms.moe_prefill_seconds(moe, int(facts.get("num_moe_layers") or 0), n) / n_gpus if moe else 0.0
+    t_moe = terms.moe_prefill_seconds(moe, int(facts.get("num_moe_layers") or 0), nc) / n_gpus if moe else 0.0
+    gpu_s = max(t_mem, t_cmp) + gpu + t_moe + comm
+    in_graph = mode == "graphs" and (graph_tokens is None or nc <= graph_tokens)
     if m.kind == "cpu":
-        return max(t_mem, t_cmp) + (cpu or 0.0) + gpu + t_moe + comm
-    return max(cpu or 0.0, max(t_mem, t_cmp) + gpu + t_moe + comm)
+        step, cpu_s, how = max(t_mem, t_cmp) + (cpu or 0.0) + gpu + t_moe + comm, cpu or 0.0, "cpu"
+    elif in_graph:
+        step, cpu_s, how = max(cpu or 0.0, gpu_s), cpu or 0.0, "graph"
+    else:
+        over, serial, _, _ = m.eager_parts(engine, counts)
+        if over is None:
+            over, serial = cpu or 0.0, 0.0
+        step, cpu_s, how = serial + max(over, gpu_s), over + serial, "launched"
+    return {"chunks": chunks, "memory_s": t_mem, "compute_s": t_cmp, "gpu_s": gpu_s, "cpu_s": cpu_s, "how": how,
+            "total_s": chunks * step}
+
+
+def prefill_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n: float, n_gpus: int = 1,
+                 seqs: float = 1.0, par: Parallel | None = None, **kw: Any) -> float:
+    """The seconds of `prefill_step` (the engine's steps only: a TTFT adds the request's fixed cost)."""
+    return prefill_step(m, engine, mode, facts, n, n_gpus, seqs, par, **kw)["total_s"]
 
 
 def tpot(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], c: int, n_in: float, n_out: float,
          kv_bpt: float, identical: bool, n_gpus: int = 1, waves: bool = False, extra_s: float = 0.0,
-         par: Parallel | None = None) -> float:
+         par: Parallel | None = None, pre: Mapping[str, Any] | None = None) -> float:
     """Mean time per output token of a request at concurrency c: decode steps at batch c plus the
     other requests' prefills; `waves`: the c requests start together (a closed loop of one forced
     length) and a request's decode waits, on average, for half of the wave's c prefills; else a share
-    (c - 1) / output of its steps also carries another request's prefill."""
+    (c - 1) / output of its steps also carries another request's prefill. `pre`: `prefill_step`'s
+    keywords (the engine's graph size and chunk, whether dummy weights tie the router)."""
+    pre = dict(pre or {})
     ctx = n_in + n_out / 2.0
     distinct = 1 if identical else c
     plain = step_time(m, engine, mode, facts, batch=c, ctx=ctx, kv_bpt=kv_bpt, distinct=distinct, n_gpus=n_gpus,
@@ -197,10 +274,11 @@ def tpot(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], c: int, n
     if c <= 1 or n_out <= 1:
         return plain["total_s"]
     if waves:
-        wave = prefill_time(m, engine, mode, facts, c * n_in, n_gpus, seqs=c, par=par)
+        wave = prefill_time(m, engine, mode, facts, c * n_in, n_gpus, seqs=c, par=par, **pre)
         return plain["total_s"] + wave / 2.0 / (n_out - 1)
-    mixed = step_time(m, engine, mode, facts, batch=c, ctx=ctx, kv_bpt=kv_bpt, distinct=distinct + n_in,
-                      n_gpus=n_gpus, prefill_tokens=n_in, extra_s=extra_s, par=par)  # the prompt's tokens route to experts too
+    mixed = step_time(m, engine, mode, facts, batch=c, ctx=ctx, kv_bpt=kv_bpt,
+                      distinct=distinct + (1 if pre.get("ties") else n_in), n_gpus=n_gpus, prefill_tokens=n_in,
+                      extra_s=extra_s, par=par, graph_tokens=pre.get("graph_tokens"))  # the prompt's tokens route too
     share = min(1.0, (c - 1) / n_out)
     return (1 - share) * plain["total_s"] + share * mixed["total_s"]
 
@@ -229,13 +307,16 @@ def kv_tokens(engine: str, facts: Mapping[str, Any], args: Mapping[str, Any], m:
 def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: Machine, *, input_tokens: int,
             output_tokens: int, concurrency: Sequence[int], slo: Mapping[str, Any] | None = None,
             identical: bool = False, n_gpus: int = 1, speculative: bool = False, waves: bool = False,
-            ties: str | None = None, engine_terms: bool = True, layout: Any = None) -> dict[str, Any]:
+            ties: str | None = None, engine_terms: bool = True, layout: Any = None, band: bool = True) -> dict[str, Any]:
     """Every prediction for one request shape: c=1 TPOT, TPOT at each concurrency, prefill tok/s,
-    TTFT at c=1, the KV-limited concurrency and the capacity at the SLO, each labelled estimate or
-    bound, with the inputs it used and the engine terms it paid (`engine_terms=False`: none, the
-    base a term is fitted on). `layout` (`engines.Layout`; else `n_gpus` tensor-parallel GPUs): how the
-    engine spreads over GPUs (`perfmodel_parallel`); the figures are per replica but for TPOT at c (the
-    concurrency split over the replicas), the KV-limited concurrency and the capacity (all replicas)."""
+    TTFT at c=1 (the engine's request cost and its prefill steps), the KV-limited concurrency and the
+    capacity at the SLO, each labelled estimate or bound, with the inputs it used and the engine terms it
+    paid (`engine_terms=False`: none, the base a term is fitted on). `layout` (`engines.Layout`; else
+    `n_gpus` tensor-parallel GPUs): how the engine spreads over GPUs (`perfmodel_parallel`); the figures are
+    per replica but for TPOT at c (the concurrency split over the replicas), the KV-limited concurrency and
+    the capacity (all replicas). `ties`: why dummy weights route every token to the same experts (their
+    prompts' too). `band`: the estimates' uncertainty band (`analysis.transfer.band_entries`)."""
+    prof = engines.get(engine)
     par = parallel_for(layout, n_gpus, m.collective)
     n_gpus, reps = (par.tp, par.replicas) if par else (1, 1)
     slo = dict(slo or {})
@@ -251,6 +332,10 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
             if engine_terms else [])
     extra = sum(t["seconds"] for t in paid if t["seconds"] == t["seconds"])
     moe_pre = terms.moe_prefill(m.entry, engine) if facts.get("num_experts") else None
+    pre = {"graph_tokens": prof.graph_prefill_tokens(args) if m.kind == "gpu" else None,
+           "chunk": prof.prefill_chunk_tokens(args, m.memory_bytes) if m.kind == "gpu" else None,
+           "ties": bool(ties)}
+    req_s, req_src = m.request(engine)
     par_why = par.bound_because(facts) if par else []
     kind = ESTIMATE if (own_fixed and not par_why and not speculative and fixed is not None) else BOUND
     kind = kind if m.own and all(t["seconds"] == t["seconds"] for t in paid) else BOUND
@@ -263,21 +348,29 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
          bool((facts.get("kv_layers") or {}).get("linear_attention"))),
         ("an engine term needs the KV pool's size, which is unknown",
          any(t["seconds"] != t["seconds"] for t in paid))) if cond]
-    ttft_why = ["prefill: the GEMM micro-benchmark's throughput, not the engine's own prefill"] + (
-        ["MoE prefill: the engine's expert GEMMs at prefill batch sizes are not calibrated (the touched experts' "
-         "bytes at the decode bandwidth; a lower bound)"] if facts.get("num_experts") and not moe_pre else [])
+    t_pre_parts = prefill_step(m, engine, mode, facts, n_in, n_gpus, par=par, **pre)
+    t_pre = t_pre_parts["total_s"]
+    _, _, _, own_eager = m.eager_parts(engine, counts)
+    needs_eager = t_pre_parts["how"] == "launched"
+    ttft_why = [w for w, cond in (
+        (f"{req_src}", req_s is None),
+        (f"the prompt's {n_in:g} tokens run without captured graphs, and {engine}'s own eager launch costs are not "
+         "calibrated", needs_eager and not own_eager),
+        ("eager mode: its TTFT was not checked against a measurement", mode == "eager"),
+        *((w, True) for w in why_bound)) if cond]
+    ttft_kind = ESTIMATE if not ttft_why and m.kind == "gpu" else BOUND
+    ttft = (req_s or 0.0) + t_pre
     cs = sorted({int(c) for c in concurrency} | {1})
     tp = {str(c): replicas_tpot(reps, c, lambda x: tpot(m, engine, mode, facts, x, n_in, n_out, kv_bpt, identical,
-                                                            n_gpus, waves, extra, par)) for c in cs}
-    t_pre = prefill_time(m, engine, mode, facts, n_in, n_gpus, par=par)
+                                                            n_gpus, waves, extra, par, pre)) for c in cs}
     per_request = n_in + n_out
     c_kv = kv_tok / per_request if kv_tok == kv_tok else math.nan
     seqs = get_flag(args, "max-num-seqs") or get_flag(args, "max-running-requests")
     limits = {"kv": math.floor(c_kv) if c_kv == c_kv else 4096, "max-num-seqs": int(seqs) if seqs else 4096}  # a replica's
     if reps > 1:  # every replica its own KV pool
         kv_tok, c_kv = kv_tok * reps, c_kv * reps
-    cap = _capacity(m, engine, mode, facts, n_in, n_out, kv_bpt, identical, n_gpus, min(limits.values()), slo, t_pre,
-                    extra, par)
+    cap = _capacity(m, engine, mode, facts, n_in, n_out, kv_bpt, identical, n_gpus, min(limits.values()), slo, ttft,
+                    extra, par, pre)
     bw1, bw_src = m.bandwidth(engine, 1)
     f_pre, f_src = m.flops(_precision(facts), n_in)
     inputs = [
@@ -294,6 +387,9 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
         {"name": "engine terms per decode step (s)", "value": extra,
          "source": "; ".join(f"{t['id']}: {t['source']}" for t in paid) or "none applies (data/engine_terms.yaml)"},
         {"name": "MoE prefill term", "value": moe_pre, "source": (moe_pre or {}).get("source") or "not calibrated"},
+        {"name": "request cost (s)", "value": req_s, "source": req_src},
+        {"name": "prefill steps", "value": {k: t_pre_parts[k] for k in ("chunks", "how", "gpu_s", "cpu_s")},
+         "source": f"{engine}: graphs up to {pre['graph_tokens']} tokens, chunks of {pre['chunk']} (engine profile)"},
         {"name": "model facts", "value": facts.get("architecture"),
          "source": facts.get("facts_source") or "run record (counted before the library did)"},
         {"name": "identical requests (route as one token)", "value": identical,
@@ -303,28 +399,57 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
         {"name": "requests in waves (their prefills at a wave's start)", "value": waves,
          "source": "workload: a closed loop whose requests all have one forced length (ignore_eos) start and end "
                    "together; otherwise each prefill rides in the running requests' decode steps"},
+        *({"name": f"transferred: {t['term']}", "value": t.get("value"), "source": f"{t['rule']} ({t['source']})"}
+          for t in m.transfer),
         *(par.inputs() if par else []),
     ]
-    return {
+    out = {
         "input_tokens": int(input_tokens), "output_tokens": int(output_tokens), "mode": mode,
-        "c1_tpot_s": tp["1"], "tpot_s": tp, "ttft_c1_s": t_pre, "prefill_tok_s": n_in / t_pre if t_pre > 0 else math.nan,
+        "c1_tpot_s": tp["1"], "tpot_s": tp, "ttft_c1_s": ttft, "prefill_tok_s": n_in / t_pre if t_pre > 0 else math.nan,
         "kv_tokens": kv_tok, "kv_from": kv_from, "kv_limited_concurrency": c_kv,
         "max_num_seqs": int(seqs) if seqs else None, **cap,
-        # prefill: the GEMM micro-benchmark's throughput, not the engine's (its prefill is not calibrated): a bound
-        "kinds": {"c1_tpot_s": kind, "tpot_s": kind, "prefill_tok_s": BOUND, "ttft_c1_s": BOUND,
+        "kinds": {"c1_tpot_s": kind, "tpot_s": kind, "prefill_tok_s": ttft_kind, "ttft_c1_s": ttft_kind,
                   "kv_limited_concurrency": BOUND if "upper bound" in kv_from else ESTIMATE, "capacity_rps": kind},
         "bound_because": why_bound, "ttft_bound_because": ttft_why, "inputs": inputs,
         "engine_terms": [{k: t[k] for k in ("id", "seconds", "source")} for t in paid],
+        "transferred_from": m.transferred_from,
     }
+    if band and ESTIMATE in (kind, ttft_kind):
+        out["band"] = _band(facts, engine, args, m, input_tokens=input_tokens, output_tokens=output_tokens,
+                            concurrency=concurrency, slo=slo, identical=identical, n_gpus=n_gpus, speculative=speculative,
+                            waves=waves, ties=ties, engine_terms=engine_terms, layout=layout)
+    return out
+
+
+def _band(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: Machine, **kw: Any) -> dict[str, Any]:
+    """The estimates' band: the prediction again with every uncertain term at its favourable end and at
+    its unfavourable one (`analysis.transfer.band_entries`): the transferred terms by their rules' ranges,
+    the host's floor by its spread over the calibration models, its eager costs, its request cost's residuals."""
+    from .transfer import band_entries
+
+    ends = []
+    for e in band_entries(m.entry):
+        mm = Machine(e, own=m.own, memory_bytes=m.memory_bytes)
+        ends.append(predict(facts, engine, args, mm, band=False, **kw))
+    lo, hi = ends
+    return {"c1_tpot_s": [lo["c1_tpot_s"], hi["c1_tpot_s"]],
+            "tpot_s": {c: [lo["tpot_s"][c], hi["tpot_s"][c]] for c in lo["tpot_s"]},
+            "ttft_c1_s": [lo["ttft_c1_s"], hi["ttft_c1_s"]],
+            "rule": "every uncertain term at its favourable, then its unfavourable end: "
+                    + ("; ".join(f"{t['term']} +/-{t['range'] * 100:.0f} %" for t in m.transfer if t.get("range"))
+                       or "no term transferred")
+                    + "; the host's CUDA-graph floor over its calibration models' spread, its eager costs +/-10 %, "
+                      "its request cost over its residuals' quartiles"}
 
 
 def _capacity(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n_in: float, n_out: float, kv_bpt: float,
               identical: bool, n_gpus: int, c_max: int, slo: Mapping[str, Any], t_pre: float,
-              extra: float = 0.0, par: Parallel | None = None) -> dict[str, Any]:
+              extra: float = 0.0, par: Parallel | None = None, pre: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The most concurrent requests whose TPOT and TTFT (one prefill after the running step) meet
     the SLO, as a request rate by Little's law (`c_max` and the search per replica; the rate and the
     concurrency of all replicas)."""
-    one = _capacity_one(m, engine, mode, facts, n_in, n_out, kv_bpt, identical, n_gpus, c_max, slo, t_pre, extra, par)
+    one = _capacity_one(m, engine, mode, facts, n_in, n_out, kv_bpt, identical, n_gpus, c_max, slo, t_pre, extra, par,
+                        pre)
     reps = par.replicas if par else 1
     if reps > 1 and one["capacity_concurrency"] is not None:
         one.update(capacity_rps=one["capacity_rps"] * reps, capacity_concurrency=one["capacity_concurrency"] * reps)
@@ -333,7 +458,7 @@ def _capacity(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n_in
 
 def _capacity_one(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n_in: float, n_out: float,
                   kv_bpt: float, identical: bool, n_gpus: int, c_max: int, slo: Mapping[str, Any], t_pre: float,
-                  extra: float, par: Parallel | None) -> dict[str, Any]:
+                  extra: float, par: Parallel | None, pre: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """`_capacity` of one replica."""
     tpot_t, ttft_t = slo.get("tpot_p95_s"), slo.get("ttft_p95_s")
     if not (tpot_t or ttft_t):
@@ -341,7 +466,7 @@ def _capacity_one(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], 
     best, binding = None, "kv" if c_max < 4096 else "search limit"
     c = 1
     while c <= max(1, c_max):
-        t = tpot(m, engine, mode, facts, c, n_in, n_out, kv_bpt, identical, n_gpus, extra_s=extra, par=par)
+        t = tpot(m, engine, mode, facts, c, n_in, n_out, kv_bpt, identical, n_gpus, extra_s=extra, par=par, pre=pre)
         ttft = t_pre + step_time(m, engine, mode, facts, batch=c, ctx=n_in + n_out / 2, kv_bpt=kv_bpt,
                                  distinct=1 if identical else c, n_gpus=n_gpus, extra_s=extra, par=par)["total_s"]
         if (tpot_t and t > tpot_t) or (ttft_t and ttft > ttft_t):
@@ -413,8 +538,10 @@ def predict_configuration(run: Mapping[str, Any], workload: Any, slo: Mapping[st
         layout, spec = prof.layout(args), prof.speculative(args)
         ties = router_ties(run)
         ident = identical_requests(workload) or bool(ties)
-        out = {**base, "machine": {"calibration": m.entry.get("id"), "name": m.entry["machine"]["name"],
-                                   "measured_at": m.entry.get("measured_at"), "own": m.own},
+        out = {**base, "machine": {"calibration": m.transferred_from or m.entry.get("id"),
+                                   "name": m.entry["machine"]["name"], "measured_at": m.entry.get("measured_at"),
+                                   "own": m.own, "transferred_from": m.transferred_from,
+                                   "transfer": m.transfer or None},
                "buckets": {label: predict(facts, engine, args, m, input_tokens=n_in, output_tokens=n_out,
                                           concurrency=conc, slo=slo, identical=ident, layout=layout, speculative=spec,
                                           waves=in_waves(workload), ties=ties, engine_terms=engine_terms)
@@ -454,7 +581,7 @@ def _roofline_bounds(run: Mapping[str, Any], slo: Mapping[str, Any] | None, leng
     return per
 
 
-__all__ = ["BOUND", "ESTIMATE", "KINDS", "MODEL_VERSION", "distinct_experts", "expert_split", "identical_requests",
-           "in_waves",
+__all__ = ["BOUND", "ESTIMATE", "GEMMS_PER_LAYER", "KINDS", "MODEL_VERSION", "distinct_experts", "expert_split",
+           "gemm_rate", "identical_requests", "in_waves", "prefill_compute_s", "prefill_step",
            "layer_counts", "mode_of", "predict", "predict_configuration", "prefill_time", "router_ties", "step_time",
            "tpot"]

@@ -116,5 +116,19 @@ def fit_moe_prefill(points: Sequence[Mapping[str, float]]) -> dict[str, Any]:
     return {"layer_s": a, "token_layer_s": b, "r2": r2, "n": len(points)}
 
 
-__all__ = ["DEFAULT_BACKEND", "applies", "attention_backend", "fit_moe_prefill", "fit_pool_term",
+# -- the engine's fixed cost of a request ----------------------------------------------------------
+
+def fit_request_cost(points: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The engine's fixed cost of one request from measured TTFTs at concurrency 1: `points` of measured_s
+    (a level's median TTFT) and model_s (the model's prefill steps for that prompt, without this term); the
+    cost is the median of measured - model (robust to the one level a neighbour or a long prompt's attention
+    disturbed), with the residuals kept for the band."""
+    res = sorted(float(p["measured_s"]) - float(p["model_s"]) for p in points)
+    if len(res) < 3:
+        raise ValueError("a request cost needs TTFTs of three levels or more")
+    med = res[len(res) // 2] if len(res) % 2 else (res[len(res) // 2 - 1] + res[len(res) // 2]) / 2
+    return {"request_s": med, "residuals_s": [r - med for r in res], "n": len(res)}
+
+
+__all__ = ["DEFAULT_BACKEND", "applies", "attention_backend", "fit_moe_prefill", "fit_pool_term", "fit_request_cost",
            "load_terms", "moe_prefill", "moe_prefill_seconds", "pool_bytes", "step_terms"]

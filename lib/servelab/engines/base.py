@@ -198,6 +198,15 @@ class EngineProfile:
         weights are dummy, or None (`analysis.perfmodel.router_ties`)."""
         return None
 
+    def graph_prefill_tokens(self, args: Mapping[str, Any]) -> int:
+        """The most tokens one forward step runs inside a captured graph with these flags (0: none); a
+        longer prefill launches its kernels one by one (`analysis.perfmodel.prefill_step`)."""
+        return 0
+
+    def prefill_chunk_tokens(self, args: Mapping[str, Any], memory_bytes: float | None) -> int | None:
+        """The most prompt tokens one step prefills (chunked prefill's budget), or None when not modelled."""
+        return None
+
     def compiles_at_startup(self, args: dict[str, Any]) -> bool:
         """Whether these flags make the engine compile (or capture graphs) while it starts: the long
         start-ups, which a study launching engines side by side starts first."""

@@ -259,12 +259,23 @@ class VllmProfile(EngineProfile):
         return args
 
     def dummy_router_ties(self, config: Mapping[str, Any], version: str) -> str | None:
-        """vLLM 0.26 takes DeepSeek-V2's top-k (grouped_topk, softmax scoring, no correction bias) on a
+        """A router that adds a per-expert score-correction bias before its top-k (ERNIE-4.5's
+        `moe_statics`, DeepSeek-V3's `noaux_tc`: vLLM passes `e_score_correction_bias` to its fused MoE)
+        ties under dummy weights on any version: the loader draws every floating tensor, the bias too,
+        from U(-1e-3, 1e-3) (vllm/model_executor/model_loader/weight_utils.py), the router's logits are
+        ~1e-5, so the bias alone ranks the experts and every token takes the same k.
+
+        vLLM 0.26 takes DeepSeek-V2's top-k (grouped_topk, softmax scoring, no correction bias) on a
         bf16 softmax of bf16 router logits; with dummy weights (every tensor, norms included, drawn from
         U(-1e-3, 1e-3)) the logits are ~1e-5, every probability rounds to the same 1/E in bf16 and the
         top-k ties to the same experts for every token (read in vLLM 0.26.0's grouped_topk_router.py; vLLM
         0.32 sends one-group routing to the fp32 top-k kernel instead). Qwen3 and Mixtral route through
         that fp32 kernel in 0.26 too, so their tokens spread."""
+        if config.get("model_type") == "ernie4_5_moe" or (
+                config.get("model_type") in ("deepseek_v2", "deepseek_v3") and config.get("topk_method") == "noaux_tc"):
+            return (f"vLLM {version or ''} adds {config.get('model_type')}'s per-expert score-correction bias before its "
+                    "top-k; with dummy weights the bias (U(-1e-3, 1e-3)) outweighs the router's logits and every token "
+                    "takes the same experts").replace("vLLM  adds", "vLLM adds")
         if config.get("model_type") != "deepseek_v2":
             return None
         if str(config.get("scoring_func", "softmax")) != "softmax" or config.get("topk_method") == "noaux_tc":
@@ -277,6 +288,34 @@ class VllmProfile(EngineProfile):
 
     def compiles_at_startup(self, args: dict[str, Any]) -> bool:
         return not flag_on(args, "enforce-eager")
+
+    def graph_prefill_tokens(self, args: Mapping[str, Any]) -> int:
+        """vLLM captures (piecewise) CUDA graphs for steps of up to max_cudagraph_capture_size tokens:
+        the largest of compilation-config's cudagraph_capture_sizes when given, its
+        max_cudagraph_capture_size, else min(2 x max-num-seqs, 512) (vllm/config/vllm.py; max-num-seqs
+        defaults to 256 or more, so 512 unless it is set below 256). A prefill of more tokens runs without
+        graphs. None with enforce-eager or cudagraph_mode NONE / FULL_DECODE_ONLY."""
+        if flag_on(args, "enforce-eager"):
+            return 0
+        cc = compilation_config(dict(args))
+        if str(cc.get("cudagraph_mode", "")).upper() in ("NONE", "FULL_DECODE_ONLY"):
+            return 0
+        sizes = cc.get("cudagraph_capture_sizes")
+        if isinstance(sizes, list) and sizes and all(isinstance(x, int) for x in sizes):
+            return max(sizes)
+        if isinstance(cc.get("max_cudagraph_capture_size"), int):
+            return int(cc["max_cudagraph_capture_size"])
+        seqs = get_flag(args, "max-num-seqs")
+        return min(2 * int(seqs), 512) if isinstance(seqs, int) and not isinstance(seqs, bool) else 512
+
+    def prefill_chunk_tokens(self, args: Mapping[str, Any], memory_bytes: float | None) -> int | None:
+        """max-num-batched-tokens, else vLLM's default for the API server: 8192 on a GPU of 70 GiB or more
+        (H100, H200), 2048 below (vllm/engine/arg_utils.py)."""
+        v = get_flag(args, "max-num-batched-tokens")
+        try:
+            return int(v) if v is not None else (8192 if (memory_bytes or 0) >= 70 * 2**30 else 2048)
+        except (TypeError, ValueError):
+            return None
 
     def layout(self, args: dict[str, Any]) -> Layout:
         """vLLM's experts with --enable-expert-parallel: split over every GPU of the TP x DP ranks."""

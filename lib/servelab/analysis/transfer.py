@@ -1,0 +1,214 @@
+"""Carrying a calibration to a GPU that has none (`analysis.calibration.Machine`): each measured term
+of the nearest calibrated GPU moves to the other GPU by what it depends on, and each says where it
+came from, so `servelab predict --gpu "NVIDIA H100"` prints estimates with an uncertainty band
+instead of the datasheet's bounds.
+
+- Decode bandwidth (GEMV at batch 1, 8, 32): the calibrated GPU's measured share of its datasheet
+  peak, times the other GPU's datasheet peak (HBM to HBM: the share within 10 %; across memory
+  kinds, 20 %).
+- GEMM throughput by rows: the calibrated share of the datasheet FLOP/s, times the other's (15 %).
+  The SMs enter here: the datasheet FLOP/s is SMs x clock x the tensor cores' rate.
+- The GPU's fixed time per layer (CUDA-graph calibration models: small, latency-bound kernels):
+  scaled by the boost clocks (25 %).
+- The host's terms (the engine's CPU side per step with CUDA graphs, its eager launch costs, the fixed
+  cost of a request: HTTP, chat template, tokenization, scheduling): the calibrated host's, unless this
+  GPU's own entry measured them; they depend on the host's CPU, not the GPU (their spread in the
+  calibration: the floor over the shallow calibration models, the request cost's residuals).
+
+A GPU with an entry of its own that holds only micro-benchmarks (`calibrate-hw --micro-only`) keeps
+its measured bandwidth and GEMM throughput and takes the host's terms from the nearest calibrated
+entry. `band_entries` gives the two ends of the band (every term at its favourable end, then at its
+unfavourable one). No I/O but the shipped tables; not for the model's arithmetic (`perfmodel`)."""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .roofline import HARDWARE, get_hardware
+
+#: relative half-widths of the transferred terms (the band): a rule's uncertainty, not a measurement
+RANGE_BW_SAME_MEMORY = 0.10
+RANGE_BW_OTHER_MEMORY = 0.20
+RANGE_FLOPS = 0.15
+RANGE_CLOCK = 0.25
+RANGE_EAGER = 0.10  # the eager fits' scatter on the calibrated host (r2 0.97-0.996)
+
+
+def _mem_family(hw: Mapping[str, Any]) -> str:
+    return "hbm" if "HBM" in str(hw.get("memory_type", "")).upper() else "gddr"
+
+
+def hardware_row(name: str) -> dict[str, Any] | None:
+    try:
+        return get_hardware(name)
+    except KeyError:
+        return None
+
+
+def has_engine_costs(entry: Mapping[str, Any]) -> bool:
+    return any(isinstance(e, Mapping) and (e.get("graphs") or e.get("eager"))
+               for e in (entry.get("engines") or {}).values())
+
+
+def nearest_calibrated(target: Mapping[str, Any], entries: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(entry, its GPU's datasheet row) of the calibrated GPU nearest to `target` (a datasheet row) in
+    bandwidth and FLOP/s (log distance), among entries with engine costs whose GPU has a datasheet row."""
+    best = None
+    for e in entries:
+        if e["machine"]["kind"] != "gpu" or not has_engine_costs(e):
+            continue
+        row = hardware_row(str(e["machine"]["name"]))
+        if row is None:
+            continue
+        d = (abs(math.log(float(target["memory_bandwidth_Bps"]) / float(row["memory_bandwidth_Bps"])))
+             + abs(math.log(float(target["bf16_dense_flops"]) / float(row["bf16_dense_flops"]))))
+        if best is None or d < best[0]:
+            best = (d, dict(e), row)
+    return (best[1], best[2]) if best else None
+
+
+def _scaled(table: Mapping[str, Any], f: float) -> dict[str, float]:
+    return {k: float(v) * f for k, v in table.items()}
+
+
+def transferred_entry(target: Mapping[str, Any], source: Mapping[str, Any], source_hw: Mapping[str, Any],
+                      own_micro: Mapping[str, Any] | None = None, own_id: str | None = None) -> dict[str, Any]:
+    """A calibration entry for the GPU of datasheet row `target`, carried from calibration entry `source`
+    (its GPU's row `source_hw`); `own_micro`: this GPU's own micro-benchmarks, kept as measured. The entry's
+    `transfer` lists every term with its rule, source and relative range."""
+    src_id = source.get("id")
+    bw_f = float(target["memory_bandwidth_Bps"]) / float(source_hw["memory_bandwidth_Bps"])
+    fl_f = float(target["bf16_dense_flops"]) / float(source_hw["bf16_dense_flops"])
+    fp8_f = (float(target.get("fp8_dense_flops") or 0) / float(source_hw.get("fp8_dense_flops") or 1)) or fl_f
+    clk_t, clk_s = target.get("boost_clock_hz"), source_hw.get("boost_clock_hz")
+    clk_f = float(clk_s) / float(clk_t) if clk_t and clk_s else 1.0
+    bw_range = RANGE_BW_SAME_MEMORY if _mem_family(target) == _mem_family(source_hw) else RANGE_BW_OTHER_MEMORY
+    micro_src = dict(source.get("micro") or {})
+    out: dict[str, Any] = {
+        "format_version": 1, "id": own_id or f"{src_id}->{target['name']}",
+        "machine": {"kind": "gpu", "name": target["name"], "memory_bytes": target.get("memory_bytes"), "count": 1},
+        "measured_at": source.get("measured_at"),
+        "source": f"carried from {src_id} ({source['machine']['name']}) to {target['name']} by the datasheets "
+                  f"(data/hardware.yaml, as of {target.get('as_of')})",
+        "transferred_from": src_id, "engines": copy.deepcopy(source.get("engines") or {}),
+    }
+    transfer: list[dict[str, Any]] = []
+    if own_micro:
+        out["micro"] = dict(own_micro)
+        transfer.append({"term": "decode bandwidth and GEMM throughput", "value": None, "range": 0.0,
+                         "rule": "measured on this GPU (calibrate-hw --micro-only)", "source": own_id})
+    else:
+        micro = {k: v for k, v in micro_src.items() if k not in ("collectives",)}
+        micro["decode_bandwidth_Bps"] = _scaled(micro_src.get("decode_bandwidth_Bps") or {}, bw_f)
+        micro["copy_bandwidth_Bps"] = float(micro_src.get("copy_bandwidth_Bps") or 0) * bw_f
+        gemm = micro_src.get("gemm_flops") or {}
+        micro["gemm_flops"] = {p: _scaled(t, fp8_f if p == "fp8" else fl_f) for p, t in gemm.items()}
+        out["micro"] = micro
+        share = float((micro_src.get("decode_bandwidth_Bps") or {}).get("1", math.nan)) / float(source_hw["memory_bandwidth_Bps"])
+        g = (gemm.get("bf16") or {})
+        top = max(g, key=lambda k: float(k)) if g else None
+        fshare = float(g[top]) / float(source_hw["bf16_dense_flops"]) if top else math.nan
+        transfer += [
+            {"term": "decode bandwidth", "value": float(micro["decode_bandwidth_Bps"].get("1", math.nan)),
+             "range": bw_range,
+             "rule": f"{source['machine']['name']}'s measured GEMV bandwidth is {share * 100:.0f} % of its datasheet "
+                     f"{source_hw['memory_bandwidth_Bps'] / 1e12:g} TB/s; the same share of {target['name']}'s "
+                     f"{target['memory_bandwidth_Bps'] / 1e12:g} TB/s",
+             "source": f"{src_id} micro-benchmarks; data/hardware.yaml"},
+            {"term": "GEMM throughput", "value": float(micro["gemm_flops"].get("bf16", {}).get(top, math.nan)) if top else None,
+             "range": RANGE_FLOPS,
+             "rule": f"the measured share of the datasheet bf16 FLOP/s ({fshare * 100:.0f} % at {top} rows) times "
+                     f"{target['name']}'s {target['bf16_dense_flops'] / 1e12:g} TFLOP/s (SMs x clock x tensor rate)",
+             "source": f"{src_id} micro-benchmarks; data/hardware.yaml"},
+        ]
+    for eng in out["engines"].values():
+        if isinstance(eng, dict):
+            for c in (eng.get("graphs") or {}).values():
+                if isinstance(c, dict) and "gpu_layer_s" in c:
+                    c["gpu_layer_s"] = float(c["gpu_layer_s"]) * clk_f
+    transfer += [
+        {"term": "GPU fixed time per layer", "value": clk_f, "range": RANGE_CLOCK,
+         "rule": f"{source['machine']['name']}'s per-layer kernel time (latency-bound kernels) x its boost clock over "
+                 f"{target['name']}'s ({(clk_s or 0) / 1e6:.0f} / {(clk_t or 0) / 1e6:.0f} MHz)",
+         "source": f"{src_id} CUDA-graph calibration models; data/hardware.yaml clocks"},
+        {"term": "engine CPU side, eager launch costs, request cost", "value": None, "range": None,
+         "rule": f"the host of {src_id} (the nearest calibrated host): they depend on the host's CPU, not the GPU",
+         "source": f"{src_id} ({source['machine']['name']} host): not measured on this GPU's host"},
+    ]
+    out["transfer"] = transfer
+    return out
+
+
+def floor_range(entry: Mapping[str, Any], engine: str = "vllm") -> tuple[float, float]:
+    """The CUDA-graph floor's spread on the calibrated host: (min, max) of the shallow calibration models'
+    TPOT over the floor the model uses (the largest per kind), e.g. (0.80, 1.02)."""
+    g = ((entry.get("engines") or {}).get(engine) or {}).get("graphs") or {}
+    floors = [float(c["floor_s"]) for c in g.values() if isinstance(c, Mapping) and "floor_s" in c]
+    pts = [float(p["tpot_s"]) for c in g.values() if isinstance(c, Mapping)
+           for p in c.get("points") or [] if p.get("layers", 99) <= 8]
+    if not floors or not pts:
+        return 1.0, 1.0
+    f = max(floors)
+    return min(pts) / f, max(pts) / f
+
+
+def request_range(entry: Mapping[str, Any], engine: str = "vllm") -> tuple[float, float]:
+    """The request cost's spread: its fit's residuals' quartiles (`engines.<engine>.request.residuals_s`) as
+    offsets in seconds, (lower, upper)."""
+    r = ((entry.get("engines") or {}).get(engine) or {}).get("request") or {}
+    res = [float(x) for x in r.get("residuals_s") or []]
+    if len(res) < 4:
+        return 0.0, 0.0
+    q = statistics.quantiles(res, n=4)
+    return q[0], q[2]
+
+
+def band_entries(entry: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(fast, slow): the entry with every uncertain term at its favourable end, then its unfavourable one:
+    the transferred terms by their ranges, the host's floor by its spread, its eager costs by 10 %, the
+    request cost by its residuals' quartiles."""
+    ranges = {t["term"]: t.get("range") for t in entry.get("transfer") or []}
+    out = []
+    for side in (-1, 1):  # -1: faster
+        e = copy.deepcopy(dict(entry))
+        micro = e.setdefault("micro", {})
+        bw = 1.0 - side * float(ranges.get("decode bandwidth") or 0.0)
+        fl = 1.0 - side * float(ranges.get("GEMM throughput") or 0.0)
+        clk = 1.0 + side * float(ranges.get("GPU fixed time per layer") or 0.0)
+        micro["decode_bandwidth_Bps"] = _scaled(micro.get("decode_bandwidth_Bps") or {}, bw)
+        micro["gemm_flops"] = {p: _scaled(t, fl) for p, t in (micro.get("gemm_flops") or {}).items()}
+        for name, eng in (e.get("engines") or {}).items():
+            if not isinstance(eng, dict):
+                continue
+            lo, hi = floor_range(entry, name)
+            for c in (eng.get("graphs") or {}).values():
+                if isinstance(c, dict):
+                    if "floor_s" in c:
+                        c["floor_s"] = float(c["floor_s"]) * (lo if side < 0 else hi)
+                    if "gpu_layer_s" in c:
+                        c["gpu_layer_s"] = float(c["gpu_layer_s"]) * clk
+            for c in (eng.get("eager") or {}).values():
+                if isinstance(c, dict):
+                    c["layer_s"] = float(c["layer_s"]) * (1.0 + side * RANGE_EAGER)
+                    c["step_s"] = float(c["step_s"]) * (1.0 + side * RANGE_EAGER)
+            if eng.get("request"):
+                rlo, rhi = request_range(entry, name)
+                eng["request"]["request_s"] = max(0.0, float(eng["request"]["request_s"]) + (rlo if side < 0 else rhi))
+            if eng.get("bandwidth_Bps"):
+                eng["bandwidth_Bps"] = float(eng["bandwidth_Bps"]) * bw
+        out.append(e)
+    return out[0], out[1]
+
+
+def gpu_names() -> list[str]:
+    """Every GPU of the hardware table (data/hardware.yaml), in its order."""
+    return [h["name"] for h in HARDWARE]
+
+
+__all__ = ["RANGE_BW_OTHER_MEMORY", "RANGE_BW_SAME_MEMORY", "RANGE_CLOCK", "RANGE_EAGER", "RANGE_FLOPS",
+           "band_entries", "floor_range", "gpu_names", "hardware_row", "has_engine_costs", "nearest_calibrated",
+           "request_range", "transferred_entry"]

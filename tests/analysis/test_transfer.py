@@ -1,0 +1,92 @@
+"""A calibration carried to a GPU that has none (analysis.transfer, issue #59): each term moves by what it
+depends on and says so, the host's terms stay the calibrated host's, the band brackets the estimate, and the
+TTFT model's request cost is what its committed points say."""
+
+from __future__ import annotations
+
+import pytest
+
+from servelab.analysis import calibration as cal
+from servelab.analysis import perfmodel, transfer
+from servelab.analysis.perfmodel_terms import fit_request_cost
+from servelab.analysis.roofline import get_hardware
+from servelab.models.facts import facts_from_config
+from servelab.models.presets import PRESETS
+
+
+def _facts(preset: str) -> dict:
+    return facts_from_config(PRESETS[preset], vocab_size=32000)
+
+
+def test_the_h100_gets_the_h200s_shares_of_its_datasheet_and_the_h200_hosts_cpu_terms():
+    h200, _ = cal.gpu_machine("NVIDIA H200")
+    h100, why = cal.gpu_machine("NVIDIA H100 80GB HBM3")
+    assert why == "" and h100.transferred_from == h200.entry["id"] and h200.transferred_from is None
+    share = h200.bandwidth("vllm", 1)[0] / 4.8e12
+    assert h100.bandwidth("vllm", 1)[0] == pytest.approx(share * 3.35e12, rel=1e-9)
+    assert h100.flops("bf16", 4096)[0] == pytest.approx(h200.flops("bf16", 4096)[0], rel=1e-9)  # the same 989 TFLOP/s
+    counts = {"moe": 16}
+    f100, g100, _, _ = h100.fixed("vllm", "graphs", counts)
+    f200, g200, _, _ = h200.fixed("vllm", "graphs", counts)
+    assert f100 == pytest.approx(f200) and g100 == pytest.approx(g200)  # same host floor; same clock, same kernels
+    assert h100.request("vllm")[0] == pytest.approx(h200.request("vllm")[0])
+    terms = {t["term"]: t for t in h100.transfer}
+    assert terms["decode bandwidth"]["range"] == transfer.RANGE_BW_SAME_MEMORY  # HBM3e to HBM3
+    assert "nearest calibrated host" in terms["engine CPU side, eager launch costs, request cost"]["rule"]
+
+
+def test_a_gddr_gpu_gets_a_wider_band_and_its_clock_scales_the_kernels():
+    l40s, _ = cal.gpu_machine("L40S")
+    terms = {t["term"]: t for t in l40s.transfer}
+    assert terms["decode bandwidth"]["range"] == transfer.RANGE_BW_OTHER_MEMORY
+    h200 = get_hardware("H200 SXM")
+    assert terms["GPU fixed time per layer"]["value"] == pytest.approx(h200["boost_clock_hz"] / 2520e6)
+    f = _facts("llama-3.1-8b")
+    p = perfmodel.predict(f, "vllm", {}, l40s, input_tokens=256, output_tokens=256, concurrency=[1, 32])
+    assert p["kinds"]["c1_tpot_s"] == "estimate" and p["transferred_from"]
+    lo, hi = p["band"]["c1_tpot_s"]
+    assert lo < p["c1_tpot_s"] < hi
+    assert any(i["name"].startswith("transferred: decode bandwidth") for i in p["inputs"])
+
+
+def test_a_gpu_neither_calibrated_nor_in_the_hardware_table_is_refused_with_why():
+    m, why = cal.gpu_machine("NVIDIA A10G")
+    assert m is None and "no datasheet row" in why
+
+
+def test_the_committed_request_cost_is_the_median_of_its_points():
+    e, _ = cal.calibration_for("gpu", "NVIDIA H200")
+    r = e["engines"]["vllm"]["request"]
+    again = fit_request_cost(r["points"])
+    assert again["request_s"] == pytest.approx(r["request_s"]) and again["n"] == r["n"] >= 10
+    # every point of the fit within 35 % of the model's TTFT (its request cost + its prefill steps)
+    for p in r["points"]:
+        if p["tokens"] <= 4096:
+            assert p["measured_s"] == pytest.approx(p["model_s"] + r["request_s"], rel=0.35), p
+    with pytest.raises(ValueError, match="three levels"):
+        fit_request_cost(r["points"][:2])
+
+
+def test_a_prefill_past_the_captured_graphs_pays_the_launch_costs():
+    """vLLM captures graphs up to min(2 x max-num-seqs, 512) tokens: a 256-token prompt runs in one at the
+    default, and without graphs at max-num-seqs 64, where a MoE layer's launches add to the GPU's work."""
+    from servelab import engines
+
+    m, _ = cal.gpu_machine("NVIDIA H200")
+    prof = engines.get("vllm")
+    assert prof.graph_prefill_tokens({}) == 512 and prof.graph_prefill_tokens({"max-num-seqs": 64}) == 128
+    assert prof.graph_prefill_tokens({"enforce-eager": True}) == 0
+    assert prof.prefill_chunk_tokens({}, 80e9) == 8192 and prof.prefill_chunk_tokens({}, 48e9) == 2048
+    olmoe = _facts("olmoe-1b-7b")
+    inside = perfmodel.prefill_step(m, "vllm", "graphs", olmoe, 256, graph_tokens=512)
+    outside = perfmodel.prefill_step(m, "vllm", "graphs", olmoe, 256, graph_tokens=128)
+    assert inside["how"] == "graph" and outside["how"] == "launched"
+    over, serial, _, own = m.eager_parts("vllm", perfmodel.layer_counts(olmoe))
+    assert own and serial == pytest.approx(16 * m.entry["engines"]["vllm"]["eager"]["moe"]["layer_s"])
+    assert outside["total_s"] == pytest.approx(serial + max(over, outside["gpu_s"]))
+    long = perfmodel.prefill_step(m, "vllm", "graphs", olmoe, 20000, graph_tokens=512, chunk=8192)
+    assert long["chunks"] == 3
+    # dummy weights that tie the router: a prompt's tokens read one token's experts
+    tied = perfmodel.prefill_step(m, "vllm", "graphs", olmoe, 2048, graph_tokens=512, ties=True)
+    spread = perfmodel.prefill_step(m, "vllm", "graphs", olmoe, 2048, graph_tokens=512)
+    assert tied["memory_s"] < spread["memory_s"] / 4
