@@ -3,7 +3,7 @@ configs are written from their published config.json (tests/fixtures/architectur
 source), servelab's total and active parameter counts equal the library's own count of the model
 transformers builds on the meta device (counted here independently: every parameter, and the routed
 experts' tensors scaled by top-k / experts), its KV bytes per token equal the engine's formula (written
-out per architecture below), the docs table (docs/model-facts.md) says the same, and the hand formulas
+out per architecture below), the docs table (docs/predictions.md) says the same, and the hand formulas
 servelab used before agree where they exist. An architecture the library cannot build, or a config that
 declares experts the module tree does not have, is refused in one line, never read as dense."""
 
@@ -23,13 +23,15 @@ from servelab.models.facts import facts_from_config, kv_bytes_per_token, kv_read
 
 FIXTURES = ROOT / "tests" / "fixtures" / "architectures"
 NAMES = sorted(p.stem for p in FIXTURES.glob("*.json"))
-DOC = ROOT / "docs" / "model-facts.md"
+DOC = ROOT / "docs" / "predictions.md"
 
 # The engine's KV bytes per token (bf16), as vLLM 0.26's hybrid KV-cache manager counts its pool: layers x 2
 # (K, V) x KV heads x head size x 2 bytes; MLA: layers x (kv_lora_rank + rope dim) x 2; layers of two kinds:
 # group size x groups layer slots (vllm/v1/core/kv_cache_utils.py, _get_kv_cache_groups_uniform_page_size).
 ENGINE_KV = {
     "deepseek-v2-lite": 27 * (512 + 64) * 2,
+    "ernie-4.5-21b-a3b": 28 * 2 * 4 * 128 * 2,
+    "gemma-2-27b": (23 + 23) * 2 * 16 * 128 * 2,  # 23 sliding + 23 full: two groups of 23
     "gemma-2-9b": (21 + 21) * 2 * 8 * 256 * 2,  # 21 sliding + 21 full: two groups of 21
     "gpt-oss-20b": (12 + 12) * 2 * 8 * 64 * 2,  # 12 sliding + 12 full: two groups of 12
     "granite-3.1-3b-a800m": 32 * 2 * 8 * 64 * 2,
@@ -46,12 +48,12 @@ ENGINE_KV = {
     "qwen3-next-80b-a3b": 12 * 4 * 2 * 2 * 256 * 2,  # 12 full + 36 linear: groups of 12, 1 + 3 groups
 }
 # Published totals (model cards, billions) as a sanity check of the fixtures themselves.
-PUBLISHED_B = {"deepseek-v2-lite": 15.7, "gemma-2-9b": 9.24, "gpt-oss-20b": 20.9, "granite-3.1-3b-a800m": 3.3,
+PUBLISHED_B = {"deepseek-v2-lite": 15.7, "ernie-4.5-21b-a3b": 21.8, "gemma-2-27b": 27.2, "gemma-2-9b": 9.24, "gpt-oss-20b": 20.9, "granite-3.1-3b-a800m": 3.3,
                "jamba-v0.1": 52, "llama-3.1-8b": 8.03, "mistral-7b-v0.1": 7.24, "mixtral-8x7b": 46.7,
                "olmoe-1b-7b-0924": 6.9, "phi-3.5-moe": 41.9, "qwen1.5-moe-a2.7b": 14.3, "qwen2.5-32b": 32.5,
                "qwen3-30b-a3b": 30.5, "qwen3-8b": 8.2, "qwen3-next-80b-a3b": 80}
 MOE_KEYS = {"num_experts": "num_experts_per_tok", "num_local_experts": "num_experts_per_tok",
-            "n_routed_experts": "num_experts_per_tok"}
+            "n_routed_experts": "num_experts_per_tok", "moe_num_experts": "moe_k"}
 
 
 def _config(name: str) -> dict:
@@ -69,10 +71,10 @@ def library_count(cfg: dict) -> tuple[int, int]:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     total = sum(p.numel() for p in model.parameters())
-    e = next((cfg[k] for k in MOE_KEYS if cfg.get(k)), None)
-    if not e:
+    key = next((k for k in MOE_KEYS if cfg.get(k)), None)
+    if not key:
         return total, total
-    k = cfg["num_experts_per_tok"]
+    e, k = cfg[key], cfg[MOE_KEYS[key]]
     routed = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
     return total, round(total - routed * (1 - k / e))
 
@@ -100,7 +102,7 @@ def test_servelab_counts_what_the_library_builds(name):
     assert f["kv_cache_bytes_per_token"] == ENGINE_KV[name]
     if f.get("num_experts"):
         assert f["params_by_kind"]["routed_experts"] > 0 and f["params_by_kind"]["router"] > 0
-        assert f["num_active_experts"] == cfg.get("num_experts_per_tok")
+        assert f["num_active_experts"] == next(cfg[v] for k, v in MOE_KEYS.items() if cfg.get(k))
 
 
 def test_the_hand_formulas_agree_where_they_exist():
