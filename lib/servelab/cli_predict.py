@@ -145,6 +145,45 @@ def predict_model(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_routing(a: argparse.Namespace) -> int:
+    """`servelab routing PARAMS --config ID`: ask a configuration's running engine (started with
+    --enable-return-routed-experts) which experts its router chose for `--concurrency` requests decoded together,
+    and write routing.json (distinct experts per layer per decode step, beside spread routing's expectation) into
+    --out, where the report's physics check reads it (`analysis.physics`)."""
+    import time
+
+    import httpx
+
+    from .analysis.routing import decode_routed, distinct_per_step, routing_record
+    from .hosts.local import model_dir_for
+    from .measure.routing import filler, probe
+    from .models import model_facts
+    from .runfolder import ROUTING_JSON, write_json
+
+    study = load_study(a.params)
+    if a.config not in {c.id for c in study.configurations}:
+        raise UserError(f"{a.params}: no configuration {a.config}")
+    eng = study.engine_for(a.config)
+    url = a.url or f"http://{eng.host}:{eng.port}"
+    try:
+        model = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=30).json()["data"][0]["id"]
+        answers = probe(url, model, concurrency=a.concurrency, prompt_text=filler(a.input), output=a.output)
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as e:
+        raise UserError(f"servelab routing {url}: {type(e).__name__}: {e}") from None
+    got = distinct_per_step([decode_routed(x["routed_experts"]) for x in answers], [x["prompt_tokens"] for x in answers])
+    facts = model_facts(model_dir_for(eng))
+    rec = routing_record(got, facts, concurrency=a.concurrency,
+                         source=f"{eng.kind} --enable-return-routed-experts at {url}, {a.concurrency} requests of "
+                                f"{a.input} words + {a.output} tokens, {time.strftime('%Y-%m-%d', time.gmtime())}")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / ROUTING_JSON, rec)
+    print(f"{a.config}: {rec['distinct_per_step']:.1f} distinct experts per layer per decode step over {got['steps']} "
+          f"steps of {a.concurrency} requests (spread routing: {rec['spread_per_step'] or 0:.1f}; every token the same: "
+          f"{rec['tied_per_step']}) -> {out / ROUTING_JSON}")
+    return 0
+
+
 def yaml_scalar(v: str) -> Any:
     return yaml.safe_load(v) if v.strip() else v
 
@@ -244,5 +283,18 @@ def add_parser(sub: Any) -> None:
                         "token); default: each request its own tokens, as real traffic")
     p.set_defaults(fn=cmd_predict)
 
+    r = sub.add_parser("routing", help="the experts a running MoE engine's decode steps touched (its own routing "
+                                       "report), for the physics check")
+    r.add_argument("params")
+    r.add_argument("--config", required=True, help="the configuration whose engine is running (started with "
+                                                    "enable-return-routed-experts)")
+    r.add_argument("--url", help="the server (default: the configuration's engine host and port)")
+    r.add_argument("--concurrency", type=int, default=32, help="requests decoded together (default 32)")
+    r.add_argument("--input", type=int, default=256, help="prompt words per request (default 256)")
+    r.add_argument("--output", type=int, default=64, help="tokens generated per request (default 64)")
+    r.add_argument("--out", required=True, help="folder for routing.json: a published configuration's data folder, "
+                                                "e.g. reports/STUDY/data/CONFIG")
+    r.set_defaults(fn=cmd_routing)
 
-__all__ = ["add_parser", "cmd_calibrate_hw", "cmd_predict"]
+
+__all__ = ["add_parser", "cmd_calibrate_hw", "cmd_predict", "cmd_routing"]

@@ -44,11 +44,13 @@ QUALITY_JSON = "quality.json"  # the output check after the launch (measure.qual
 DESIGN_JSON = "design.json"  # beside the configurations: how they were measured (interleaved, budget, sampling)
 VERDICTS_JSON = "verdicts.json"  # beside the configurations: each change's verdict per level (analysis.verdicts)
 PREDICTION_JSON = "prediction.json"  # the performance model's prediction, written before the first request
+PREDICTION_AFTER_JSON = "prediction-after.json"  # a later model's prediction of a published run, made after it
+ROUTING_JSON = "routing.json"  # the engine's own routing report: distinct experts per decode step (servelab routing)
 TUNE_JSON = "tune.json"  # beside the configurations: a `tune:` study's search, step by step (servelab.tune)
 SPECULATIVE_JSONL = "speculative.jsonl"  # n-gram speculative decoding per prompt set (scripts/device/real_checks.py)
 # What a published report keeps of each configuration's run folder.
 PUBLISHED_FILES = (RECORDS, RUN_JSON, SERVER_METRICS, GPU_METRICS, ENGINE_LOG, CLIENT_STATS, LEVELS, QUALITY_JSON,
-                   PREDICTION_JSON)
+                   PREDICTION_JSON, ROUTING_JSON)
 
 # What a GPU study's real-weights checks leave in a configuration's folder (scripts/device/real_checks.py),
 # published beside (or instead of) the workload's files.
@@ -353,6 +355,12 @@ class RunFolder:
         if self.exists(PREDICTION_JSON):
             return read_json(self.path / PREDICTION_JSON)
         return self.run.get("prediction") or {}
+
+    @cached_property
+    def prediction_after(self) -> dict[str, Any]:
+        """prediction-after.json: a later model's prediction of this run, made after it was measured and labelled
+        so (`benchmarks/prediction_errors.py --after`); {} where there is none."""
+        return read_json(self.path / PREDICTION_AFTER_JSON) if self.exists(PREDICTION_AFTER_JSON) else {}
 
     def jsonl(self, name: str) -> list[dict[str, Any]]:
         return read_jsonl(self.path / name)

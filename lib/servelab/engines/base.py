@@ -203,6 +203,10 @@ class EngineProfile:
         longer prefill launches its kernels one by one (`analysis.perfmodel.prefill_step`)."""
         return 0
 
+    def loaded_weight_bytes(self, log_text: str) -> float | None:
+        """The weight bytes one GPU of the engine loaded, as its log says (None where it says nothing)."""
+        return None
+
     def prefill_chunk_tokens(self, args: Mapping[str, Any], memory_bytes: float | None) -> int | None:
         """The most prompt tokens one step prefills (chunked prefill's budget), or None when not modelled."""
         return None

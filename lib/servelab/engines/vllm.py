@@ -8,6 +8,7 @@ histograms are kept as `_sum`/`_count` (ITL: the new name wins over its deprecat
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -307,6 +308,11 @@ class VllmProfile(EngineProfile):
             return int(cc["max_cudagraph_capture_size"])
         seqs = get_flag(args, "max-num-seqs")
         return min(2 * int(seqs), 512) if isinstance(seqs, int) and not isinstance(seqs, bool) else 512
+
+    def loaded_weight_bytes(self, log_text: str) -> float | None:
+        """vLLM's "Model loading took 13.54 GiB" (per GPU; the last start's)."""
+        found = re.findall(r"Model loading took ([\d.]+) GiB", log_text or "")
+        return float(found[-1]) * 2**30 if found else None
 
     def prefill_chunk_tokens(self, args: Mapping[str, Any], memory_bytes: float | None) -> int | None:
         """max-num-batched-tokens, else vLLM's default for the API server: 8192 on a GPU of 70 GiB or more

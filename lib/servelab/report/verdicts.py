@@ -42,7 +42,55 @@ def study_verdicts(sd: StudyData) -> dict[str, Any]:
                             "first_rounds": d.first_rounds, "max_rounds": d.max_rounds},
                     to_target=(verdicts.plan_from_design(d, groups, rows, betweens[verdicts.PRIMARY], target)
                                if verdicts.PRIMARY in betweens else None))
+    out["physics"] = physics_check(sd)
     return out
+
+
+def physics_check(sd: StudyData) -> dict[str, Any]:
+    """Every configuration's levels against the physical floors (`analysis.physics`): {checked, flags, not_checked
+    per configuration}. What the check needs that only the files say is read here: the engine's own weight size
+    (its log), cached prompt tokens per level (the records), the engine's routing report (routing.json, written by
+    `servelab routing`)."""
+    from ..analysis import physics
+    from ..analysis.perfmodel import identical_requests, router_ties
+    from ..analysis.predict import hardware_of
+    from ..engines import get as profile
+    from ..engines.flags import engine_args, get_flag
+    from ..runfolder import ENGINE_LOG, ROUTING_JSON, read_json
+
+    flags, checked, skipped = [], 0, {}
+    for cid in sd.config_ids:
+        run, rf = sd.runs[cid], sd.folders[cid]
+        facts = (run.get("model") or {}).get("facts") or {}
+        hw, n = hardware_of(run)
+        if hw is not None and hw.get("memory_type") == "host DRAM":
+            hw = None  # a CPU: its copy bandwidth is a measurement, not a peak
+        ep = run.get("engine_params") or {}
+        kind, args = ep.get("kind", "vllm"), engine_args(ep.get("args"))
+        prof = profile(kind)
+        wl = sd.study.workload_for(cid)
+        recs = rf.records
+        prefix: dict[str, float] = {}
+        if len(recs) and "cached_tokens" in recs and recs["cached_tokens"].notna().any():
+            ok = recs[~recs["warmup"].astype(bool)]
+            for (b, c), g in ok.groupby(["bucket", "concurrency"]):
+                prefix[f"{b} c={int(c)}"] = float(g["cached_tokens"].fillna(0).mean())
+        log = (rf.path / ENGINE_LOG).read_text(errors="replace") if rf.exists(ENGINE_LOG) else ""
+        loaded = prof.loaded_weight_bytes(log)
+        res = physics.check_levels(
+            rf.summary, facts, hw, n, config=cid, identical=identical_requests(wl),
+            kv_dtype=str(get_flag(args, "kv-cache-dtype") or "auto"), ties=router_ties(run),
+            dummy=ep.get("load_format") == "dummy", speculative=prof.speculative(args),
+            shared_prefix=any(b.shared_prefix or b.prefix_reuse for b in wl.buckets),
+            prefix=prefix, loaded_bytes=loaded * n if loaded else None,
+            routing=read_json(rf.path / ROUTING_JSON) if rf.exists(ROUTING_JSON) else None)
+        checked += res["checked"]
+        flags += res["flags"]
+        if res["not_checked"]:
+            skipped[cid] = res["not_checked"]
+    return {"rule": "a decode step's bytes (weights under spread routing, KV read) over the GPUs' peak bandwidth; "
+                    "a c=1 prefill's FLOPs over their peak FLOP/s (data/hardware.yaml)",
+            "checked": checked, "flags": flags, "not_checked": skipped}
 
 
 def write_study_verdicts(sd: StudyData) -> dict[str, Any]:
@@ -228,6 +276,9 @@ def verdicts_text(sd: StudyData) -> str:
     else:
         sampling = sd.w("verdicts.fixed", first=first)
     out = sd.w("verdicts.text", sampling=sampling) + " " + model_sentence(sd, with_link=False)
+    phys = physics_text(sd)
+    if phys:  # before anything else: a level faster than physics is not a speed
+        out = phys + "\n\n" + out
     cpu = neighbour_cpu_pct(sd)
     if cpu is not None:
         out += " " + sd.w("verdicts.neighbours", med=num(cpu[0], 1), most=num(cpu[1], 1))
@@ -238,6 +289,28 @@ def verdicts_text(sd: StudyData) -> str:
     if plan:  # its own paragraph (Markdown)
         out += "\n\n" + to_target_text(sd, plan)
     return out
+
+
+def physics_text(sd: StudyData) -> str:
+    """The levels measured faster than physics allows (verdicts.json `physics`), each with its floor and the
+    likely causes; "" when none was."""
+    ph = load(sd).get("physics") or {}
+    flags = ph.get("flags") or []
+    if not flags:
+        return ""
+    lab = sd.labels()
+    items = []
+    for f in flags:
+        what = (sd.w("physics.tpot_floor", gb=num(f["bytes"] / 1e9, 1),
+                     experts=(sd.w("physics.experts", n=num(f["experts_touched"], 1), of=f["experts"])
+                              if f.get("experts") else ""))
+                if f["metric"] == "tpot" else sd.w("physics.ttft_floor", tflop=num(f["flops"] / 1e12, 1)))
+        causes = sd.w("story.list_sep").join(sd.w(f"physics.cause.{c['cause']}") + f" ({c['evidence']})"
+                                             for c in f["causes"])
+        items.append(sd.w("physics.item", config=lab.get(f["config"], f["config"]), level=f["level"],
+                          metric=sd.w(f"physics.metric.{f['metric']}"), measured=num(f["measured_s"] * 1e3, 2),
+                          floor=num(f["floor_s"] * 1e3, 2), what=what, causes=causes))
+    return sd.w("physics.head", n=len(flags)) + "\n\n" + "\n".join(f"- {i}" for i in items)
 
 
 def to_target_text(sd: StudyData, plan: dict[str, Any]) -> str:
