@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,8 @@ def predict_model(a: argparse.Namespace) -> int:
     problems = prof.validate_args(dict(args))
     if problems:
         raise UserError(f"--arg: {'; '.join(problems)}")
+    if a.compare_gpus:
+        return compare_gpus(a, name, facts, cfg, args)
     gpu, how = _gpu_record(a.gpu)
     conc = sorted({int(x) for x in _csv(a.concurrency)} | {1})
     wl = Workload.model_validate({"buckets": [{"input_tokens": a.input, "output_tokens": a.output}],
@@ -181,6 +184,69 @@ def cmd_routing(a: argparse.Namespace) -> int:
     print(f"{a.config}: {rec['distinct_per_step']:.1f} distinct experts per layer per decode step over {got['steps']} "
           f"steps of {a.concurrency} requests (spread routing: {rec['spread_per_step'] or 0:.1f}; every token the same: "
           f"{rec['tied_per_step']}) -> {out / ROUTING_JSON}")
+    return 0
+
+
+def _model_ref(path: str, facts: dict[str, Any], cfg: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """The params file's model for `--model`: a model directory as it is (its weights); a config.json alone, the
+    preset of the same shape (dummy weights), else its folder (which then needs a tokenizer)."""
+    from .models.facts import facts_from_config
+    from .models.presets import PRESETS
+
+    p = Path(path)
+    if p.is_dir():
+        return {"path": str(p.resolve())}, None
+    keys = ("model_type", "hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads")
+    for name, pc in PRESETS.items():
+        if not name.startswith("calib-") and all(pc.get(k) == cfg.get(k) for k in keys):
+            try:
+                if facts_from_config(pc).get("num_experts") == facts.get("num_experts"):
+                    return {"preset": name}, "dummy"
+            except Exception:  # noqa: BLE001 - a preset this transformers cannot build is no match
+                continue
+    return {"path": str(p.resolve().parent)}, None
+
+
+def compare_gpus(a: argparse.Namespace, name: str, facts: dict[str, Any], cfg: dict[str, Any],
+                 args: dict[str, Any]) -> int:
+    """`servelab predict --model DIR --compare-gpus`: every GPU of the hardware table and every lever the model can
+    cost, ranked by predicted cost per million output tokens at the SLO; the params files that would confirm the top
+    choices, validated, with their predicted wall time and GPU cost."""
+    from .advise import compare, levers, slug, study_for, write_study
+    from .forecast import fmt_value as _fmt
+
+    slo = {"ttft_p95_s": a.ttft_slo, "tpot_p95_s": a.tpot_slo}
+    ch = compare(facts, engine=a.engine, input_tokens=a.input, output_tokens=a.output, slo=slo, base_args=args)
+    print(f"{name}: {facts['architecture']}, {facts['param_count'] / 1e9:.2f} B parameters, "
+          f"{facts['weight_bytes'] / 2**30:.1f} GiB; requests of {a.input} + {a.output} tokens; SLO p95 TTFT <= "
+          f"{a.ttft_slo:g} s, TPOT <= {a.tpot_slo * 1000:g} ms; {a.engine}, levers {', '.join(levers())} and TP")
+    print(f"{'rank':>4}  {'GPU':38} {'set-up':44} {'req/s':>7} {'c':>5} {'out tok/s':>9} {'TPOT ms':>7} "
+          f"{'$/GPU-h':>7} {'$/M out':>8}  kind")
+    for i, c in enumerate(ch[:a.top], 1):
+        print(f"{i:>4}  {c.gpu:38} {c.label():44} {_fmt(c.capacity_rps):>7} {str(c.concurrency):>5} "
+              f"{_fmt(c.output_tps):>9} {_fmt(c.tpot_s, 1000):>7} {_fmt(c.usd_per_gpu_hour):>7} "
+              f"{_fmt(c.usd_per_m_output):>8}  {c.kind}")
+    for g in dict.fromkeys(c.gpu for c in ch):
+        first = next(c for c in ch if c.gpu == g)
+        print(f"  {g}: {first.how}; price {first.price_source}")
+    same = sorted({x for c in ch[:a.top] for x in c.no_effect})
+    if same:
+        print(f"  no predicted effect (ranked once, at the default): {', '.join(same)}")
+    print("  estimates carry the model's band (servelab predict --model --gpu); a TP > 1 row is a bound until the "
+          "all-reduce is calibrated; speculative decoding is not costed")
+    top = [c for c in ch if c.usd_per_m_output == c.usd_per_m_output][:3]
+    model, load_format = _model_ref(a.model, facts, cfg)
+    out_dir = Path(a.write_studies)
+    for g in dict.fromkeys(c.gpu for c in top):
+        picks = [c for c in ch if c.gpu == g and c.usd_per_m_output == c.usd_per_m_output][:3]
+        sid = f"plan-{slug(name)}-{slug(g)}"
+        study, wall = study_for(picks, model=model, load_format=load_format, input_tokens=a.input,
+                                output_tokens=a.output, slo=slo, name=sid)
+        path = write_study(study, out_dir / f"{sid}.yaml")
+        gpus = max(c.tp for c in picks)
+        cost = wall / 3600.0 * (picks[0].usd_per_gpu_hour or math.nan) * gpus
+        print(f"confirm on {g}: {path} ({len(picks)} configurations; predicted {wall / 60:.0f} min on {gpus} GPU(s), "
+              f"about ${cost:,.2f} at ${picks[0].usd_per_gpu_hour:,.2f}/GPU-h; validated)")
     return 0
 
 
@@ -278,6 +344,13 @@ def add_parser(sub: Any) -> None:
                    help="with --model: another engine flag, e.g. gpu-memory-utilization=0.9 (repeatable)")
     p.add_argument("--ttft-slo", type=float, default=1.0, help="with --model: p95 TTFT target in s (default 1.0)")
     p.add_argument("--tpot-slo", type=float, default=0.05, help="with --model: p95 TPOT target in s (default 0.05)")
+    p.add_argument("--compare-gpus", action="store_true",
+                   help="with --model: every GPU of the hardware table and every lever of the levers table the model "
+                        "can cost, ranked by predicted cost per million output tokens at the SLO; writes the params "
+                        "files that would confirm the top choices (--write-studies)")
+    p.add_argument("--top", type=int, default=12, help="with --compare-gpus: rows to print (default 12)")
+    p.add_argument("--write-studies", default="runs/plans", metavar="DIR",
+                   help="with --compare-gpus: where the confirming params files go (default runs/plans)")
     p.add_argument("--identical", action="store_true",
                    help="with --model: every request the same prompt decoded greedily (a MoE batch routes as one "
                         "token); default: each request its own tokens, as real traffic")

@@ -245,9 +245,12 @@ def gpu_machine(name: str | None, folder: Path | str | None = None,
     from . import transfer
 
     entry, own = calibration_for("gpu", name, folder)
+    target = transfer.hardware_row(str(name or ""))
+    if entry is not None and not own and target is not None:  # another name of the same GPU ("H200 SXM")
+        row = transfer.hardware_row(str(entry["machine"]["name"]))
+        own = row is not None and row["name"] == target["name"]
     if entry is not None and own and transfer.has_engine_costs(entry):
         return Machine(entry, own=True, memory_bytes=memory_bytes), ""
-    target = transfer.hardware_row(str(name or ""))
     if target is None:
         have = f" (have {entry['machine']['name']})" if entry is not None else ""
         return None, (f"no calibration entry for {name}{have} and no datasheet row to carry one to: run servelab "

@@ -477,7 +477,8 @@ def _capacity_one(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], 
     if best is None:
         return {"capacity_rps": 0.0, "capacity_concurrency": 0, "capacity_binding": binding}
     c, t, ttft = best
-    return {"capacity_rps": c / (ttft + n_out * t), "capacity_concurrency": c, "capacity_binding": binding}
+    return {"capacity_rps": c / (ttft + n_out * t), "capacity_concurrency": c, "capacity_binding": binding,
+            "capacity_tpot_s": t, "capacity_ttft_s": ttft}
 
 
 def identical_requests(workload: Any) -> bool:
