@@ -6,9 +6,14 @@ their first request; the rest are predicted now from their run.json (labelled so
 
     .venv/bin/python benchmarks/prediction_errors.py [--out benchmarks/results/prediction_errors.json]
     .venv/bin/python benchmarks/prediction_errors.py --now --out /tmp/errors-now.json
+    .venv/bin/python benchmarks/prediction_errors.py --after   # writes prediction-after.json beside each stored one
 
 `--now` predicts every configuration with today's model, stored predictions ignored: a comparison of
 model versions on data the newer one may have been shaped by (in sample), never a test of it.
+
+`--after` re-predicts every published configuration that stored a prediction before its measurement with
+today's model and writes it beside the stored one as prediction-after.json, labelled as made after the
+measurement (the stored prediction.json is never rewritten); the report shows both.
 
 Not a test: a table for the closing note and the README (bias = mean error, spread = its sd).
 """
@@ -68,6 +73,37 @@ def rows(now: bool = False) -> list[dict]:
     return out
 
 
+def write_after() -> list[str]:
+    """prediction-after.json beside every stored prediction.json of a GPU configuration in reports/*/data: today's
+    model on the same buckets, labelled as made after the measurement."""
+    from servelab.analysis.perfmodel import MODEL_VERSION, predict_configuration
+    from servelab.report import load_study_data
+    from servelab.runfolder import PREDICTION_AFTER_JSON, write_json
+
+    done = []
+    for study_dir in sorted((ROOT / "reports").iterdir()):
+        if not (study_dir / "data" / "study.json").exists():
+            continue
+        sd = load_study_data(study_dir)
+        for cid in sd.config_ids:
+            rf, run = sd.folders[cid], sd.runs[cid]
+            if not rf.exists("prediction.json") or not (run.get("gpus_used") or (run.get("client_host") or {}).get("gpus")):
+                continue  # the GPU configurations (issue #59)
+            stored = rf.prediction
+            lengths = {label: (b["input_tokens"], b["output_tokens"]) for label, b in (stored.get("buckets") or {}).items()}
+            if not lengths:
+                continue
+            p = predict_configuration(sd.runs[cid], sd.study.workload_for(cid), sd.study.slo.model_dump(), lengths,
+                                      "after the measurement")
+            p.update(stored_before_measurement=False, made_after_measurement=True, stored_at=None,
+                     note=(f"made after this run was measured, by {MODEL_VERSION} (benchmarks/prediction_errors.py "
+                           f"--after); its request cost was fitted on published TTFTs that include this study's "
+                           f"(in sample); the prediction stored before the run is prediction.json, unchanged"))
+            write_json(rf.path / PREDICTION_AFTER_JSON, p)
+            done.append(f"{study_dir.name}/{cid}")
+    return done
+
+
 def err(measured: float, predicted: float) -> float:
     return (measured - predicted) / predicted * 100 if predicted and predicted == predicted else math.nan
 
@@ -76,7 +112,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "prediction_errors.json"))
     ap.add_argument("--now", action="store_true", help="predict everything with today's model (in sample)")
+    ap.add_argument("--after", action="store_true", help="write prediction-after.json beside every stored prediction")
     a = ap.parse_args()
+    if a.after:
+        done = write_after()
+        print(f"prediction-after.json written for {len(done)} configurations: {', '.join(done)}")
+        return
     rs = rows(a.now)
     for r in rs:
         r["roofline_err_pct"] = err(r["measured_low_ms"], r["roofline_low_ms"])

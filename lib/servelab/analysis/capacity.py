@@ -96,7 +96,8 @@ def report_quantities(entry: Mapping[str, Any]) -> dict[str, Any]:
     return {"tpot_c1_s": entry["c1_tpot_s"], "tpot_cmax_s": tp.get(str(cmax)) if cmax > 1 else None, "cmax": cmax,
             "kv_concurrency": entry.get("kv_limited_concurrency"), "prefill_tps": entry.get("prefill_tok_s"),
             "capacity_rps": entry.get("capacity_rps"), "ttft_c1_s": entry.get("ttft_c1_s"),
-            "kinds": {"tpot_c1_s": k.get("c1_tpot_s"), "tpot_cmax_s": k.get("tpot_s"), "ttft_c1_s": k.get("prefill_tok_s"),
+            "kinds": {"tpot_c1_s": k.get("c1_tpot_s"), "tpot_cmax_s": k.get("tpot_s"),
+                      "ttft_c1_s": k.get("ttft_c1_s", k.get("prefill_tok_s")),
                       "kv_concurrency": k.get("kv_limited_concurrency"), "prefill_tps": k.get("prefill_tok_s"),
                       "capacity_rps": k.get("capacity_rps")}}
 

@@ -154,15 +154,20 @@ def prediction_frame(sd: StudyData) -> pd.DataFrame:
         elif pred is None:
             continue
         m = measurements(rf.summary, rf.samples, sd.runs[cid], b["label"], fits.get(cid), rf.records, sd.study.slo)
-        err = errors(pred, m)
-        for q in QUANTITIES:
-            if q == "tpot_cmax_s" and (pred.get(q) is None or m.get("cmax") != pred.get("cmax")):
-                continue  # no TPOT predicted or measured at the same higher concurrency
-            rows.append({"config": cid, "bucket": b["label"], "quantity": q, "predicted": pred.get(q),
-                         "measured": m.get(q), "error_pct": err.get(q), "source": src,
-                         "kind": (pred.get("kinds") or {}).get(q), "cmax": m.get("cmax"),
-                         "version": (rf.prediction or {}).get("model_version") if src == "stored" else None,
-                         "capacity_source": m.get("capacity_source")})
+        # the prediction stored before the run, and a later model's made after it (prediction-after.json), labelled
+        after = prediction_for(sd.runs[cid], b, sd.study.slo, rf.prediction_after)[0] if rf.prediction_after else None
+        for p, source, version in ((pred, src, (rf.prediction or {}).get("model_version") if src == "stored" else None),
+                                   (after, "after", rf.prediction_after.get("model_version"))):
+            if p is None:
+                continue
+            err = errors(p, m)
+            for q in QUANTITIES:
+                if q == "tpot_cmax_s" and (p.get(q) is None or m.get("cmax") != p.get("cmax")):
+                    continue  # no TPOT predicted or measured at the same higher concurrency
+                rows.append({"config": cid, "bucket": b["label"], "quantity": q, "predicted": p.get(q),
+                             "measured": m.get(q), "error_pct": err.get(q), "source": source,
+                             "kind": (p.get("kinds") or {}).get(q), "cmax": m.get("cmax"), "version": version,
+                             "capacity_source": m.get("capacity_source")})
     return pd.DataFrame(rows)
 
 
@@ -198,6 +203,7 @@ def prediction_section(sd: StudyData) -> tuple[str, Any, str]:
                  notes={"–": sd.w("capacity.predict_note_dash"),
                         cols[3]: sd.w("capacity.predict_note_kv") + " " + sd.w("capacity.predict_note_cap")})
     ev = []
+    f = f[f["source"] != "after"]  # the evidence holds the prediction made before the measurement only
     for cid, g in f.groupby("config", sort=False):
         pred = dict(zip(g["quantity"], g["predicted"]))
         meas = dict(zip(g["quantity"], g["measured"]))
