@@ -71,26 +71,33 @@ def causes(facts: Mapping[str, Any], *, ties: str | None, dummy: bool, prefix_to
             tied = spread is not None and d < 0.5 * float(spread)
             out.append({"cause": TIES, "evidence": f"the engine reported {d:.1f} distinct experts per layer per decode "
                         f"step at {routing.get('concurrency')} requests where spread routing touches "
-                        f"{float(spread or 0):.1f} ({'confirmed' if tied else 'not confirmed'}: {routing.get('source')})"})
+                        f"{float(spread or 0):.1f} ({'confirmed' if tied else 'not confirmed'}: {routing.get('source')})",
+                        "say": "routing_confirmed" if tied else "routing_not_confirmed",
+                        "values": {"d": round(d, 1), "spread": round(float(spread or 0), 1),
+                                   "c": routing.get("concurrency")}})
         elif ties:
-            out.append({"cause": TIES, "evidence": f"known for this engine: {ties}"})
+            out.append({"cause": TIES, "evidence": f"known for this engine: {ties}", "say": "ties_known", "values": {}})
         elif dummy:
             out.append({"cause": TIES, "evidence": "likely: dummy weights make a router's logits nearly equal, and this "
-                        "engine version's rule is not known; an engine routing report would confirm it"})
+                        "engine version's rule is not known; an engine routing report would confirm it",
+                        "say": "ties_likely", "values": {}})
     if prefix_tokens > 0 or shared_prefix:
         ev = (f"{prefix_tokens:,.0f} prompt tokens per request served from the prefix cache" if prefix_tokens > 0
               else "the workload shares prompt prefixes")
-        out.append({"cause": PREFIX, "evidence": ev})
+        out.append({"cause": PREFIX, "evidence": ev, "say": "prefix_tokens" if prefix_tokens > 0 else "prefix_shared",
+                    "values": {"n": round(prefix_tokens)}})
     if speculative:
-        out.append({"cause": SPECULATIVE, "evidence": "speculative decoding: accepted drafts emit several tokens per step"})
+        out.append({"cause": SPECULATIVE, "evidence": "speculative decoding: accepted drafts emit several tokens per step",
+                    "say": "speculative", "values": {}})
     wb = float(facts.get("weight_bytes") or 0)
     if loaded_bytes and wb and abs(loaded_bytes - wb) / wb > 0.05:
         out.append({"cause": WRONG_MODEL, "evidence": f"the engine loaded {loaded_bytes / 2**30:.2f} GiB of weights where "
-                    f"the model's facts count {wb / 2**30:.2f} GiB"})
+                    f"the model's facts count {wb / 2**30:.2f} GiB", "say": "loaded_other",
+                    "values": {"loaded": round(loaded_bytes / 2**30, 2), "counted": round(wb / 2**30, 2)}})
     elif not out:
         out.append({"cause": WRONG_MODEL, "evidence": "no other cause applies: check that the engine served the "
                     "config the facts were counted from" + (f" (it loaded {loaded_bytes / 2**30:.2f} GiB, as counted)"
-                                                              if loaded_bytes else "")})
+                                                              if loaded_bytes else ""), "say": "no_other", "values": {}})
     return out
 
 

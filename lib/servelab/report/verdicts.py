@@ -305,8 +305,9 @@ def physics_text(sd: StudyData) -> str:
                      experts=(sd.w("physics.experts", n=num(f["experts_touched"], 1), of=f["experts"])
                               if f.get("experts") else ""))
                 if f["metric"] == "tpot" else sd.w("physics.ttft_floor", tflop=num(f["flops"] / 1e12, 1)))
-        causes = sd.w("story.list_sep").join(sd.w(f"physics.cause.{c['cause']}") + f" ({c['evidence']})"
-                                             for c in f["causes"])
+        causes = sd.w("story.list_sep").join(
+            sd.w(f"physics.cause.{c['cause']}") + sd.w("physics.because", why=sd.w(f"physics.say.{c['say']}", **c["values"]))
+            for c in f["causes"])
         items.append(sd.w("physics.item", config=lab.get(f["config"], f["config"]), level=f["level"],
                           metric=sd.w(f"physics.metric.{f['metric']}"), measured=num(f["measured_s"] * 1e3, 2),
                           floor=num(f["floor_s"] * 1e3, 2), what=what, causes=causes))
