@@ -5,8 +5,10 @@ model's arithmetic (`analysis.perfmodel`) nor for measuring (`stages`)."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -58,8 +60,10 @@ def prediction_lines(study: Any, config_id: str, machine: dict[str, Any]) -> lis
     concurrency and the capacity, and why a bound is one. Builds the model directory (offline) for its facts."""
     eng, wl = study.engine_for(config_id), study.workload_for(config_id)
     mdir = model_dir_for(eng)
+    cfg_path = Path(mdir) / "config.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8")) if cfg_path.is_file() else {}
     rec = {"study": study.study, "config": config_id, "engine_params": eng.model_dump(), **machine,
-           "model": {"facts": model_facts(mdir)}}
+           "model": {"facts": model_facts(mdir), "config": cfg}}  # the config: a router that ties under dummy weights
     server = SimpleNamespace(base_url="http://127.0.0.1:9", model=mdir, headers={}, tokenizer_dir=mdir)
     pred = predict_configuration(rec, wl, study.slo.model_dump(), bucket_lengths(wl, server), now_iso())
     if pred.get("not_predictable"):
