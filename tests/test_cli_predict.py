@@ -116,3 +116,12 @@ def test_every_entry_refits_from_its_own_points(tmp_path, entry):
             assert got[mode][kind]["layer_s"] == pytest.approx(w["layer_s"], rel=1e-9)
             assert got[mode][kind]["step_s"] == pytest.approx(w["step_s"], rel=1e-9)
             assert got[mode][kind]["n"] == w["n"]
+
+
+def test_the_request_cost_fit_says_what_it_needs(tmp_path):
+    """calibrate-hw --ttft-from fits the engine's request cost from published TTFTs into an entry it names: without
+    --add-to, one line; a study without a level it can use (no vLLM with CUDA graphs on the entry's GPU), one line."""
+    no_entry = _cli("calibrate-hw", "--ttft-from", "reports/h200-perfmodel")
+    assert no_entry.returncode == 2 and "needs --add-to" in no_entry.stderr
+    none = _cli("calibrate-hw", "--ttft-from", "reports/local-cpu-kv", "--add-to", "nvidia-h200-2026-12-02")
+    assert none.returncode == 2 and "three levels" in none.stderr and "Traceback" not in none.stderr
