@@ -45,12 +45,12 @@ DESIGN_JSON = "design.json"  # beside the configurations: how they were measured
 VERDICTS_JSON = "verdicts.json"  # beside the configurations: each change's verdict per level (analysis.verdicts)
 PREDICTION_JSON = "prediction.json"  # the performance model's prediction, written before the first request
 TUNE_JSON = "tune.json"  # beside the configurations: a `tune:` study's search, step by step (servelab.tune)
-SPECULATIVE_JSONL = "speculative.jsonl"  # n-gram speculative decoding per prompt set (scripts/device/real_checks.py)
+SPECULATIVE_JSONL = "speculative.jsonl"  # n-gram speculative decoding per prompt set (measure.realchecks)
 # What a published report keeps of each configuration's run folder.
 PUBLISHED_FILES = (RECORDS, RUN_JSON, SERVER_METRICS, GPU_METRICS, ENGINE_LOG, CLIENT_STATS, LEVELS, QUALITY_JSON,
                    PREDICTION_JSON)
 
-# What a GPU study's real-weights checks leave in a configuration's folder (scripts/device/real_checks.py),
+# What a GPU study's real-weights checks leave in a configuration's folder (measure.realchecks),
 # published beside (or instead of) the workload's files.
 CHECK_FILES = (QUALITY_JSON, SPECULATIVE_JSONL)
 

@@ -1,20 +1,15 @@
-"""The GPU study's helpers that run beside the workloads: the real-weights checks' scoring and
-/metrics parsing (scripts/device/real_checks.py), their write-up (report.checks), the wheel
-packer's parts (scripts/device/pack.py) and the device block's groups (schema)."""
+"""What a GPU study runs beside its workloads: the real-weights checks' scoring and /metrics parsing
+(measure.realchecks), their write-up (report.checks), and the placement block's groups (schema)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import random
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 import yaml
 
+from servelab.measure import realchecks as rc
 from servelab.report.checks import compare_quality, speculative_rows
 from servelab.report.load import StudyData
 from servelab.schema import study_from_dict
@@ -22,15 +17,7 @@ from servelab.schema import study_from_dict
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _module(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / "device" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_expected_answer_is_matched_as_whole_words():
-    rc = _module("real_checks")
     assert rc.correct("The capital of France is Paris.", "Paris") is True
     assert rc.correct("Parisian food is good", "Paris") is False  # a word, not a substring
     assert rc.correct("2 + 3 = five!", "5|five") is True
@@ -39,7 +26,6 @@ def test_expected_answer_is_matched_as_whole_words():
 
 
 def test_spec_counters_are_summed_and_keyed_by_position():
-    rc = _module("real_checks")
 
     class Client:
         def get(self, url, timeout):
@@ -112,46 +98,15 @@ def test_speculative_rows_pair_each_set_with_the_baseline(tmp_path: Path):
     assert r.per_position == pytest.approx([0.9, 0.7, 0.5, 0.4])
 
 
-def test_pack_stores_wheels_and_splits_with_a_smaller_first_part(tmp_path: Path):
-    src = tmp_path / "w"
-    src.mkdir()
-    payload = random.Random(1).randbytes(1 << 16)  # incompressible: the parts' sizes are the split's
-    for name in ("a-1.0-py3-none-any.whl", "b-2.0-py3-none-any.whl"):
-        with zipfile.ZipFile(src / name, "w", zipfile.ZIP_DEFLATED) as z:
-            z.writestr("pkg/data.bin", payload + name.encode())
-    out = tmp_path / "packed"
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "device" / "pack.py"), str(out), "--stream", "v", str(src),
-                    "--stream", "s", str(src)], check=True, capture_output=True)
-    manifest = json.loads((out / "MANIFEST.json").read_text())
-    assert manifest["v"]["wheels"] == ["a-1.0-py3-none-any.whl", "b-2.0-py3-none-any.whl"]
-    assert manifest["s"] == {"wheels": [], "shared": ["a-1.0-py3-none-any.whl", "b-2.0-py3-none-any.whl"]}
-    whole = (out / "v.tar.zst").read_bytes()
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "device" / "pack.py"), str(out), "--split", "0.01",
-                    "--first-mib", "0.005", "--order", "v,s"], check=True, capture_output=True)
-    parts = sorted((out / "parts").glob("v[0-9][0-9]"))
-    assert parts[0].stat().st_size == int(0.005 * 2**20)
-    assert all(p.stat().st_size == int(0.01 * 2**20) for p in parts[1:-1])
-    assert b"".join(p.read_bytes() for p in parts) == whole
-    tar = subprocess.run(["zstd", "-d", "-q", "--long=27", "-c"], input=whole, capture_output=True, check=True).stdout
-    listing = subprocess.run(["tar", "t"], input=tar, capture_output=True, check=True).stdout.decode().split()
-    assert sorted(listing)[-2:] == ["v/a-1.0-py3-none-any.whl", "v/b-2.0-py3-none-any.whl"]
-    tmp = tmp_path / "x"
-    tmp.mkdir()
-    subprocess.run(["tar", "x", "-C", str(tmp)], input=tar, check=True)
-    with zipfile.ZipFile(tmp / "v" / "a-1.0-py3-none-any.whl") as z:
-        assert z.getinfo("pkg/data.bin").compress_type == zipfile.ZIP_STORED
-        assert z.read("pkg/data.bin") == payload + b"a-1.0-py3-none-any.whl"
-
-
-def test_device_groups_name_known_configurations_and_replace_lanes():
+def test_placement_groups_name_known_configurations_and_replace_lanes():
     params = yaml.safe_load((ROOT / "params" / "h200-moe.yaml").read_text())
     study = study_from_dict(params)
-    assert [c for g in study.device.groups for c in g][:3] == ["vllm-cudagraph", "vllm-fp8kv", "vllm-eager"]
+    assert [c for g in study.placement.groups for c in g][:3] == ["vllm-cudagraph", "vllm-fp8kv", "vllm-eager"]
     bad = json.loads(json.dumps(params))
-    bad["device"]["groups"][0].append("nope")
+    bad["placement"]["groups"][0].append("nope")
     with pytest.raises(ValueError, match="unknown configuration"):
         study_from_dict(bad)
     both = json.loads(json.dumps(params))
-    both["device"]["lanes"] = [["vllm-eager"]]
+    both["placement"]["lanes"] = [["vllm-eager"]]
     with pytest.raises(ValueError, match="groups replace lanes"):
         study_from_dict(both)
