@@ -40,7 +40,7 @@ from .measure.inventory import wait_released
 from .measure.realchecks import run_checks
 from .placement import Group, Lane, Placement, Server
 from .plan import ConfigPlan, plan_config
-from .runfolder import CHECK_FILES, RunFolder, write_json
+from .runfolder import QUALITY_JSON, SPECULATIVE_JSONL, RunFolder, write_json
 from .schema import EngineParams, Study
 from .sidebyside import write_effective
 
@@ -94,10 +94,13 @@ def save_answers(rdir: Path, answers: dict[str, tuple[int, str]]) -> None:
     sp.write_text(json.dumps(status, indent=1) + "\n")
 
 
+CHECK_FILE = {"quality": QUALITY_JSON, "speculative": SPECULATIVE_JSONL}  # what each real-weights check writes
+
+
 def done(study: Study, root: Path, cid: str) -> bool:
     """Whether a configuration is measured: its run complete, or its checks' files written."""
     if cid in study.checks:
-        return all((root / cid / f).exists() for f in CHECK_FILES if f.split(".")[0] in study.checks[cid])
+        return all((root / cid / CHECK_FILE[c]).exists() for c in study.checks[cid])
     return RunFolder(root / cid).run.get("status") == "complete"
 
 
@@ -172,11 +175,10 @@ class Runner:
 
     # -- a group of servers on one GPU set ----------------------------------------------------------
     def _group(self, group: Group) -> None:
-        todo = [s for s in group.servers if not all(self.resume and done(self.study, self.root, c) for c in s.configs)]
+        todo = [s for s in group.servers if not (self.resume and all(done(self.study, self.root, c) for c in s.configs))]
         for s in group.servers:
-            for c in s.configs:
-                if s not in todo or (self.resume and done(self.study, self.root, c)):
-                    self.say(f"configuration {c}: complete, skipped (--resume)")
+            if s not in todo:
+                self.say(f"server {s.id}: its configurations are complete, not started (--resume)")
         if not todo:
             return
         if self._late():
@@ -184,7 +186,7 @@ class Runner:
                 self.left += [c for s in todo for c in s.configs]
             return
         for s in todo:  # model directories first, one at a time (one cache folder)
-            self.plans[s.configs[0]].host.provision(s.configs[0], self.root / s.configs[0], s.engine)
+            model_dir_for(s.engine)
         up: dict[str, bool] = {}
         starts = []
         for i, s in enumerate(todo):

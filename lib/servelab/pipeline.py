@@ -288,13 +288,25 @@ def publish(study_id: str, run_root: Path, *, force: bool = False) -> Path:
         for f in (*PUBLISHED_FILES, *CHECK_FILES):
             if (cdir / f).exists():
                 shutil.copy(cdir / f, dst / f)
-        served_log = run_root / ".served" / cdir.name / ENGINE_LOG  # engine started by `servelab serve`
-        if served_log.exists() and not (dst / ENGINE_LOG).exists():
+        served_log = _server_log(run_root, cdir.name)
+        if served_log is not None and not (dst / ENGINE_LOG).exists():
             shutil.copy(served_log, dst / ENGINE_LOG)
     scrub_tree(data)
     portable_tree(data)  # no path of this machine leaves it: relative paths and $SERVELAB_CACHE instead
     render(study_id, keep_dir=run_root)
     return pub / "index.html"
+
+
+def _server_log(run_root: Path, config_id: str) -> Path | None:
+    """The engine log of a configuration whose server ran outside its stages: the study runner's (shared by the
+    configurations of one engine, `lanes`) or one `servelab serve` started."""
+    handle = run_root / ".served" / f"{config_id}.json"
+    server = read_json(handle).get("server") if handle.exists() else None
+    for p in ((run_root / ".servers" / server / ENGINE_LOG) if server else None,
+              run_root / ".served" / config_id / ENGINE_LOG):
+        if p is not None and p.exists():
+            return p
+    return None
 
 
 def render(study_id: str, keep_dir: Path | None = None, *, index: bool = True, parallel: bool = True) -> Path:

@@ -10,7 +10,7 @@ from ..models import make_model
 from ..runfolder import HOST_JSON, read_json, resolve, runs_root
 from ..schema import EngineParams
 from .base import Host, is_engine
-from .process import Engine, EngineError
+from .process import Engine
 
 
 def model_dir_for(eng: Any) -> str:
@@ -43,14 +43,12 @@ class LocalHost(Host):
 
     def launch(self, config_id: str, rdir: Path, engine: EngineParams) -> dict[str, Any]:
         """Start the configuration's engine, or, where the study runner started its server already (a server
-        shared by the configurations of one engine, on the GPUs the placement gave it), hand that one on."""
+        shared by the configurations of one engine, on the GPUs the placement gave it), hand that one on. A
+        server that is gone (it died, or the handle is an earlier run's) is started again for this configuration."""
         placed = served_path(self.study.study, config_id)
         if placed.exists():
             h = read_json(placed)
-            if h.get("shared"):
-                if not is_engine(h["pid"], {"info": h}):
-                    raise EngineError(f"{config_id}: its server (pid {h['pid']}, {h['base_url']}) is gone; "
-                                      f"log {h.get('log')}")
+            if h.get("shared") and h.get("base_url", "").endswith(f":{engine.port}") and is_engine(h["pid"], {"info": h}):
                 return {"mode": "launched", "base_url": h["base_url"], "model": h["model_dir"], "pid": h["pid"],
                         "shared": True, "info": {k: v for k, v in h.items() if k not in ("model_dir", "config")},
                         "tokenizer_dir": h["model_dir"]}

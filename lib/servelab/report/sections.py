@@ -98,7 +98,8 @@ def sessions_text(sd: StudyData) -> str:
         host = next((sd.info(c).client_host for c in sd.config_ids), None)
         servers = [f"{', '.join(s['configs'])} (GPU {','.join(map(str, s['gpus']))})"
                    for s in (placed.get("servers") or {}).values()]
-        lines.append("- " + sd.w("setup.placement", gpus=", ".join(f"{n} x {name}" for name, n in gpus.items()),
+        shared = any(len(g) > 1 for phase in placed.get("phases") or [] for lane in phase for g in lane["groups"])
+        lines.append("- " + sd.w("setup.placement_shared" if shared else "setup.placement", gpus=", ".join(f"{n} x {name}" for name, n in gpus.items()),
                                  cores=(host.cpu_count if host else None) or "?",
                                  date=str(sd.design.started_at or next((sd.info(c).started_at for c in sd.config_ids),
                                                                        "") or "")[:10],
