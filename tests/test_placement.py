@@ -168,3 +168,25 @@ def test_stand_in_specs_are_read_or_refused_in_one_line():
         stand_in("1xZ9")
     with pytest.raises(InventoryError, match="COUNTxNAME"):
         stand_in("two H100s")
+
+
+def test_an_engine_starts_from_its_own_python(tmp_path, monkeypatch):
+    """engine.python, else SERVELAB_<KIND>_PYTHON, else the user config's engines.<kind>.python; a virtualenv's folder
+    stands for its bin/python; a Python that is not there is one error naming where it was set."""
+    from servelab.hosts.process import EngineError, engine_python
+    from servelab.schema import EngineParams
+
+    venv = tmp_path / "sglang-env"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text("")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "cfg"))
+    monkeypatch.delenv("SERVELAB_SGLANG_PYTHON", raising=False)
+    assert engine_python(EngineParams(kind="sglang")) is None  # servelab's own
+    (tmp_path / "cfg" / "servelab").mkdir(parents=True)
+    (tmp_path / "cfg" / "servelab" / "config.yaml").write_text(f"engines:\n  sglang: {{python: {venv}}}\n")
+    assert engine_python(EngineParams(kind="sglang")) == str(venv / "bin" / "python")
+    assert engine_python(EngineParams(kind="vllm")) is None
+    monkeypatch.setenv("SERVELAB_SGLANG_PYTHON", str(tmp_path / "nope" / "python"))
+    with pytest.raises(EngineError, match="SERVELAB_SGLANG_PYTHON: .*nope/python does not exist"):
+        engine_python(EngineParams(kind="sglang"))
+    assert engine_python(EngineParams(kind="sglang", python=str(venv))) == str(venv / "bin" / "python")

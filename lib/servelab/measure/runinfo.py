@@ -89,7 +89,7 @@ def engine_gpu_devices(engine_env: dict[str, str] | None = None) -> list[dict[st
 
 def comm_env(*envs: dict[str, Any] | None) -> dict[str, str]:
     """The NCCL_* variables of the first of `envs` that sets each (the engine's own environment as launched, its
-X
+    params' `engine.env`, this process's: a host may set NCCL_NVLS_ENABLE=0 for every process)."""
     out: dict[str, str] = {}
     for env in envs:
         for k, v in (env or {}).items():
