@@ -10,7 +10,9 @@ dependencies need there, for that host's Python and platform, downloaded on a ma
 servelab; --engine sglang makes a second folder, <out>-sglang, with SGLang 0.5.16 for its own virtualenv
 (vLLM and SGLang pin different packages: `make engine-sglang WHEELHOUSE=<out>-sglang` on the host).
 --have FILE takes the host's own `pip freeze` (an image that ships CUDA PyTorch, say): pip resolves against
-those versions (as constraints) and the wheels the host already has are left out of the folder; a host
+those versions (as constraints) and the wheels the host already has are left out of the folder (pip
+downloads them to resolve, the script deletes them: for vLLM 0.26.0 on an image with CUDA PyTorch, 212 wheels
+and 1.2 GiB stayed, 99 left out, 6.5 min on 2026-12-06); a host
 version the engine cannot use (vLLM 0.26.0 pins numba 0.65) is dropped from the constraints and its wheel
 kept, and the script names it.
 --dry-run prints the pip commands and downloads nothing. Standard library only.

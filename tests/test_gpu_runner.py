@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
@@ -126,3 +128,26 @@ def test_the_dry_run_places_a_gpu_study_on_this_machine_or_the_one_named():
     out = pipeline.describe(load_study(ROOT / "params" / "h200-arch-holdout.yaml"))
     assert "placement: 1 GPU as the study plans them" in out
     assert "server qwen15moe on GPU 0" in out and "qwen15moe, qwen15moe-ttft" in out
+
+
+def test_a_stop_signal_stops_every_server_and_keeps_what_was_measured(gpu_study, tmp_path):
+    params, port = gpu_study
+    data = yaml.safe_load(params.read_text())
+    data["workload"].update(rounds=40, buckets=[{"input_tokens": 16, "output_tokens": 64}])  # long enough to stop
+    params.write_text(yaml.safe_dump(data))
+    proc = subprocess.Popen([sys.executable, "-m", "servelab.cli", "run", str(params), "--no-notebooks", "--no-report"],
+                            cwd=ROOT, env=dict(os.environ), stderr=subprocess.PIPE, text=True)
+    root = tmp_path / "runs" / "gpu-runner"
+    records = root / "a" / "records.jsonl"
+    deadline = time.monotonic() + 120
+    while not (records.exists() and records.read_text().count("\n") >= 3) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the first configuration's first requests measured
+    proc.send_signal(signal.SIGTERM)
+    rest = proc.communicate(timeout=120)[1]
+    assert proc.returncode != 0, rest
+    handles = [json.loads(p.read_text()) for p in (root / ".served").glob("*.json")]
+    assert handles and all(not psutil.pid_exists(h["pid"]) or psutil.Process(h["pid"]).status() == psutil.STATUS_ZOMBIE
+                           for h in handles)
+    run = RunFolder(root / "a").run
+    assert run.get("status") == "partial", rest
+    assert run["status"] == "partial" and "SIGTERM" in run["message"] and len(RunFolder(root / "a").records) > 0

@@ -131,7 +131,8 @@ class Runner:
     def run(self) -> list[str]:
         try:
             for phase in self.placement.phases:
-                threads = [threading.Thread(target=self._lane_safely, args=(lane,), name=f"lane-{lane.gpus}")
+                threads = [threading.Thread(target=self._lane_safely, args=(lane,), name=f"lane-{lane.gpus}",
+                                            daemon=True)  # a stop signal must not wait for a lane's measurement
                            for lane in phase]
                 for t in threads:
                     t.start()
@@ -192,7 +193,8 @@ class Runner:
         for i, s in enumerate(todo):
             if i and self.placement.stagger_s:
                 time.sleep(self.placement.stagger_s)
-            t = threading.Thread(target=lambda s=s: up.__setitem__(s.id, self._start(s)), name=f"start-{s.id}")
+            t = threading.Thread(target=lambda s=s: up.__setitem__(s.id, self._start(s)), name=f"start-{s.id}",
+                                 daemon=True)
             t.start()
             starts.append(t)
         for t in starts:
