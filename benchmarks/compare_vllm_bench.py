@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     base = ROOT / "runs" / "compare" / stamp
     base.mkdir(parents=True, exist_ok=True)
     shim = vllm_shim(base / "vllm-shim")
-    from servelab.modelmake import make_model
+    from servelab.models import make_model
 
     model_dir = str(make_model("cpu-tiny"))
     t0 = time.perf_counter()
