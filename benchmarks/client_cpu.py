@@ -9,7 +9,6 @@ chunk arrival - emission). Variants:
 
   servelab     lib/servelab/client.py as shipped (client.StreamClient + client.send)
   httpx-h11    httpx's default transport (httpcore + h11), aiter_lines, json.loads
-  httpx-aiohttp  httpx with httpx_aiohttp.AiohttpTransport (aiohttp's C parser underneath), aiter_lines
   aiohttp      aiohttp alone (what `vllm bench serve` uses), line iteration, json.loads
   aiohttp-parser aiohttp alone, raw reads (iter_any) into servelab's StreamParser
 
@@ -99,13 +98,8 @@ async def level(variant: str, url: str, c: int, tokens: int) -> dict[str, Any]:
         else:
             import httpx
 
-            transport = None
-            if variant == "httpx-aiohttp":
-                from httpx_aiohttp import AiohttpTransport
-
-                transport = AiohttpTransport(limits=httpx.Limits(max_connections=c + 4))
             http = httpx.AsyncClient(base_url=url, limits=httpx.Limits(max_connections=c + 4),
-                                     timeout=httpx.Timeout(10, read=None), transport=transport)
+                                     timeout=httpx.Timeout(10, read=None))
             fn = lambda t: one_httpx(http, t)  # noqa: E731
         close = http.aclose
     try:
@@ -134,7 +128,8 @@ async def level(variant: str, url: str, c: int, tokens: int) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--streams", type=int, nargs="+", default=[64, 256])
-    ap.add_argument("--variants", default="servelab,httpx-h11,httpx-aiohttp,aiohttp")
+    ap.add_argument("--variants", default="servelab,httpx-h11,aiohttp",
+                    help="comma list of servelab, httpx-h11, aiohttp, aiohttp-parser")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--itl", type=float, default=0.02)
     ap.add_argument("--reps", type=int, default=2)
