@@ -72,7 +72,7 @@ def main() -> int:
     grid_capacity = max((g["concurrency"] for g in grid if g["meets_slo"] and (first_fail is None or
                                                                                g["concurrency"] < first_fail)),
                         default=None)
-    lows = [r["bracket"][0] for r in runs]
+    lows = [r["bracket"][0] or 0.0 for r in runs]  # None: not even the lowest load searched met the SLO
     highs = [r["bracket"][1] if r["bracket"][1] is not None else float("inf") for r in runs]
     overlap = max(lows) < min(highs)  # [capacity, first failing load) intervals share a load
     in_every = grid_capacity is not None and all(lo <= grid_capacity < hi for lo, hi in zip(lows, highs))
