@@ -28,10 +28,14 @@ def scripts() -> list[str]:
     return sorted(p.name for p in BENCHMARKS.glob("*.py"))
 
 
-def published_state() -> dict[str, tuple[int, int]]:
-    """(size, mtime) of every file under the published results and reports."""
-    return {str(p.relative_to(ROOT)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for top in PUBLISHED for p in top.rglob("*") if p.is_file()}
+def published_state() -> dict[str, str]:
+    """What git sees changed, added or removed under the published results and reports, each file with the hash of
+    its content now (a file written again with the same bytes is no change: another test worker may render)."""
+    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--", *map(str, PUBLISHED)],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    paths = [line[3:] for line in out.splitlines()]
+    return {p: subprocess.run(["git", "hash-object", p], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+            if (ROOT / p).is_file() else "gone" for p in paths}
 
 
 def run(script: str, out: Path) -> str:
