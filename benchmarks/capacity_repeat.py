@@ -17,7 +17,13 @@ intervals (mean z^2 over pairs: about 1 when the intervals account for what diff
 
     .venv/bin/python benchmarks/capacity_repeat.py --replay --out runs/capacity-repeat/trialunit
 
+    .venv/bin/python benchmarks/capacity_repeat.py --smoke DIR      # two small searches, then the replay
+
 Not a test: what one machine measured, written to OUT/repeat.json (OUT/fit.json with --replay).
+`--smoke DIR` (make test runs it): the engine's params are planned but the engine is not started (its
+model build and start take minutes); two small searches run against the reference server (2 slots, up
+to 6 trials of at least 20 requests, so that each search's fit can be made), then `--replay` on them:
+DIR/repeat.json and DIR/fit.json.
 """
 
 from __future__ import annotations
@@ -33,27 +39,39 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SEARCH = ["--axis", "concurrency", "--input", "128", "--output", "32", "--slo-ttft-p95-s", "1.0",
           "--slo-tpot-p95-s", "0.1", "--max", "32"]
+# --smoke: the reference server with 2 slots (a third stream waits a whole request) and a small search
+# whose trials are large enough (>= 20 requests) to be fitted
+SMOKE_SERVER = {"ttft_s": 0.002, "itl_s": 0.002, "slots": 2}
+SMOKE_SEARCH = ["--axis", "concurrency", "--input", "16", "--output", "4", "--slo-ttft-p95-s", "0.006",
+                "--slo-tpot-p95-s", "0.1", "--max", "4", "--max-trials", "6", "--rounds", "2",
+                "--requests-per-round", "10"]
 
 
-def start_engine(max_num_seqs: int, port: int, workdir: Path):
+def engine_params(max_num_seqs: int, port: int):
+    """The default study's eager engine (params/local-cpu.yaml) with `--max-num-seqs` and the port."""
     sys.path.insert(0, str(ROOT / "lib"))
-    from servelab.hosts.local import model_dir_for
-    from servelab.hosts.process import Engine
     from servelab.plan import load_study_file, plan_study
 
     plan = plan_study(load_study_file(ROOT / "params" / "local-cpu.yaml"))["eager"]
-    eng = plan.engine.model_copy(update={"port": port, "args": {**plan.engine.args, "max-num-seqs": max_num_seqs}})
-    e = Engine(eng, model_dir_for(plan.engine), workdir)
+    return plan.engine.model_copy(update={"port": port, "args": {**plan.engine.args, "max-num-seqs": max_num_seqs}})
+
+
+def start_engine(max_num_seqs: int, port: int, workdir: Path):
+    from servelab.hosts.local import model_dir_for
+    from servelab.hosts.process import Engine
+
+    eng = engine_params(max_num_seqs, port)
+    e = Engine(eng, model_dir_for(eng), workdir)
     e.start()
     return e
 
 
-def search(url: str, out: Path, lib: str | None) -> dict:
+def search(url: str, out: Path, lib: str | None, args: list[str] = SEARCH) -> dict:
     env = dict(os.environ)
     if lib:
         env["PYTHONPATH"] = lib
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "servelab.cli", "capacity", url, *SEARCH, "--out", str(out)],
+    r = subprocess.run([sys.executable, "-m", "servelab.cli", "capacity", url, *args, "--out", str(out)],
                        env=env, capture_output=True, text=True, cwd=ROOT)
     wall = time.monotonic() - t0
     line = next((x for x in r.stdout.splitlines() if x.startswith("capacity at SLO:")), r.stderr.strip()[-300:])
@@ -103,35 +121,57 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8240)
     ap.add_argument("--lib", help="another checkout's lib/ (its servelab runs the searches)")
     ap.add_argument("--replay", action="store_true", help="read OUT/search-* again instead of running searches")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out")
+    ap.add_argument("--smoke", type=Path, metavar="DIR",
+                    help="two small searches against the reference server, then --replay; writes under DIR")
     a = ap.parse_args()
+    if a.smoke:
+        engine_params(a.max_num_seqs, a.port)  # planned, not started
+        from servelab.measure.selfcheck import RefProcess
+
+        with RefProcess(**SMOKE_SERVER) as ref:
+            repeat(ref.url, a.smoke, 2, None, SMOKE_SEARCH)
+        replay(a.smoke)
+        return 0
+    if not a.out:
+        ap.error("--out is needed (or --smoke DIR)")
     out = Path(a.out)
     if a.replay:
-        rows = [row_of(d) for d in sorted(out.glob("search-*"), key=lambda d: int(d.name.split("-")[1]))]
-        summary = {"runs": rows, "agreement": agreement(rows)}
-        print(json.dumps(summary["agreement"]))
-        (out / "fit.json").write_text(json.dumps(summary, indent=1))
+        replay(out)
         return 0
     out.mkdir(parents=True, exist_ok=True)
     eng = None if a.url else start_engine(a.max_num_seqs, a.port, out / "engine")
-    url = a.url or eng.base_url
     try:
-        rows = []
-        for i in range(a.runs):
-            rows.append(search(url, out / f"search-{i + 1}", a.lib))
-            r = rows[-1]
-            print(f"search {i + 1}: bracket {r['bracket']} capacity {r['capacity']} trials {r['trials']} "
-                  f"requests {r['requests']} (+{r['warmup_requests']} warm-up) {r['wall_s']} s; {r['line']}", flush=True)
+        repeat(a.url or eng.base_url, out, a.runs, a.lib)
     finally:
         if eng is not None:
             eng.stop()
+    return 0
+
+
+def replay(out: Path) -> None:
+    """The finished searches OUT/search-* read again: OUT/fit.json."""
+    rows = [row_of(d) for d in sorted(out.glob("search-*"), key=lambda d: int(d.name.split("-")[1]))]
+    summary = {"runs": rows, "agreement": agreement(rows)}
+    print(json.dumps(summary["agreement"]))
+    (out / "fit.json").write_text(json.dumps(summary, indent=1))
+
+
+def repeat(url: str, out: Path, runs: int, lib: str | None, args: list[str] = SEARCH) -> None:
+    """`runs` searches back to back, one line each, and OUT/repeat.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i in range(runs):
+        rows.append(search(url, out / f"search-{i + 1}", lib, args))
+        r = rows[-1]
+        print(f"search {i + 1}: bracket {r['bracket']} capacity {r['capacity']} trials {r['trials']} "
+              f"requests {r['requests']} (+{r['warmup_requests']} warm-up) {r['wall_s']} s; {r['line']}", flush=True)
     same = len({json.dumps(r["bracket"]) for r in rows}) == 1
     agree = agreement(rows)
     print(f"same bracket every time: {same}; trials {sum(r['trials'] or 0 for r in rows) / len(rows):.1f} and "
           f"requests {sum(r['requests'] for r in rows) / len(rows):.0f} per search (mean); fits: {json.dumps(agree)}")
-    (out / "repeat.json").write_text(json.dumps({"search": SEARCH, "lib": a.lib, "runs": rows, "same_bracket": same,
+    (out / "repeat.json").write_text(json.dumps({"search": args, "lib": lib, "runs": rows, "same_bracket": same,
                                                  "agreement": agree}, indent=1))
-    return 0
 
 
 if __name__ == "__main__":

@@ -9,11 +9,14 @@ chunk arrival - emission). Variants:
 
   servelab     lib/servelab/client.py as shipped (client.StreamClient + client.send)
   httpx-h11    httpx's default transport (httpcore + h11), aiter_lines, json.loads
-  httpx-aiohttp  httpx with httpx_aiohttp.AiohttpTransport (aiohttp's C parser underneath), aiter_lines
   aiohttp      aiohttp alone (what `vllm bench serve` uses), line iteration, json.loads
   aiohttp-parser aiohttp alone, raw reads (iter_any) into servelab's StreamParser
 
     .venv/bin/python benchmarks/client_cpu.py --streams 64 256 --variants servelab,httpx-h11,aiohttp
+    .venv/bin/python benchmarks/client_cpu.py --smoke DIR    # every variant, 2 streams x 4 tokens, on uvloop
+
+`--smoke DIR` (make test runs it) leaves nothing out but size: every variant once at 2 streams of 4
+tokens, written to DIR/client-cpu.json.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ sys.path.insert(0, str(ROOT / "lib"))
 from servelab.measure import client as sc  # noqa: E402
 from servelab.measure.selfcheck import RefProcess, free_port  # noqa: E402
 
+VARIANTS = ("servelab", "httpx-h11", "aiohttp", "aiohttp-parser")
 BODY = {"model": "ref", "prompt": "client cpu", "stream": True, "stream_options": {"include_usage": True}}
 
 
@@ -99,13 +103,8 @@ async def level(variant: str, url: str, c: int, tokens: int) -> dict[str, Any]:
         else:
             import httpx
 
-            transport = None
-            if variant == "httpx-aiohttp":
-                from httpx_aiohttp import AiohttpTransport
-
-                transport = AiohttpTransport(limits=httpx.Limits(max_connections=c + 4))
             http = httpx.AsyncClient(base_url=url, limits=httpx.Limits(max_connections=c + 4),
-                                     timeout=httpx.Timeout(10, read=None), transport=transport)
+                                     timeout=httpx.Timeout(10, read=None))
             fn = lambda t: one_httpx(http, t)  # noqa: E731
         close = http.aclose
     try:
@@ -134,13 +133,18 @@ async def level(variant: str, url: str, c: int, tokens: int) -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--streams", type=int, nargs="+", default=[64, 256])
-    ap.add_argument("--variants", default="servelab,httpx-h11,httpx-aiohttp,aiohttp")
+    ap.add_argument("--variants", default="servelab,httpx-h11,aiohttp", help=f"comma list of {', '.join(VARIANTS)}")
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--itl", type=float, default=0.02)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--uvloop", action="store_true", help="run the clients on uvloop (servelab's runner does)")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--smoke", type=Path, metavar="DIR",
+                    help="every variant at the smallest size; writes DIR/client-cpu.json")
     a = ap.parse_args()
+    if a.smoke:
+        vars(a).update(streams=[2], variants=",".join(VARIANTS), tokens=4, itl=0.005, reps=1, uvloop=True,
+                       out=a.smoke / "client-cpu.json")
     runner = asyncio.run
     if a.uvloop:
         import uvloop
@@ -162,7 +166,9 @@ def main() -> int:
         ["cpu_us_per_chunk", "cpu_frac", "itl_err_pct", "ttft_read_err_p50_ms", "chunks", "expected"]].median()
     print(df.to_string())
     if a.out:
-        a.out.write_text(json.dumps({"settings": vars(a) | {"out": str(a.out)}, "rows": rows}, indent=1))
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()}
+        a.out.write_text(json.dumps({"settings": settings, "rows": rows}, indent=1))
     return 0
 
 

@@ -17,12 +17,21 @@ servelab.importers); vLLM's self-reported numbers are kept beside them.
 
     .venv/bin/python benchmarks/compare_vllm_bench.py                 # defaults: < 10 min
     .venv/bin/python benchmarks/compare_vllm_bench.py --parts ref --reps 1
+    .venv/bin/python benchmarks/compare_vllm_bench.py --smoke DIR       # every part, tiny, in seconds
 Writes benchmarks/results/compare-<timestamp>.json (summaries only; raw runs under runs/compare/).
+
+`--smoke DIR` (make test runs it): every part once at the smallest size (2-4 streams, 4 tokens, one
+repetition), all of it written under DIR. What it leaves out: the vLLM CPU server (the `vllm` part's
+engine params are built but no engine starts; the part runs against the reference server, server-metrics
+deltas included) and `vllm bench serve` itself (it loads vLLM: ~9 s a run): its command line is built,
+and a result file it wrote against the reference server (tests/fixtures/vllm_bench_refserver.json)
+stands in for each of its runs, so its import and every table still go through.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -30,6 +39,7 @@ import subprocess
 import sys
 import time
 from datetime import datetime
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +70,12 @@ CPU_ARGS = {"enforce-eager": True, "dtype": "bfloat16", "max-model-len": 4096, "
 COMPARE_ENGINE_ARGS = {**CPU_ARGS, "no-enable-prefix-caching": True}
 ITL_LIMIT_PCT = 2.0
 METRICS_INTERVAL_S = 0.5  # servelab's /metrics sampling period during its runs (--servelab-metrics-interval)
+SMOKE = {"on": False}
+SMOKE_STANDIN = ROOT / "tests" / "fixtures" / "vllm_bench_refserver.json"  # --smoke: vllm bench serve's output
+# --smoke: the smallest workload that goes through every part (settings as the options name them)
+SMOKE_SETTINGS = {"parts": "ref,vllm,overhead", "reps": 1, "input_len": 16, "output_len": 4, "ref_ttft": 0.01,
+                  "ref_itl": 0.005, "ref_c": [2], "ref_n": 2, "vllm_c": [1, 2], "vllm_rounds": 1, "levels": [2, 4],
+                  "overhead_tokens": 4, "overhead_reps": 1}
 
 
 def log(msg: str) -> None:
@@ -81,6 +97,9 @@ def run_vllm_bench(*, base_url: str, model: str, tokenizer: str, input_len: int,
                    warmups: int, out_json: Path, shim: Path, label: str, seed: int = 0) -> dict[str, Any]:
     cmd = vllm_bench_command(base_url, model, tokenizer, input_len, output_len, c, n, out_json, python=sys.executable,
                              api="completions", seed=seed, warmups=warmups, label=label)
+    if SMOKE["on"]:  # a result file it wrote stands in for the run
+        shutil.copy(SMOKE_STANDIN, out_json)
+        return {"json": out_json, "wall_s": 0.0, "cmd": cmd, "client_cpu_s": None}
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim), str(ROOT / "lib")]), HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_NO_USAGE_STATS="1",
                PYTHONUNBUFFERED="1")
@@ -285,7 +304,7 @@ def side_table(rows: list[dict[str, Any]], truth: dict[int, dict[str, float]] | 
 def part_ref(a: argparse.Namespace, base: Path, tokenizer: str, shim: Path) -> dict[str, Any]:
     log(f"reference server: ttft {a.ref_ttft * 1e3:g} ms, itl {a.ref_itl * 1e3:g} ms, {a.output_len} tokens, "
         f"c={a.ref_c}, {a.ref_n} requests x {a.reps} reps per tool")
-    with RefProcess(ttft_s=a.ref_ttft, itl_s=a.ref_itl, port=free_port("127.0.0.1", a.port)) as rp:
+    with RefProcess(ttft_s=a.ref_ttft, itl_s=a.ref_itl, first_port=a.port) as rp:
         server = Server(base_url=rp.url, model="ref")
         rows = []
         for c in a.ref_c:
@@ -310,22 +329,33 @@ def part_ref(a: argparse.Namespace, base: Path, tokenizer: str, shim: Path) -> d
     return {"runs": rows, "table": t.to_dict(orient="records"), "truth": truth}
 
 
-def part_vllm(a: argparse.Namespace, base: Path, model_dir: str, shim: Path) -> dict[str, Any]:
+@contextlib.contextmanager
+def vllm_server(a: argparse.Namespace, base: Path, model_dir: str) -> Iterator[tuple[Server, dict[str, Any]]]:
+    """The vLLM CPU server (cpu-tiny) and what to record of it; with --smoke the reference server
+    stands in (the engine's params are still built)."""
     port = free_port("127.0.0.1", a.engine_port)
-    log(f"vLLM CPU server (cpu-tiny) on port {port}: input {a.input_len}, output {a.output_len} tokens, "
-        f"c={a.vllm_c}, {a.vllm_rounds} x c requests x {a.reps} reps per tool")
     params = EngineParams(kind="vllm", model=ModelRef(path=model_dir), port=port, args=COMPARE_ENGINE_ARGS,
                           startup_timeout_s=300)
-    rows = []
+    if a.smoke:
+        with RefProcess(ttft_s=a.ref_ttft, itl_s=a.ref_itl, first_port=a.port) as rp:
+            yield Server(base_url=rp.url, model="ref"), {"smoke": "reference server instead of the engine",
+                                                         "engine_params": params.model_dump(mode="json")}
+        return
     with Engine(params, model_dir, base / "engine") as eng:
         log(f"engine healthy in {eng.startup_s:.1f} s ({eng.version})")
-        server = eng.server()
+        yield eng.server(), {"startup_s": eng.startup_s, "version": eng.version, "command": eng.command}
+
+
+def part_vllm(a: argparse.Namespace, base: Path, model_dir: str, shim: Path) -> dict[str, Any]:
+    log(f"vLLM CPU server (cpu-tiny): input {a.input_len}, output {a.output_len} tokens, "
+        f"c={a.vllm_c}, {a.vllm_rounds} x c requests x {a.reps} reps per tool")
+    rows = []
+    with vllm_server(a, base, model_dir) as (server, info):
         for c in a.vllm_c:
             rows += alternate(a.reps, lambda tool, rep: one_pair(
                 tool, rep=rep, server=server, base=base, tokenizer=model_dir, shim=shim, input_len=a.input_len,
                 output_len=a.output_len, n=a.vllm_rounds * c, c=c, warmups=a.vllm_rounds * c, tag=f"vllm-c{c}",
                 server_metrics=True))
-        info = {"startup_s": eng.startup_s, "version": eng.version, "command": eng.command}
     t, text = side_table(rows)
     tb, textb = side_table(rows, how="best")
     print("\n(b) real vLLM CPU server, median of reps ('vllm vs servelab %' = vllm / servelab - 1; srv = vLLM's own "
@@ -344,7 +374,7 @@ def part_overhead(a: argparse.Namespace, base: Path, tokenizer: str, shim: Path)
     log(f"client overhead: streams {a.levels}, ttft {a.ref_ttft * 1e3:g} ms, itl {a.ref_itl * 1e3:g} ms, "
         f"{a.overhead_tokens} tokens, {a.overhead_reps} rep(s)")
     rows = []
-    with RefProcess(ttft_s=a.ref_ttft, itl_s=a.ref_itl, port=free_port("127.0.0.1", a.port)) as rp:
+    with RefProcess(ttft_s=a.ref_ttft, itl_s=a.ref_itl, first_port=a.port) as rp:
         server = Server(base_url=rp.url, model="ref")
         for c in a.levels:
             rows += alternate(a.overhead_reps, lambda tool, rep: one_pair(
@@ -401,21 +431,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--servelab-metrics-interval", type=float, default=0.5,
                     help="servelab's /metrics sampling period during its runs (s; 0 = off), as `servelab run` does")
     ap.add_argument("--out", help="result JSON (default benchmarks/results/compare-<timestamp>.json)")
+    ap.add_argument("--smoke", type=Path, metavar="DIR",
+                    help="every part at the smallest size, against the reference server; everything written under DIR")
     a = ap.parse_args(argv)
+    if a.smoke:
+        vars(a).update(SMOKE_SETTINGS, out=str(a.smoke / "compare.json"))
+        SMOKE["on"] = True
     global METRICS_INTERVAL_S
     METRICS_INTERVAL_S = a.servelab_metrics_interval
     parts = [p.strip() for p in a.parts.split(",") if p.strip()]
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = ROOT / "runs" / "compare" / stamp
+    base = (a.smoke or ROOT / "runs" / "compare") / stamp
     base.mkdir(parents=True, exist_ok=True)
     shim = vllm_shim(base / "vllm-shim")
-    from servelab.modelmake import make_model
+    from servelab.models import make_model
 
     model_dir = str(make_model("cpu-tiny"))
     t0 = time.perf_counter()
     result: dict[str, Any] = {"started": stamp, "settings": vars(a), "host": host_info(),
                               "load_avg_start": list(os.getloadavg()), "vllm_version": VLLM_VERSION,
-                              "raw_runs": str(base.relative_to(ROOT))}
+                              "raw_runs": str(base.relative_to(ROOT) if base.is_relative_to(ROOT) else base)}
     if "ref" in parts:
         result["reference"] = part_ref(a, base, model_dir, shim)
     if "vllm" in parts:

@@ -9,10 +9,14 @@ published 552000-token configuration held out and predicted).
 The residual a term is fitted on is the measured c=1 TPOT less the performance model's prediction
 without engine terms (`perfmodel.predict_configuration(..., engine_terms=False)`) from the stored
 calibration (data/calibrations/), so the term is what the model misses and nothing else. Not a test
-(tests/analysis/test_perfmodel_terms.py replays it)."""
+(tests/analysis/test_perfmodel_terms.py replays it).
+
+    .venv/bin/python benchmarks/engine_terms.py --smoke DIR   # the same: it takes seconds, writes nothing
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -55,6 +59,10 @@ def points(study: str = STUDY, configs: list[str] | None = None) -> list[dict]:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--smoke", type=Path, metavar="DIR",
+                    help="the same run (make test's smoke run); DIR is not written")
+    ap.parse_args()
     from servelab.analysis import perfmodel_terms as terms
 
     pts = points()

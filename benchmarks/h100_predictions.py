@@ -10,6 +10,9 @@ with its kind (estimate or bound) and band; for a MoE shape whose router ties un
 TPOT a spread router would give beside it (what real weights would do). `--compare` holds an earlier file
 against measured figures (a JSON of {config: {quantity: seconds}}) and prints the errors; nothing is fitted.
 
+`--smoke DIR` (make test runs it): the same predictions into DIR/h100-predictions.json, and the committed file held
+against the committed measured figures (issue #59's), printed.
+
 Not a test: the record the hold-out is judged by (docs/predictions.md).
 """
 
@@ -121,7 +124,14 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / f"h100-predictions-{time.strftime('%Y-%m-%d')}.json"))
     ap.add_argument("--compare", nargs=2, metavar=("PREDICTIONS", "MEASURED"),
                     help="hold an earlier predictions file against measured figures; print the errors")
+    ap.add_argument("--smoke", type=Path, metavar="DIR", help="predict into DIR and compare the committed files")
     a = ap.parse_args()
+    if a.smoke:
+        a.out = str(a.smoke / "h100-predictions.json")
+        res = ROOT / "benchmarks" / "results"
+        a.compare = None
+        for r in compare(res / "h100-predictions-2026-12-06.json", res / "h100-issue59-measured.json"):
+            print(f"committed: {r['config']} {r['quantity']} {r['error_pct']:+.0f} %")
     if a.compare:
         for r in compare(Path(a.compare[0]), Path(a.compare[1])):
             sp = f"  (spread router {r['spread_router_s'] * 1e3:.2f} ms: {r['spread_error_pct']:+.0f} %)" \

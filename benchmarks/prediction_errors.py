@@ -11,11 +11,15 @@ their first request; the rest are predicted now from their run.json (labelled so
 `--now` predicts every configuration with today's model, stored predictions ignored: a comparison of
 model versions on data the newer one may have been shaped by (in sample), never a test of it.
 
+    .venv/bin/python benchmarks/prediction_errors.py --smoke DIR    # two studies, DIR/prediction_errors.json
+
 `--after` re-predicts every published configuration that stored a prediction before its measurement with
 today's model and writes it beside the stored one as prediction-after.json, labelled as made after the
 measurement (the stored prediction.json is never rewritten); the report shows both.
 
 Not a test: a table for the closing note and the README (bias = mean error, spread = its sd).
+`--smoke DIR` (make test runs it) reads two published studies instead of all: h200-perfmodel (predictions
+stored before measurement) and h200-llama8b-vllm (none stored: predicted now, bounds and estimates).
 """
 
 from __future__ import annotations
@@ -31,14 +35,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
 
-def rows(now: bool = False) -> list[dict]:
+SMOKE_STUDIES = ("h200-perfmodel", "h200-llama8b-vllm")  # --smoke: stored predictions; none stored (both kinds)
+
+
+def rows(now: bool = False, studies: tuple[str, ...] = ()) -> list[dict]:
     from servelab.analysis.perfmodel import predict_configuration
     from servelab.analysis.predict import predict_run
     from servelab.report import load_study_data
 
     out = []
     for study_dir in sorted((ROOT / "reports").iterdir()):
-        if not (study_dir / "data" / "study.json").exists():
+        if not (study_dir / "data" / "study.json").exists() or (studies and study_dir.name not in studies):
             continue
         sd = load_study_data(study_dir)
         s = sd.summary
@@ -113,12 +120,15 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "prediction_errors.json"))
     ap.add_argument("--now", action="store_true", help="predict everything with today's model (in sample)")
     ap.add_argument("--after", action="store_true", help="write prediction-after.json beside every stored prediction")
+    ap.add_argument("--smoke", type=Path, metavar="DIR", help=f"only {' and '.join(SMOKE_STUDIES)}, into DIR")
     a = ap.parse_args()
     if a.after:
         done = write_after()
         print(f"prediction-after.json written for {len(done)} configurations: {', '.join(done)}")
         return
-    rs = rows(a.now)
+    if a.smoke:
+        a.out = str(a.smoke / "prediction_errors.json")
+    rs = rows(a.now, SMOKE_STUDIES if a.smoke else ())
     for r in rs:
         r["roofline_err_pct"] = err(r["measured_low_ms"], r["roofline_low_ms"])
         r["model_err_pct"] = err(r["measured_low_ms"], r["model_low_ms"])

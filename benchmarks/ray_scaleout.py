@@ -21,6 +21,12 @@ On a one-machine Ray the workers share the driver's CLOCK_MONOTONIC, so the meas
 offsets (`offset_s`, within +- rtt_s / 2 of 0) show the NTP-style estimate's own error.
 
     .venv/bin/python benchmarks/ray_scaleout.py [--out benchmarks/results/ray-scaleout.json]
+    .venv/bin/python benchmarks/ray_scaleout.py --smoke DIR    # every part, tiny: DIR/ray-scaleout.json
+
+`--smoke DIR` (make test runs it) leaves out Ray with one worker (the lines of two workers, with one)
+and size: one pass of local 1 and 2 processes and Ray 2 workers at 2 and 4 streams of 4 tokens (10 ms
+TTFT, 5 ms gaps), the overhead at 4 streams x 1 request, the rate part with 16 requests, on a local Ray
+started for it.
 """
 
 from __future__ import annotations
@@ -54,6 +60,9 @@ TTFT_S, ITL_S, TOKENS = 0.1, 0.02, 64
 OVERHEAD_STREAMS, OVERHEAD_RPS = 128, 4
 RATE_REQUESTS, RATE_STREAMS, RATE_TOKENS = 4000, 128, 4
 CONFIGS = [("local-1", "local", 1), ("local-2", "local", 2), ("ray-1", "ray", 1), ("ray-2", "ray", 2)]
+# --smoke: these constants, smallest; ray-1 left out (ray-2's lines with one worker fewer)
+SMOKE_SIZES = {"LEVELS": (2, 4), "TTFT_S": 0.01, "ITL_S": 0.005, "TOKENS": 4, "OVERHEAD_STREAMS": 4, "OVERHEAD_RPS": 1,
+               "RATE_REQUESTS": 16, "RATE_STREAMS": 4, "CONFIGS": [c for c in CONFIGS if c[0] != "ray-1"]}
 
 
 def sustained(levels: list[dict[str, Any]], ok: Any) -> int | None:
@@ -194,7 +203,12 @@ def main() -> int:
     ap.add_argument("--parts", default="sustained,overhead,rate",
                     help="which parts to run (overhead includes the driver's write cost); the others are kept "
                     "from --out")
+    ap.add_argument("--smoke", type=Path, metavar="DIR",
+                    help="every part at the smallest size; writes DIR/ray-scaleout.json")
     a = ap.parse_args()
+    if a.smoke:
+        globals().update(SMOKE_SIZES)
+        a.out, a.repeats, a.parts = str(a.smoke / "ray-scaleout.json"), 1, "sustained,overhead,rate"
     parts = set(a.parts.split(","))
     doc: dict[str, Any] = json.loads(Path(a.out).read_text()) if parts != {"sustained", "overhead", "rate"} else {}
     import ray
@@ -225,6 +239,7 @@ def main() -> int:
                              "rate_streams": RATE_STREAMS, "rate_tokens": RATE_TOKENS, "ray_version": ray.__version__}})
     doc.setdefault("runs", []).append({"parts": sorted(parts), "machine": machine_facts(), "ray_init_s": ray_start_s,
                                        "wall_s": time.perf_counter() - t0})
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {a.out} ({doc['runs'][-1]['wall_s']:.0f} s)")
     return 0

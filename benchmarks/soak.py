@@ -12,6 +12,10 @@ Records are counted, not kept: the client's memory is the client's, not a growin
 
     .venv/bin/python benchmarks/soak.py --duration-s 600 --streams 256 \\
         [--out benchmarks/results/soak-<timestamp>.json]
+    .venv/bin/python benchmarks/soak.py --smoke DIR    # 2 streams for 1.5 s, DIR/soak.json
+
+`--smoke DIR` (make test runs it) leaves nothing out but length: 2 streams of 4 tokens for 1.5 s,
+sampled every 0.5 s, so the RSS slope is taken over every sample (none is after the warm-up).
 """
 
 from __future__ import annotations
@@ -134,7 +138,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--itl-s", type=float, default=0.05)
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--smoke", type=Path, metavar="DIR", help="2 streams for 1.5 s; writes DIR/soak.json")
     a = ap.parse_args(argv)
+    if a.smoke:
+        vars(a).update(duration_s=1.5, streams=2, sample_s=0.5, ttft_s=0.005, itl_s=0.005, tokens=4,
+                       out=a.smoke / "soak.json")
     out = a.out or ROOT / "benchmarks" / "results" / f"soak-{time.strftime('%Y%m%d-%H%M%S')}.json"
     with RefProcess(ttft_s=a.ttft_s, itl_s=a.itl_s, port=_free_port(), uvloop=True) as ref:
         load0 = os.getloadavg()
@@ -143,7 +151,8 @@ def main(argv: list[str] | None = None) -> None:
         server_cpu_s = ref.cpu_s()
     lag99 = [s["lag_p99_ms"] for s in res["samples"]]
     summary = {
-        "settings": vars(a) | {"out": str(out)}, "load_avg_start": load0, "load_avg_end": os.getloadavg(),
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in (vars(a) | {"out": out}).items()},
+        "load_avg_start": load0, "load_avg_end": os.getloadavg(),
         "cpus": os.cpu_count(), "wall_s": res["wall_s"], "ok": res["ok"], "failed_by_kind": res["failed_by_kind"],
         "records": res["ok"] + sum(res["failed_by_kind"].values()),
         "server_tokens_generated": seen, "server_requests_completed": seen / a.tokens,

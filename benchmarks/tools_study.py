@@ -21,11 +21,20 @@ stays under ten minutes; the tools take turns in an order rotated by the repetit
     flock /tmp/servelab-cpu.lock .venv/bin/python benchmarks/tools_study.py --out runs/tools-raw --rep 1
     .venv/bin/python benchmarks/tools_study.py --out runs/tools-raw --publish reports/local-cpu-tools \
         --rerun runs/local-cpu-rerun    # optional: the default study re-run, compared with the published one
+    .venv/bin/python benchmarks/tools_study.py --smoke DIR       # measure and publish, tiny, into DIR
+
+`--smoke DIR` (make test runs it): one repetition at one level (2 requests, 16 tokens in, 4 out) and then
+the publishing step with its compare pages (the re-run: the published reports/local-cpu-tools/rerun),
+all under DIR. What it leaves out: the engine (the reference server serves instead; the engine's params
+are still built) and the peer tools, whose venvs come from scripts/setup-tools.sh, not `make setup`: their
+command lines are built and written to each tool.log, and the result files they wrote for the published
+study (tests/fixtures/imports) stand in for their output, so the import and the pages go through all four.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -33,7 +42,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -41,10 +52,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
 from servelab.analysis.peers import vllm_bench_command  # noqa: E402
+from servelab.hosts.base import Server  # noqa: E402
 from servelab.hosts.process import Engine  # noqa: E402
 from servelab.measure.runinfo import base_record  # noqa: E402
 from servelab.measure.runner import run_workload  # noqa: E402
 from servelab.measure.runfiles import finalize  # noqa: E402
+from servelab.measure.selfcheck import RefProcess  # noqa: E402
 from servelab.models import make_model  # noqa: E402
 from servelab.results.importer import import_files  # noqa: E402
 from servelab.results.pages import IMPORTS, TIMES, tools_page  # noqa: E402
@@ -58,18 +71,34 @@ TOOL_BIN = ROOT / ".cache" / "tools"
 ENGINE_ARGS = {"enforce-eager": True, "dtype": "bfloat16", "max-model-len": 2048, "max-num-seqs": 8,
                "kv-cache-memory-bytes": "256M", "no-enable-prefix-caching": True}
 VLLM_VERSION = "0.32.0+cpu"
+PEER_FILES = {"aiperf": "profile_export.jsonl", "guidellm": "benchmarks.json", "vllm-bench": "vllm-bench.json"}
+# --smoke: the peer tools' result files of the published study (tests/fixtures/imports/README.md) stand in
+# for their runs; the smallest measurement and the published re-run for the compare page
+STANDINS = ROOT / "tests" / "fixtures" / "imports"
+SMOKE = {"on": False}
+SMOKE_STANDINS = {"aiperf": STANDINS / "aiperf-c1", "guidellm": STANDINS / "guidellm-c1.json",
+                  "vllm-bench": STANDINS / "vllm-bench-c4.json"}
+SMOKE_SETTINGS = {"preset": "cpu-tiny", "rep": 0, "concurrency": "1", "requests": "2", "input": 16, "output": 4,
+                  "tools": ",".join(TOOLS), "rerun": str(ROOT / "reports" / "local-cpu-tools" / "rerun")}
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def run(cmd: list[str], out: Path, env: dict[str, str]) -> float:
+def run(tool: str, cmd: list[str], out: Path, env: dict[str, str]) -> float:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     with open(out / "tool.log", "w") as f:
         f.write("# " + " ".join(cmd) + "\n")
         f.flush()
+        if SMOKE["on"]:  # the tool's published result files stand in for its run
+            src = SMOKE_STANDINS[tool]
+            if src.is_dir():
+                shutil.copytree(src, out, dirs_exist_ok=True)
+            else:
+                shutil.copy(src, out / PEER_FILES[tool])
+            return time.monotonic() - t0
         rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=out, timeout=600).returncode
     if rc:
         raise RuntimeError(f"{cmd[0]} exited {rc}: see {out / 'tool.log'}")
@@ -79,31 +108,33 @@ def run(cmd: list[str], out: Path, env: dict[str, str]) -> float:
 def aiperf(url: str, model: str, tok: str, c: int, n: int, isl: int, osl: int, out: Path) -> float:
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env["HF_HUB_DISABLE_TELEMETRY"] = "1"
-    return run([str(TOOL_BIN / "aiperf/bin/aiperf"), "profile", "--model", model, "--url", url,
-                "--endpoint-type", "chat", "--streaming", "--tokenizer", tok, "--concurrency", str(c),
-                "--request-count", str(n), "--prompt-input-tokens-mean", str(isl), "--prompt-input-tokens-stddev",
-                "0", "--prompt-output-tokens-mean", str(osl), "--prompt-output-tokens-stddev", "0",
-                "--extra-inputs", "ignore_eos:true", "--use-server-token-count", "--random-seed", "42",
-                "--output-artifact-dir", str(out), "--no-auto-plot", "--workers-max", "1",
-                "--record-processor-service-count", "1", "--no-server-metrics", "--no-gpu-telemetry",
-                "--ui-type", "none"], out, env)
+    cmd = [str(TOOL_BIN / "aiperf/bin/aiperf"), "profile", "--model", model, "--url", url,
+           "--endpoint-type", "chat", "--streaming", "--tokenizer", tok, "--concurrency", str(c),
+           "--request-count", str(n), "--prompt-input-tokens-mean", str(isl), "--prompt-input-tokens-stddev",
+           "0", "--prompt-output-tokens-mean", str(osl), "--prompt-output-tokens-stddev", "0",
+           "--extra-inputs", "ignore_eos:true", "--use-server-token-count", "--random-seed", "42",
+           "--output-artifact-dir", str(out), "--no-auto-plot", "--workers-max", "1",
+           "--record-processor-service-count", "1", "--no-server-metrics", "--no-gpu-telemetry",
+           "--ui-type", "none"]
+    return run("aiperf", cmd, out, env)
 
 
 def guidellm(url: str, model: str, tok: str, c: int, n: int, isl: int, osl: int, out: Path) -> float:
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
-    return run([str(TOOL_BIN / "guidellm/bin/guidellm"), "run",
-                "--backend", f"kind=openai_http,target={url},model={model}",
-                "--profile", f"kind=concurrent,streams={c}", "--constraint", f"kind=max_requests,count={n}",
-                "--tokenizer", f"kind=huggingface_auto,model={tok}",
-                "--data", f"kind=synthetic_text,prompt_tokens={isl},output_tokens={osl}",
-                "--output", f"kind=json,path={out / 'benchmarks.json'}", "--disable-progress"], out, env)
+    cmd = [str(TOOL_BIN / "guidellm/bin/guidellm"), "run",
+           "--backend", f"kind=openai_http,target={url},model={model}",
+           "--profile", f"kind=concurrent,streams={c}", "--constraint", f"kind=max_requests,count={n}",
+           "--tokenizer", f"kind=huggingface_auto,model={tok}",
+           "--data", f"kind=synthetic_text,prompt_tokens={isl},output_tokens={osl}",
+           "--output", f"kind=json,path={out / 'benchmarks.json'}", "--disable-progress"]
+    return run("guidellm", cmd, out, env)
 
 
 def vllm_bench(url: str, model: str, tok: str, c: int, n: int, isl: int, osl: int, out: Path, shim: Path) -> float:
     cmd = vllm_bench_command(url, model, tok, isl, osl, c, n, out / "vllm-bench.json", python=sys.executable)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(shim), str(ROOT / "lib")]), HF_HUB_OFFLINE="1",
                TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
-    return run(cmd, out, env)
+    return run("vllm-bench", cmd, out, env)
 
 
 def _tree_cpu(p: psutil.Process) -> float:
@@ -124,7 +155,7 @@ def _machine_cpu() -> float:
     return t.user + t.system + t.nice + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
 
 
-def servelab(server, c: int, n: int, isl: int, osl: int, out: Path) -> float:
+def servelab(server: Server, c: int, n: int, isl: int, osl: int, out: Path) -> float:
     t0 = time.monotonic()
     wl = Workload(api="chat", buckets=[Bucket(input_tokens=isl, output_tokens=osl, ignore_eos=True)],
                   concurrency=[c], warmup_rounds=0, rounds=1, requests_per_round=n // c, timeout_s=600)
@@ -133,9 +164,6 @@ def servelab(server, c: int, n: int, isl: int, osl: int, out: Path) -> float:
     if res.status != "complete":
         raise RuntimeError(f"servelab: {res.status} {res.message}")
     return time.monotonic() - t0
-
-
-PEER_FILES = {"aiperf": "profile_export.jsonl", "guidellm": "benchmarks.json", "vllm-bench": "vllm-bench.json"}
 
 
 def merge_servelab(raw: Path, dest: Path) -> None:
@@ -230,7 +258,14 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8031)
     ap.add_argument("--publish", help="import the raw files of --out into this study folder and render its page")
     ap.add_argument("--rerun", help="with --publish: a re-run of the default study (runs/<id>) to compare with it")
+    ap.add_argument("--smoke", type=Path, metavar="DIR",
+                    help="one tiny repetition against the reference server, then --publish, all under DIR")
     a = ap.parse_args()
+    if a.smoke:  # measure, then publish
+        SMOKE["on"] = True
+        vars(a).update(SMOKE_SETTINGS, out=str(a.smoke / "tools-raw"))
+        measure(a, a.smoke / "tools-raw")
+        a.publish = str(a.smoke / "local-cpu-tools")
     out = Path(a.out).resolve()
     if a.publish:
         publish(out, Path(a.publish))
@@ -238,6 +273,25 @@ def main() -> int:
         return 0
     measure(a, out)
     return 0
+
+
+@contextlib.contextmanager
+def serving(params: EngineParams, model_dir: str, out: Path, rep: int) -> Iterator[tuple[str, Any, int, dict]]:
+    """The engine of `params`, started (with --smoke the reference server instead): its URL, its
+    servelab Server, the pid whose process tree is the engine's CPU, and what to record of it."""
+    if SMOKE["on"]:
+        with RefProcess(ttft_s=0.005, itl_s=0.002) as ref:
+            assert ref.proc is not None
+            yield ref.url, Server(base_url=ref.url, model="ref"), ref.proc.pid, {"smoke": "reference server",
+                                                                               "base_url": ref.url}
+        return
+    eng = Engine(params, model_dir, out / f"engine-r{rep}").start()
+    try:
+        log(f"engine up in {eng.startup_s:.0f} s")
+        yield eng.base_url, eng.server(), eng.proc.pid, eng.record()
+    finally:
+        eng.stop()
+        shutil.copy(eng.log_path, out / f"engine-r{rep}.log")
 
 
 def measure(a: argparse.Namespace, out: Path) -> None:
@@ -254,43 +308,40 @@ def measure(a: argparse.Namespace, out: Path) -> None:
     params = EngineParams(kind="vllm", model=ModelRef(path=model_dir), port=a.port, args=ENGINE_ARGS,
                           startup_timeout_s=400, load_format=None)
     rep = a.rep
-    eng = Engine(params, model_dir, out / f"engine-r{rep}").start()
     times: list[dict] = []
-    engine_ps = psutil.Process(eng.proc.pid)
-    try:
-        url = eng.base_url
-        model = json.loads(subprocess.run(["curl", "-s", url + "/v1/models"], capture_output=True,
-                                          text=True).stdout)["data"][0]["id"]
-        log(f"engine up in {eng.startup_s:.0f} s: {url} serving {model}")
-        (out / f"engine-r{rep}.json").write_text(json.dumps({**eng.record(), "engine_params": params.model_dump(mode="json"),
-                                                            "model": model}, indent=2, default=str))
-        order = tools[rep % len(tools):] + tools[:rep % len(tools)]  # rotate who goes first
-        for tool in order:
-            for c, n in levels:
-                d = out / "raw" / tool / f"r{rep}-c{c}"
-                m0 = _machine_cpu()
-                e0, c0, p0 = _tree_cpu(engine_ps), resource.getrusage(resource.RUSAGE_CHILDREN), time.process_time()
-                if tool == "servelab":
-                    s = servelab(eng.server(), c, n, a.input, a.output, d)
-                elif tool == "aiperf":
-                    s = aiperf(url, model, model_dir, c, n, a.input, a.output, d)
-                elif tool == "guidellm":
-                    s = guidellm(url, model, model_dir, c, n, a.input, a.output, d)
-                else:
-                    s = vllm_bench(url, model, model_dir, c, n, a.input, a.output, d, shim.parent)
-                c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-                client = (c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime) if tool != "servelab" \
-                    else time.process_time() - p0
-                engine_cpu = _tree_cpu(engine_ps) - e0
-                others = _machine_cpu() - m0 - engine_cpu - client  # processes of no tool here: the machine is shared
-                times.append({"rep": rep, "tool": tool, "concurrency": c, "requests": n, "wall_s": s,
-                              "client_cpu_s": client, "engine_cpu_s": engine_cpu, "others_cpu_s": max(others, 0.0)})
-                log(f"rep {rep} {tool} c={c}: {n} requests in {s:.1f} s, client CPU {client:.1f} s, "
-                    f"engine {engine_cpu:.1f} s, other processes {others:.1f} s")
-    finally:
-        eng.stop()
-        shutil.copy(eng.log_path, out / f"engine-r{rep}.log")
-        (out / f"times-r{rep}.json").write_text(json.dumps(times, indent=2))
+    with serving(params, model_dir, out, rep) as (url, server, pid, record):
+        try:
+            engine_ps = psutil.Process(pid)
+            model = json.loads(subprocess.run(["curl", "-s", url + "/v1/models"], capture_output=True,
+                                              text=True).stdout)["data"][0]["id"]
+            log(f"{url} serving {model}")
+            (out / f"engine-r{rep}.json").write_text(json.dumps({**record, "engine_params": params.model_dump(mode="json"),
+                                                                "model": model}, indent=2, default=str))
+            order = tools[rep % len(tools):] + tools[:rep % len(tools)]  # rotate who goes first
+            for tool in order:
+                for c, n in levels:
+                    d = out / "raw" / tool / f"r{rep}-c{c}"
+                    m0 = _machine_cpu()
+                    e0, c0, p0 = _tree_cpu(engine_ps), resource.getrusage(resource.RUSAGE_CHILDREN), time.process_time()
+                    if tool == "servelab":
+                        s = servelab(server, c, n, a.input, a.output, d)
+                    elif tool == "aiperf":
+                        s = aiperf(url, model, model_dir, c, n, a.input, a.output, d)
+                    elif tool == "guidellm":
+                        s = guidellm(url, model, model_dir, c, n, a.input, a.output, d)
+                    else:
+                        s = vllm_bench(url, model, model_dir, c, n, a.input, a.output, d, shim.parent)
+                    c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    client = (c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime) if tool != "servelab" \
+                        else time.process_time() - p0
+                    engine_cpu = _tree_cpu(engine_ps) - e0
+                    others = _machine_cpu() - m0 - engine_cpu - client  # processes of no tool here: the machine is shared
+                    times.append({"rep": rep, "tool": tool, "concurrency": c, "requests": n, "wall_s": s,
+                                  "client_cpu_s": client, "engine_cpu_s": engine_cpu, "others_cpu_s": max(others, 0.0)})
+                    log(f"rep {rep} {tool} c={c}: {n} requests in {s:.1f} s, client CPU {client:.1f} s, "
+                        f"engine {engine_cpu:.1f} s, other processes {others:.1f} s")
+        finally:
+            (out / f"times-r{rep}.json").write_text(json.dumps(times, indent=2))
 
 
 if __name__ == "__main__":

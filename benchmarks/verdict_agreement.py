@@ -5,14 +5,21 @@ faster where the other says slower, and the A/A rows.
 
     .venv/bin/python benchmarks/verdict_agreement.py RUN_A/reports/local-cpu RUN_B/reports/local-cpu
 
+    .venv/bin/python benchmarks/verdict_agreement.py --smoke DIR     # the published default study with itself
+
 Not a test: what two runs on one machine gave (the issue's "two fresh-clone make report runs agree").
+`--smoke DIR` (make test runs it) leaves nothing out: the published reports/local-cpu against itself
+(it writes nothing, DIR included).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def load(study: str) -> dict[tuple[str, str], dict]:
@@ -23,7 +30,15 @@ def load(study: str) -> dict[tuple[str, str], dict]:
 
 
 def main() -> int:
-    a, b = load(sys.argv[1]), load(sys.argv[2])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="*", metavar="RUN", help="two study folders (reports/<study>) or verdicts.json files")
+    ap.add_argument("--smoke", type=Path, metavar="DIR", help="the published default study against itself")
+    args = ap.parse_args()
+    if args.smoke:
+        args.runs = [str(ROOT / "reports" / "local-cpu")] * 2
+    if len(args.runs) != 2:
+        ap.error("two runs are needed (or --smoke DIR)")
+    a, b = load(args.runs[0]), load(args.runs[1])
     keys = [k for k in a if k in b]
     changes = [k for k in keys if not a[k]["aa"]]
     agree = sum(a[k]["verdict"] == b[k]["verdict"] for k in changes)

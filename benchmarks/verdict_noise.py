@@ -9,7 +9,11 @@ a runs/<study> folder, or a git revision's published data extracted with --rev).
     .venv/bin/python benchmarks/verdict_noise.py reports/local-cpu --rev 44b6aeb:reports/local-cpu
     .venv/bin/python benchmarks/verdict_noise.py runs-a/local-cpu runs-b/local-cpu --out benchmarks/results/x.json
 
-Not a test: it prints what the designs achieved on the machine that ran them.
+    .venv/bin/python benchmarks/verdict_noise.py --smoke DIR     # the published default study, twice
+
+Not a test: it prints what the designs achieved on the machine that ran them. `--smoke DIR` (make test
+runs it) leaves nothing out: the published reports/local-cpu, once from git (HEAD) and once from the
+working tree, figures in DIR/verdict-noise.json.
 """
 
 from __future__ import annotations
@@ -104,7 +108,11 @@ def main() -> None:
     ap.add_argument("folders", nargs="*", help="study folders (reports/<study>, runs/<study>)")
     ap.add_argument("--rev", action="append", default=[], help="REV:reports/<study> from git (repeatable)")
     ap.add_argument("--out", help="write the figures as JSON here")
+    ap.add_argument("--smoke", type=Path, metavar="DIR", help="the published default study from git and from the tree")
     a = ap.parse_args()
+    if a.smoke:
+        a.folders, a.rev = [str(ROOT / "reports" / "local-cpu")], ["HEAD:reports/local-cpu"]
+        a.out = a.smoke / "verdict-noise.json"
     with tempfile.TemporaryDirectory() as tmp:
         folders = [extract(r, Path(tmp) / str(i)) for i, r in enumerate(a.rev)] + [Path(f) for f in a.folders]
         res = [figures(f) for f in folders]
@@ -127,6 +135,7 @@ def main() -> None:
         for k in a0:
             print(f"  {k:28s} {a0[k]:22s} {b0.get(k)}")
     if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(res, indent=1))
 
 

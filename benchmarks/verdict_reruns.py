@@ -22,7 +22,10 @@ are judged alike.
     .venv/bin/python benchmarks/verdict_reruns.py RUN1/reports/local-cpu RUN2/reports/local-cpu ... \
         --out benchmarks/results/verdict-reruns.json
 
-Not a test: what runs on one machine gave.
+    .venv/bin/python benchmarks/verdict_reruns.py --smoke DIR     # the published default study, twice
+
+Not a test: what runs on one machine gave. `--smoke DIR` (make test runs it) leaves nothing out: the
+published reports/local-cpu taken as two runs, DIR/verdict-reruns.json.
 """
 
 from __future__ import annotations
@@ -104,11 +107,16 @@ def expected_agreement(runs: dict, names: list[str], shrink: float = 1.0) -> dic
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("folders", nargs="+")
+    ap.add_argument("folders", nargs="*")
     ap.add_argument("--names", help="comma-separated names of the runs (default: the folders)")
     ap.add_argument("--out")
     ap.add_argument("--metric", default=v.PRIMARY, choices=list(v.METRICS), help="the verdict metric compared")
+    ap.add_argument("--smoke", type=Path, metavar="DIR", help="the published default study as two runs")
     a = ap.parse_args()
+    if a.smoke:
+        a.folders, a.names, a.out = [str(ROOT / "reports" / "local-cpu")] * 2, "a,b", a.smoke / "verdict-reruns.json"
+    if not a.folders:
+        ap.error("FOLDERS are needed (or --smoke DIR)")
     names = a.names.split(",") if a.names else a.folders
     runs = {n: run_rows(f, a.metric) for n, f in zip(names, a.folders)}
     pairs, zs = [], []
@@ -162,6 +170,7 @@ def main() -> int:
               " / ".join(narrower) + ": " + f"{np.mean([x['p_all_but_one'] for x in expected.values()]) * 100:.0f} / " +
               " / ".join(f"{x * 100:.0f}" for x in narrower.values()) + " %")
     if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps({"runs": names, "pairs": pairs, "calibration": calib, "effects": effects,
                                            "expected_agreement": expected, "all_but_one_with_narrower_se": narrower,
                                            "per_run": {n: runs[n][1] for n in names}}, indent=1) + "\n")

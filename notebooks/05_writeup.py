@@ -40,7 +40,7 @@ Markdown(f"# {sd.study.title}\n\n{sd.study.description or ''}")
 Markdown(f"{sec.anchor('headline', w('section.headline'))}\n\n{sec.headline(sd)}")
 
 # %%
-Markdown(f"{sec.anchor('setup', w('section.setup'))}\n\n{sec.devices_text(sd)}")
+Markdown(f"{sec.anchor('setup', w('section.setup'))}\n\n{sec.sessions_text(sd)}")
 
 # %%
 sec.config_table(sd)

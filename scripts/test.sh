@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The test command (README, .ci/run): params validation, ruff, unit tests, notebooks under
-# papermill and nbval, the real vLLM CPU server end to end, the default study at reduced
-# size and its HTML report checked in headless Chromium.
+# The test command (README, .ci/run): params validation, ruff, unit tests, every benchmarks/ script's
+# smoke run (tests/benchmarks/), notebooks under papermill and nbval, the real vLLM CPU server end to
+# end, the default study at reduced size and its HTML report checked in headless Chromium.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1

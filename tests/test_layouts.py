@@ -2,7 +2,7 @@
 figures divide by, what run.json records (layout, communication flags, NCCL_* environment), what the
 report's "what changes" column names, the performance model's TP, DP and EP terms (from a given alpha
 and beta, never a measurement of this machine), the dry run of the two-GPU study and the one-line error
-of a layout wider than the device."""
+of a layout wider than the placement."""
 
 from __future__ import annotations
 
@@ -178,11 +178,15 @@ def test_collective_fit_recovers_alpha_and_beta():
 # -- the study, its dry run, its errors ---------------------------------------------------------------
 
 def test_the_two_gpu_study_validates_and_places_its_layouts():
-    from servelab.schema import device_gpus, load_study
+    from servelab.measure.inventory import stand_in
+    from servelab.placement import plan
+    from servelab.schema import load_study
 
     s = load_study(STUDY)
-    assert device_gpus(s) == {"dense-tp1": "0", "moe-tp1": "1", "dense-tp2": "0,1", "dense-dp2": "0,1",
-                              "moe-tp2": "0,1", "moe-ep2": "0,1", "moe-sglang-ep2": "0,1"}
+    p = plan(s, [c.id for c in s.configurations], stand_in("2xH200"))
+    assert {c: ",".join(map(str, p.server_of(c).gpus)) for c in (x.id for x in s.configurations)} == {
+        "dense-tp1": "0", "moe-tp1": "1", "dense-tp2": "0,1", "dense-dp2": "0,1", "moe-tp2": "0,1", "moe-ep2": "0,1",
+        "moe-sglang-ep2": "0,1"}
 
 
 def test_the_dry_run_prints_every_layouts_command_gpus_and_prediction():
@@ -201,7 +205,7 @@ def test_the_dry_run_prints_every_layouts_command_gpus_and_prediction():
     assert "bound: tensor parallel: the all-reduce cost is not calibrated for 2 GPUs" in text
 
 
-def test_a_layout_wider_than_the_device_is_one_line_and_exit_2(tmp_path):
+def test_a_layout_wider_than_the_placement_is_one_line_and_exit_2(tmp_path):
     text = STUDY.read_text().replace("        data-parallel-size: 2", "        data-parallel-size: 2\n"
                                      "        tensor-parallel-size: 2")
     p = tmp_path / "wide.yaml"
@@ -210,5 +214,5 @@ def test_a_layout_wider_than_the_device_is_one_line_and_exit_2(tmp_path):
                        text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "configurations[2] (dense-dp2): layout TP=2, DP=2 needs 4 GPUs, device.gpus is 2" \
+    assert len(lines) == 1 and "configurations[2] (dense-dp2): layout TP=2, DP=2 needs 4 GPUs, placement.gpus is 2" \
         in lines[0]

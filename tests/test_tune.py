@@ -136,7 +136,7 @@ def test_coordinate_search_keeps_rejects_and_records_failures(tmp_path, monkeypa
 
 
 def test_candidates_are_measured_through_the_pipelines_run_config(tmp_path, monkeypatch):
-    """The real `measure` calls `pipeline.run_config` as it is declared, and the host serves each
+    """The real `measure` calls `execute.run_config` as it is declared, and the host serves each
     candidate (a signature change, then a host that knew only the base configuration, made
     `servelab run params/local-cpu-tune.yaml` fail at its first candidate while the search test,
     which replaces `measure`, passed)."""

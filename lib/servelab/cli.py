@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import time
 from datetime import datetime
@@ -48,6 +49,7 @@ _attach = _LazyModule("hosts.attach")
 _compare = _LazyModule("results.compare")
 _hosts = _LazyModule("hosts")
 _importer = _LazyModule("results.importer")
+_inventory = _LazyModule("measure.inventory")
 _pages = _LazyModule("results.pages")
 _pipeline = _LazyModule("pipeline")
 _preflight = _LazyModule("preflight")
@@ -170,8 +172,15 @@ def cmd_run(a: argparse.Namespace) -> int:
 
         return _tune.run_tune(study, Path(a.params), force=a.force, resume=a.resume, dry_run=a.dry_run,
                         report=not a.no_report)
-    rc = _pipeline.run_study(study, Path(a.params), only=a.config, reduced=a.reduced, force=a.force,
-                   dry_run=a.dry_run, notebooks=not a.no_notebooks, report=not a.no_report, resume=a.resume)
+    if a.gpus:  # a machine one does not have: its placement shown, nothing started
+        if not a.dry_run:
+            raise UserError("--gpus describes another machine's GPUs: it goes with --dry-run only")
+        os.environ[_inventory.FAKE_ENV] = a.gpus
+        _inventory.stand_in(a.gpus)  # a spec it cannot read: one line now
+    only = [c for arg in a.config or [] for c in arg.split(",") if c.strip()] or None
+    rc = _pipeline.run_study(study, Path(a.params), only=only, reduced=a.reduced, force=a.force,
+                   dry_run=a.dry_run, notebooks=not a.no_notebooks, report=not a.no_report, resume=a.resume,
+                   stop_after_s=a.stop_after)
     fu = study.followups
     if rc == 0 and fu is not None and fu.enabled and not a.no_report and not a.reduced and not a.config:
         # `followups:` in the study: explain every surprise in its budget
@@ -298,7 +307,7 @@ def _add_study_parsers(sub: Any) -> None:
     """`servelab run|serve|report`: a study, its engines, its published report."""
     r = sub.add_parser("run", help="run a study: every configuration, then the report")
     r.add_argument("params")
-    r.add_argument("--config", action="append", help="only this configuration id (repeatable)")
+    r.add_argument("--config", action="append", help="only these configuration ids (comma-separated, repeatable)")
     r.add_argument("--reduced", action="store_true", help="smallest workload (CI): 1 round, no warmup")
     r.add_argument("--force", action="store_true", help="replace existing runs and the published report")
     r.add_argument("--dry-run", action="store_true", help="print what would run, start nothing")
@@ -307,6 +316,10 @@ def _add_study_parsers(sub: Any) -> None:
     r.add_argument("--no-notebooks", action="store_true", help="call the stages directly, no papermill")
     r.add_argument("--no-report", action="store_true", help="measure only")
     r.add_argument("--url", help="override host.attach.url (attach studies)")
+    r.add_argument("--gpus", metavar="COUNTxNAME", help="with --dry-run: place the study on these GPUs instead of this "
+                   "machine's (e.g. 8xH100, 2xH200: the hardware table's memory)")
+    r.add_argument("--stop-after", type=float, metavar="SECONDS", help="on GPUs: start no server or configuration "
+                   "after this many seconds; --resume continues with the rest")
     r.set_defaults(fn=cmd_run)
 
     sv = sub.add_parser("serve", help="start a configuration's engine detached (for attach studies)")

@@ -13,6 +13,7 @@ import logging
 import signal
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from .errors import ServelabError
 from .log import progress_line
 from .measure.runfiles import finalize
 from .plan import ConfigPlan
-from .runfolder import RECORDS, RunFolder, project_root
+from .runfolder import ENGINE_JSON, RECORDS, RunFolder, project_root
 from .secrets import scrub_file
 
 STAGES = ["01_provision", "02_launch", "03_benchmark", "04_diagnose"]
@@ -246,3 +247,35 @@ def run_stage(name: str, plan: ConfigPlan | None, p: StageParams, *, notebooks: 
         raise
     except Exception as e:  # papermill wraps the cell's exception
         raise StageFailed(name, Path(p.run_dir), e) from None
+
+
+def run_config(plan: ConfigPlan, params_path: Path, rdir: Path, *, notebooks: bool,
+               reduced: bool, resume: bool = False) -> None:
+    """One configuration: provision, launch, benchmark, diagnose. The engine always stops.
+    With notebooks, each stage kernel rebuilds the plan from `params_path` (the run folder's
+    study file); without, the stages get `plan` itself."""
+    host, config_id = plan.host, plan.config_id
+    p = StageParams(params_path, config_id, rdir, reduced=reduced, resume=resume)
+    if (rdir / ENGINE_JSON).exists():  # an engine left by a killed run would hold the port
+        log(f"{config_id}: leftover engine from an earlier run: {host.stop(rdir)}")
+    try:
+        for name in STAGES:
+            t0 = time.monotonic()
+            run_stage(name, plan, p, notebooks=notebooks)
+            if notebooks:
+                log(f"{config_id}: {name} done in {time.monotonic() - t0:.1f} s")
+    except KeyboardInterrupt as e:
+        reason = e.name if isinstance(e, Stopped) else "the user (Ctrl-C)"
+        stop_children()
+        close_partial(rdir, reason)
+        raise
+    finally:
+        log(f"{config_id}: {host.stop(rdir)}")
+    run = RunFolder(rdir).run
+    if run.get("status") != "complete":
+        raise RunIncomplete(f"{config_id}: run {run.get('status', 'missing')}: {run.get('message', '')} "
+                            f"(continue with --resume)")
+
+
+class RunIncomplete(ServelabError, RuntimeError):
+    """A configuration's run ended partial or failed (its records are kept: --resume continues)."""

@@ -39,9 +39,9 @@ def prediction(study: Any, config_id: str, rec: dict[str, Any], server: Any = No
 
 def prediction_machine(study: Any, hardware: str | None) -> tuple[dict[str, Any], str]:
     """A run record's machine fields for a prediction before anything runs (`servelab predict`, the dry run):
-    the GPU named (or the study's: a device study or a remote host, the newest calibrated GPU), else this CPU."""
+    the GPU named (or the study's: one placed on GPUs or a remote host, the newest calibrated GPU), else this CPU."""
     name = hardware
-    if name is None and (study.device is not None or not host_class(study.host.kind).engine_here):
+    if name is None and (study.placement.on_gpus or not host_class(study.host.kind).engine_here):
         gpus = [c for c in calibrations() if c["machine"]["kind"] == "gpu"]
         if not gpus:
             raise UserError("no GPU calibration entry (data/calibrations/): give --hardware or run calibrate-hw")

@@ -26,9 +26,9 @@ import pandas as pd
 
 from . import forecast, views
 from .analysis.cost import cost_estimate_lines
-from .errors import RunFolderExists, ServelabError
-from .execute import (STAGES, WRITEUP, StageFailed, StageParams, Stopped, close_partial, execute_notebook, log, run_stage,
-                      stop_children, stop_signals)
+from .errors import RunFolderExists
+from . import placement as placing
+from .execute import StageFailed, WRITEUP, execute_notebook, log, run_config, stop_signals
 from .hosts import EngineError, for_study
 from .measure.capacity import study_worst_case_lines
 from .measure.grid import planned_requests
@@ -39,14 +39,18 @@ from .report.index import write_index
 from .report.load import load_study_data
 from .report.render import notebook_to_html
 from .report.verdicts import write_study_verdicts
-from .runfolder import (CHECK_FILES, DESIGN_JSON, ENGINE_JSON, ENGINE_LOG, PUBLISHED_FILES, RECORDS, STUDY_JSON, RunFolder,
+from .runfolder import (CHECK_FILES, DESIGN_JSON, ENGINE_LOG, PUBLISHED_FILES, RECORDS, STUDY_JSON, RunFolder,
                         read_json, reports_root, runs_root, write_design, write_json)
 from .schema import FORMAT_VERSION, Study
 from .schema.runfiles import DesignRecord
 from .paths import portable, portable_tree
 from .secrets import scrub_tree
 from .sidebyside import LANES, interleave_blocked, measure_interleaved, with_ports, write_effective
-from .schema import device_gpus, study_from_dict, upgrade
+from .schema import study_from_dict, upgrade
+from .hosts.local import model_dir_for
+from .lanes import done, measure_placed, placed_study
+from .measure.inventory import Gpu, inventory
+from .schema import layout_of
 from .secrets import scrub
 from .summary import format_table
 
@@ -55,18 +59,25 @@ class PublishedReportExists(RunFolderExists):
     """reports/<study>/index.html is published: --force replaces it."""
 
 
-def describe(study: Study) -> str:
-    """What `--dry-run` prints: the workload, every launch command (shell-quoted), what the
-    host will do, and the estimated cost. Starts nothing and calls nothing."""
+def describe(study: Study, only: list[str] | None = None) -> str:
+    """What `--dry-run` prints (for `only` these configurations): the workload, where each engine runs, every
+    launch command (shell-quoted), what the host will do, and the estimated cost. Starts nothing and calls
+    nothing."""
     lines = [f"study {study.study}: {study.title}"]
     wl = study.workload
     n = planned_requests(wl)
     lines.append(f"workload: {len(wl.buckets)} buckets x concurrency {wl.concurrency}, "
                  f"{wl.warmup_rounds} warmup + {wl.rounds} rounds, {n} requests per configuration")
-    plans = plan_study(study)  # derived values (e.g. capture sizes) filled in, one host
-    why = interleave_blocked(study, list(plans.values()), False)
-    if why is None:  # the engines run side by side, each on its own port
-        plans = plan_study(with_ports(study, list(plans)), next(iter(plans.values())).host)
+    plans = {c: p for c, p in plan_study(study).items() if not only or c in only}  # derived values filled in
+    placed = dry_placement(study, list(plans))
+    why = interleave_blocked(study, list(plans.values()), False) if placed is None or placed.cpu else "placed on GPUs"
+    if placed is not None and not placed.cpu:
+        plans = {c: p for c, p in plan_study(placed_study(study, placed), next(iter(plans.values())).host).items()
+                 if c in plans}
+        lines += placed.lines()
+    elif why is None:  # the engines run side by side, each on its own port
+        plans = {c: p for c, p in plan_study(with_ports(study, list(plans)), next(iter(plans.values())).host).items()
+                 if c in plans}
         budget = f"; time budget {study.design.budget_s:g} s" if study.design.budget_s else ""
         lines.append(f"design: engines started {LANES} at a time and measured interleaved when they fit in memory "
                      f"(checked after the first starts), more rounds where a verdict is open{budget}")
@@ -78,78 +89,61 @@ def describe(study: Study) -> str:
             lines += views.launch_plan(plan, python="python").splitlines()
             if eng.env:
                 lines.append(f"[{cid}] env " + " ".join(shlex.quote(f"{k}={v}") for k, v in eng.env.items()))
-        lines += layout_lines(study, plan)
+        lines += layout_lines(plan)
     lines += next(iter(plans.values())).host.plan_lines({cid: p.engine for cid, p in plans.items()})
-    lines += prediction_lines(study)
+    gpu = placed.machine[0].name if placed is not None and placed.machine and placed.machine[0].source != "planned" else None
+    lines += prediction_lines(study, list(plans), gpu)
     lines += study_worst_case_lines(study)
     lines += cost_estimate_lines(study)
     return "\n".join(lines)
 
 
-def layout_lines(study: Study, plan: ConfigPlan) -> list[str]:
-    """The dry run's line on a configuration's parallel layout: its name, the GPUs it takes and, on the
-    device machine, the CUDA_VISIBLE_DEVICES it is started with (`schema.device_gpus`)."""
+def dry_placement(study: Study, ids: list[str]) -> placing.Placement | None:
+    """Where the dry run shows the engines: placed on this machine's GPUs (or $SERVELAB_GPUS's, `--gpus`); for a
+    study placed on GPUs on a machine without them, on as many GPUs of unknown size as it asks for; None where
+    the engine does not run on this machine (an attached server, AWS)."""
+    if not for_study(study).engine_here:
+        return None
+    machine = inventory()
+    if not machine and study.placement.on_gpus:
+        widths = [study.placement.gpus or 1, *(layout_of(study, c).gpus for c in ids)]
+        machine = [Gpu(i, "GPU", None, None, source="planned") for i in range(max(widths))]
+    return placing.plan(study, ids, machine, source=study.study)
+
+
+def layout_lines(plan: ConfigPlan) -> list[str]:
+    """The dry run's line on a configuration's parallel layout: its name, the GPUs it takes and the
+    CUDA_VISIBLE_DEVICES it is started with where the placement gave it GPUs."""
     lay = plan.profile.layout(plan.engine.args)
-    visible = device_gpus(study).get(plan.config_id) or plan.engine.env.get("CUDA_VISIBLE_DEVICES")
+    visible = plan.engine.env.get("CUDA_VISIBLE_DEVICES")
     where = f", CUDA_VISIBLE_DEVICES={visible}" if visible else ""
     return [f"[{plan.config_id}] layout {lay.label()}: {lay.gpus} GPU{'s' if lay.gpus > 1 else ''}{where}"]
 
 
-def prediction_lines(study: Study) -> list[str]:
-    """The dry run's predictions of a device study (on the newest calibrated GPU; `servelab predict` for
-    another machine), per configuration, each figure an estimate or a bound and why; [] for other studies
-    (a local study's machine is probed when it runs)."""
-    if study.device is None:
+def prediction_lines(study: Study, ids: list[str], gpu: str | None = None) -> list[str]:
+    """The dry run's predictions of a study placed on GPUs (on `gpu`, the machine's, else the newest calibrated
+    GPU; `servelab predict` for another machine), per configuration, each figure an estimate or a bound and why;
+    [] for other studies (a local study's machine is probed when it runs)."""
+    if not (study.placement.on_gpus or gpu):
         return []
-    machine, where = forecast.prediction_machine(study, None)
+    machine, where = forecast.prediction_machine(study, gpu)
     out = [f"predicted on {where}, before any request (servelab's performance model):"]
-    for c in study.configurations:
-        out += forecast.prediction_lines(study, c.id, machine)
+    for c in ids:
+        out += forecast.prediction_lines(study, c, machine)
     return out
-
-
-def run_config(plan: ConfigPlan, params_path: Path, rdir: Path, *, notebooks: bool,
-               reduced: bool, resume: bool = False) -> None:
-    """One configuration: provision, launch, benchmark, diagnose. The engine always stops.
-    With notebooks, each stage kernel rebuilds the plan from `params_path` (the run folder's
-    study file); without, the stages get `plan` itself."""
-    host, config_id = plan.host, plan.config_id
-    p = StageParams(params_path, config_id, rdir, reduced=reduced, resume=resume)
-    if (rdir / ENGINE_JSON).exists():  # an engine left by a killed run would hold the port
-        log(f"{config_id}: leftover engine from an earlier run: {host.stop(rdir)}")
-    try:
-        for name in STAGES:
-            t0 = time.monotonic()
-            run_stage(name, plan, p, notebooks=notebooks)
-            if notebooks:
-                log(f"{config_id}: {name} done in {time.monotonic() - t0:.1f} s")
-    except KeyboardInterrupt as e:
-        reason = e.name if isinstance(e, Stopped) else "the user (Ctrl-C)"
-        stop_children()
-        close_partial(rdir, reason)
-        raise
-    finally:
-        log(f"{config_id}: {host.stop(rdir)}")
-    run = RunFolder(rdir).run
-    if run.get("status") != "complete":
-        raise RunIncomplete(f"{config_id}: run {run.get('status', 'missing')}: {run.get('message', '')} "
-                            f"(continue with --resume)")
-
-
-class RunIncomplete(ServelabError, RuntimeError):
-    pass
 
 
 def run_study(study: Study, params_path: Path, *, only: list[str] | None = None, reduced: bool = False,
               force: bool = False, dry_run: bool = False, notebooks: bool = True, report: bool = True,
-              resume: bool = False) -> int:
+              resume: bool = False, stop_after_s: float | None = None) -> int:
     """Measure every (or `only` the named) configuration, then publish the report. Returns an exit status.
     Raises ParamsError, before anything starts, for what the engine, host or model would refuse
-    (`preflight`; its warnings are printed)."""
+    (`preflight`; its warnings are printed), PlacementError for what the machine cannot hold (`placement`).
+    `stop_after_s`: on GPUs, start no server or configuration after this many seconds (--resume continues)."""
     t0 = time.monotonic()  # the study's time budget (design.budget_s) counts from here
     preflight(study.reduced_copy() if reduced else study, params_path, warn=log)
     if dry_run:
-        print(describe(study))
+        print(describe(study, only))
         return 0
     if reduced:
         study = study.reduced_copy()
@@ -162,20 +156,10 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
         raise PublishedReportExists(f"{pub}/index.html is published: pass --force to replace it")
     host = for_study(study)  # once per run: every configuration and the guard share it
     host.check()
+    placed = place(study, configs, params_path) if host.engine_here else placing.Placement([])
     plans = plan_study(study, host)
     root = runs_root() / study.study
-    todo = []
-    for cid in configs:
-        rdir = root / cid
-        if resume and RunFolder(rdir).run.get("status") == "complete":
-            log(f"configuration {cid}: complete, skipped (--resume)")
-            continue
-        if rdir.exists() and not resume:
-            if not force:
-                raise RunFolderExists(f"{rdir} exists (runs are immutable): pass --force to measure again "
-                                      "or --resume to continue an interrupted run")
-            shutil.rmtree(rdir)
-        todo.append(cid)
+    todo = _to_measure(study, root, configs, force=force, resume=resume)
     root.mkdir(parents=True, exist_ok=True)
     write_json(root / STUDY_JSON, {"format_version": FORMAT_VERSION, "params_path": str(params_path), "reduced": reduced,
                                    "study": json.loads(study.model_dump_json())})
@@ -183,7 +167,11 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
     failed: list[str] = []
     try:
         with stop_signals(), host.guard():
-            failed = _measure(study, [plans[c] for c in todo], root, notebooks=notebooks, resume=resume, started=t0)
+            if placed.cpu:
+                failed = _measure(study, [plans[c] for c in todo], root, notebooks=notebooks, resume=resume, started=t0)
+            else:
+                failed = _measure_on_gpus(study, placed, root, notebooks=notebooks, resume=resume,
+                                          deadline=t0 + stop_after_s if stop_after_s else None)
     finally:
         out = host.teardown()  # every path, also Ctrl-C and SIGTERM
         if out:
@@ -198,6 +186,46 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
     if report:
         publish(study.study, root, force=force)
     return 0
+
+
+def _to_measure(study: Study, root: Path, configs: list[str], *, force: bool, resume: bool) -> list[str]:
+    """The configurations still to measure: with --resume those not done yet; else each one's run folder must
+    not exist (runs are immutable) or goes with --force."""
+    todo = []
+    for cid in configs:
+        rdir = root / cid
+        if resume and done(study, root, cid):
+            log(f"configuration {cid}: complete, skipped (--resume)")
+            continue
+        if rdir.exists() and not resume:
+            if not force:
+                raise RunFolderExists(f"{rdir} exists (runs are immutable): pass --force to measure again "
+                                      "or --resume to continue an interrupted run")
+            shutil.rmtree(rdir)
+        todo.append(cid)
+    return todo
+
+
+def place(study: Study, ids: list[str], params_path: Path) -> placing.Placement:
+    """Where the configurations `ids` run on this machine (`placement`): its GPUs, whose model directories are
+    built first (offline) so that every server's memory is known, or its CPU. PlacementError, before any engine
+    starts, for what the machine cannot hold."""
+    machine = inventory()
+    first = placing.plan(study, ids, machine, source=str(params_path))
+    if first.cpu or all(s.memory_bytes is not None for s in first.servers()):
+        return first
+    dirs = {c: model_dir_for(study.engine_for(c)) for c in ids if study.engine_for(c).model is not None}
+    return placing.plan(study, ids, machine, model_dirs=dirs, source=str(params_path))
+
+
+def _measure_on_gpus(study: Study, placed: placing.Placement, root: Path, *, notebooks: bool, resume: bool,
+                     deadline: float | None) -> list[str]:
+    """Every configuration on the GPUs the placement gave its server (`lanes`); design.json says where each
+    server ran and how long it took to start. Returns the configurations not measured."""
+    failed, startup = measure_placed(study, placed, root, notebooks=notebooks, resume=resume, deadline=deadline)
+    write_design(root, DesignRecord(interleaved=False, reason="placed on the machine's GPUs, one server per engine",
+                                    placement={**placed.record(), "startup_s": startup}))
+    return failed
 
 
 def _concat(frames: list[Any]) -> Any:
@@ -260,13 +288,25 @@ def publish(study_id: str, run_root: Path, *, force: bool = False) -> Path:
         for f in (*PUBLISHED_FILES, *CHECK_FILES):
             if (cdir / f).exists():
                 shutil.copy(cdir / f, dst / f)
-        served_log = run_root / ".served" / cdir.name / ENGINE_LOG  # engine started by `servelab serve`
-        if served_log.exists() and not (dst / ENGINE_LOG).exists():
+        served_log = _server_log(run_root, cdir.name)
+        if served_log is not None and not (dst / ENGINE_LOG).exists():
             shutil.copy(served_log, dst / ENGINE_LOG)
     scrub_tree(data)
     portable_tree(data)  # no path of this machine leaves it: relative paths and $SERVELAB_CACHE instead
     render(study_id, keep_dir=run_root)
     return pub / "index.html"
+
+
+def _server_log(run_root: Path, config_id: str) -> Path | None:
+    """The engine log of a configuration whose server ran outside its stages: the study runner's (shared by the
+    configurations of one engine, `lanes`) or one `servelab serve` started."""
+    handle = run_root / ".served" / f"{config_id}.json"
+    server = read_json(handle).get("server") if handle.exists() else None
+    for p in ((run_root / ".servers" / server / ENGINE_LOG) if server else None,
+              run_root / ".served" / config_id / ENGINE_LOG):
+        if p is not None and p.exists():
+            return p
+    return None
 
 
 def render(study_id: str, keep_dir: Path | None = None, *, index: bool = True, parallel: bool = True) -> Path:

@@ -110,8 +110,8 @@ def _check(study: Study, eng: Any, wl: Any) -> list[Problem]:
 
 def _remote_host(study: Study) -> str | None:
     """Where the model path is read if not on this machine (None: here)."""
-    if study.device is not None:
-        return "the GPU device machine"
+    if study.placement.on_gpus:
+        return "the GPU machine the study runs on"
     if not isinstance(study.host, LocalHostParams):
         return f"the {study.host.kind} host"
     return None

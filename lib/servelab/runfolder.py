@@ -47,12 +47,12 @@ PREDICTION_JSON = "prediction.json"  # the performance model's prediction, writt
 PREDICTION_AFTER_JSON = "prediction-after.json"  # a later model's prediction of a published run, made after it
 ROUTING_JSON = "routing.json"  # the engine's own routing report: distinct experts per decode step (servelab routing)
 TUNE_JSON = "tune.json"  # beside the configurations: a `tune:` study's search, step by step (servelab.tune)
-SPECULATIVE_JSONL = "speculative.jsonl"  # n-gram speculative decoding per prompt set (scripts/device/real_checks.py)
+SPECULATIVE_JSONL = "speculative.jsonl"  # n-gram speculative decoding per prompt set (measure.realchecks)
 # What a published report keeps of each configuration's run folder.
 PUBLISHED_FILES = (RECORDS, RUN_JSON, SERVER_METRICS, GPU_METRICS, ENGINE_LOG, CLIENT_STATS, LEVELS, QUALITY_JSON,
                    PREDICTION_JSON, ROUTING_JSON)
 
-# What a GPU study's real-weights checks leave in a configuration's folder (scripts/device/real_checks.py),
+# What a GPU study's real-weights checks leave in a configuration's folder (measure.realchecks),
 # published beside (or instead of) the workload's files.
 CHECK_FILES = (QUALITY_JSON, SPECULATIVE_JSONL)
 

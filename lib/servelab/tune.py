@@ -3,7 +3,7 @@ run the capacity search, quality check, keep or reject).
 
 From the base configuration, each flag of `tune:` in turn, each of its values: one new
 configuration (the incumbent's engine with that one flag changed, `baseline:` the incumbent),
-measured by `pipeline.run_config` like any configuration; kept only when its objective beats the
+measured by `execute.run_config` like any configuration; kept only when its objective beats the
 incumbent's beyond noise (`analysis.tuning.decide`) and its quality holds. A candidate whose
 engine does not start is recorded with the engine's reason. The candidates become the study's
 configurations (study.json), so the report's progression and tables show them; `tune.json`
@@ -26,8 +26,8 @@ from .log import progress_line
 from .analysis.tuning import REASON_CHARS, clip, decide, objective, quality_verdict
 from .hosts import EngineError, Host, for_study
 from .measure.capacity import from_params, worst_case, worst_case_line
-from .execute import StageFailed, stop_signals
-from .pipeline import RunIncomplete, describe, publish, run_config
+from .execute import RunIncomplete, StageFailed, run_config, stop_signals
+from .pipeline import describe, publish
 from .plan import plan_config
 from .runfolder import (ENGINE_LOG, PARAMS_EFFECTIVE, QUALITY_JSON, STUDY_JSON, TUNE_JSON, RunFolder, now_iso, read_json,
                         runs_root, write_json)

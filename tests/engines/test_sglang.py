@@ -1,5 +1,5 @@
-"""The SGLang path against RECORDED REAL responses of SGLang 0.5.16 on an H200 (device session of
-2026-12-01, study h200-llama8b-sglang; scripts/device/drive.py saved them under
+"""The SGLang path against RECORDED REAL responses of SGLang 0.5.16 on an H200 (a GPU session of
+2026-12-01, study h200-llama8b-sglang; the study runner saved them under
 runs/<study>/<config>/recorded/, copied to tests/fixtures/sglang-0.5.16/): `/get_server_info`,
 `/tokenize` (a prompt and a chat request), `/metrics` before the run, after it, after SGLang's own
 bench_serving on the same server, and after the saturation sweep. Plus the prefix-cache isolation

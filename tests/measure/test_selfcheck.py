@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pytest
 
-from servelab.measure.selfcheck import COLUMNS, calibrate, format_table, level_errors, verdict
+from servelab.measure.selfcheck import COLUMNS, RefProcess, calibrate, format_table, level_errors, verdict
 
 
 def test_calibrate_small_levels_against_reference_server(tmp_path):
@@ -39,6 +40,25 @@ def test_calibrate_small_levels_against_reference_server(tmp_path):
     assert saved["settings"]["itl_s"] == 0.01 and len(saved["levels"]) == 2
     assert saved["machine"]["cpu_count"] >= 1
     assert "streams" in format_table(df)
+
+
+def test_reference_servers_started_at_once_each_get_a_port_of_their_own():
+    """Four servers that all found the same port free start together: one binds it, the others take
+    the next free ones, and each URL reaches its own process (test workers side by side, issue 60)."""
+    rps = [RefProcess(ttft_s=0.01, itl_s=0.01, slots=1) for _ in range(4)]
+    assert len({r.port for r in rps}) == 1
+    threads = [threading.Thread(target=r.start) for r in rps]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len({r.port for r in rps}) == 4
+        assert all(r.proc is not None and r.proc.poll() is None and r.serving() for r in rps)
+        assert "--slots" in rps[0].cmd
+    finally:
+        for r in rps:
+            r.stop()
 
 
 def test_calibrate_in_process_server_and_worker_processes():

@@ -81,6 +81,7 @@ def test_cli_unknown_key_stops_before_work(tmp_path):
 
 def test_cli_unreachable_url_stops_before_work(tmp_path):
     d = {**BASE, "study": "bad-url", "host": {"kind": "attach", "attach": {"url": "http://127.0.0.1:9"}}}
+    d["configurations"] = [{**c, "url": "http://127.0.0.1:9"} for c in BASE["configurations"]]  # each its own server
     p = _write(tmp_path, d)
     r = _cli("run", str(p), "--no-report")
     assert r.returncode == 1

@@ -289,7 +289,7 @@ def vllm_bench_command(base_url: str, model: str, tokenizer: str, input_len: int
                        seed: int = 42, warmups: int = 0, label: str | None = None) -> list[str]:
     """argv of one `vllm bench serve` run on the random dataset with fixed lengths (ignore_eos),
     at most `concurrency` requests in flight, result and per-request details saved as
-    `result_file`. The one builder drive.py and benchmarks/compare_vllm_bench.py share."""
+    `result_file`. The one builder the study runner (`lanes`) and benchmarks/compare_vllm_bench.py share."""
     endpoint, backend = ("/v1/chat/completions", "openai-chat") if api == "chat" else ("/v1/completions", "openai")
     cmd = [python, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", backend,
            "--endpoint", endpoint, "--base-url", base_url.rstrip("/").removesuffix("/v1"),
@@ -307,7 +307,7 @@ def vllm_bench_command(base_url: str, model: str, tokenizer: str, input_len: int
 
 
 def peer_command(run: Any, base_url: str, model_dir: str, out_dir: Path, *, python: str = "python3") -> tuple[list[str], Path]:
-    """(argv, result file) of one `device.peers` entry (schema.PeerRun) against a server."""
+    """(argv, result file) of one `peers:` entry (schema.PeerRun) against a server."""
     n = run.num_prompts or 4 * run.concurrency
     stem = f"in{run.input_tokens}-out{run.output_tokens}-c{run.concurrency}"
     if run.tool == "vllm-bench":

@@ -29,7 +29,7 @@ How their per-request numbers map (``async_request_openai_chat_completions`` for
   and decoded random ids may re-tokenize differently. servelab's own client reports usage.
 - ok = ``errors[i] == ""``. No start times are saved: start_s = 0, end_s = duration for every
   request (``times_reconstructed``), so the aggregate output tok/s is their output_throughput.
-Not for running it on the device (scripts/device/ does that) or for their headline table
+Not for running it (the study runner, `lanes`, runs the peer tools on a configuration's server) or for their headline table
 (``sglang_bench_reported`` returns it).
 """
 

@@ -211,6 +211,13 @@ class EngineProfile:
         """The most prompt tokens one step prefills (chunked prefill's budget), or None when not modelled."""
         return None
 
+    def gpu_memory(self, args: Mapping[str, Any], total_bytes: float, weight_bytes: float | None,
+                   kv_bytes_per_token: float | None) -> tuple[float | None, str]:
+        """Bytes each GPU of one engine holds with these flags on a GPU of `total_bytes` (`weight_bytes`: the
+        model's, `kv_bytes_per_token`: its KV cache's, None where not known), and how that was read from its
+        memory flags; (None, why) when they do not say (`servelab.placement` then gives it a GPU of its own)."""
+        return None, f"{self.kind} has no rule for its GPU memory"
+
     def compiles_at_startup(self, args: dict[str, Any]) -> bool:
         """Whether these flags make the engine compile (or capture graphs) while it starts: the long
         start-ups, which a study launching engines side by side starts first."""
@@ -295,6 +302,11 @@ def python_executable(python: str | None) -> str:
     return python or sys.executable
 
 
+#: what an engine holds beyond its weights and KV pool where its flags fix the pool (activations at the largest
+#: batch, CUDA graphs, the CUDA context and allocator slack): an allowance, not a measurement
+ACTIVATION_ALLOWANCE_BYTES = 3 * 2**30
+
+
 def has_gpu() -> bool:
     return bool(shutil.which("nvidia-smi")) or bool(os.environ.get("CUDA_VISIBLE_DEVICES"))
 
@@ -304,4 +316,4 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-__all__ = ["COMM_FLAG", "EngineProfile", "Layout", "flag_on", "get_flag", "python_executable", "has_gpu", "usable_cores"]
+__all__ = ["ACTIVATION_ALLOWANCE_BYTES", "COMM_FLAG", "EngineProfile", "Layout", "flag_on", "get_flag", "python_executable", "has_gpu", "usable_cores"]

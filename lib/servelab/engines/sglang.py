@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .base import EngineProfile, Layout, python_executable
+from .base import ACTIVATION_ALLOWANCE_BYTES, EngineProfile, Layout, python_executable
 from .flags import AUTO, flag_on, get_flag, norm
 from .prom import (
     ServerSample,
@@ -197,6 +197,22 @@ class SglangProfile(EngineProfile):
     def forced_kv_tokens(self, args: Mapping[str, Any]) -> tuple[float, str] | None:
         tokens = get_flag(args, "max-total-tokens")
         return (float(tokens), "max-total-tokens") if tokens else None
+
+    def gpu_memory(self, args: Mapping[str, Any], total_bytes: float, weight_bytes: float | None,
+                   kv_bytes_per_token: float | None) -> tuple[float | None, str]:
+        """SGLang holds mem-fraction-static x the GPU's memory for weights and KV pool (about 0.85 by default on
+        80-141 GB GPUs; it sizes the pool from the memory it finds free); max-total-tokens caps the pool."""
+        gib = 2.0**30
+        tp = max(1, self.layout(dict(args)).tp)
+        tokens = get_flag(args, "max-total-tokens")
+        if tokens and weight_bytes is not None and kv_bytes_per_token:
+            own = weight_bytes / tp + float(tokens) * kv_bytes_per_token / tp + ACTIVATION_ALLOWANCE_BYTES
+            return own, (f"weights {weight_bytes / tp / gib:.1f} GiB + max-total-tokens {tokens} x "
+                         f"{kv_bytes_per_token:.0f} B + {ACTIVATION_ALLOWANCE_BYTES / gib:g} GiB allowance")
+        frac = get_flag(args, "mem-fraction-static")
+        share = float(frac) if frac is not None else 0.85
+        return share * total_bytes, (f"mem-fraction-static {share:g}{'' if frac is not None else ' (about its default)'}"
+                                     f" x {total_bytes / gib:.1f} GiB")
 
     def calibration_args(self, eager: bool, gpu: bool) -> dict[str, Any]:
         return {"context-length": 1024, "max-running-requests": 4, "max-total-tokens": 16384,

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .base import EngineProfile, Layout, has_gpu, python_executable, usable_cores
+from .base import ACTIVATION_ALLOWANCE_BYTES, EngineProfile, Layout, has_gpu, python_executable, usable_cores
 from .flags import AUTO, flag_on, get_flag, json_value, load_table, norm
 from .prom import ServerSample, by_label, counter_names, first_series, histogram, to_int, label_int, mean_of, Series, sum_of
 
@@ -72,6 +72,20 @@ EQUIVALENTS = {
     "enable-metrics": "nothing: vLLM always serves /metrics",
     "model-path": "engine.model",
 }
+
+
+def human_bytes(value: Any) -> float:
+    """A byte count as vLLM reads `--kv-cache-memory-bytes` (`human_readable_int`): "2G" is 2 GiB (upper case:
+    binary), "2g" 2e9 (lower case: decimal), a plain number bytes."""
+    text = str(value).strip()
+    units = "kmgt"
+    if text and text[-1].lower() in units:
+        power = units.index(text[-1].lower()) + 1
+        return float(text[:-1]) * (1024**power if text[-1].isupper() else 1000**power)
+    return float(text)
+
+
+GIB = 2**30
 
 
 def compilation_config(args: dict[str, Any]) -> dict[str, Any]:
@@ -286,6 +300,24 @@ class VllmProfile(EngineProfile):
             return None
         return (f"vLLM {version} ranks DeepSeek-V2's experts on a bf16 softmax; with dummy weights every probability "
                 "rounds to the same value and every token takes the same experts")
+
+    def gpu_memory(self, args: Mapping[str, Any], total_bytes: float, weight_bytes: float | None,
+                   kv_bytes_per_token: float | None) -> tuple[float | None, str]:
+        """vLLM takes gpu-memory-utilization x the GPU's memory (0.9 by default, and refuses to start when less is
+        free); with kv-cache-memory-bytes its pool is that many bytes beside the weights, activations and graphs,
+        and the start still checks the utilization's share."""
+        util = float(get_flag(args, "gpu-memory-utilization") or 0.9)
+        share = util * total_bytes
+        how = f"gpu-memory-utilization {util:g} x {total_bytes / GIB:.1f} GiB"
+        kv = get_flag(args, "kv-cache-memory-bytes")
+        if kv is None:
+            return share, how
+        if weight_bytes is None:
+            return None, f"kv-cache-memory-bytes {kv} beside weights of unknown size"
+        tp = max(1, self.layout(dict(args)).tp)
+        own = weight_bytes / tp + human_bytes(kv) + ACTIVATION_ALLOWANCE_BYTES
+        return max(share, own), (f"weights {weight_bytes / tp / GIB:.1f} GiB + kv-cache-memory-bytes {kv} + "
+                                 f"{ACTIVATION_ALLOWANCE_BYTES / GIB:g} GiB allowance (at least {how})")
 
     def compiles_at_startup(self, args: dict[str, Any]) -> bool:
         return not flag_on(args, "enforce-eager")

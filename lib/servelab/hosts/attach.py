@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 
 from ..engines import get as engine_profile
-from ..runfolder import read_json, runs_root, write_json
+from ..runfolder import read_json, write_json
 from ..schema import AttachParams, EngineParams, Study, resolve_profile
 from .base import Host, Server, is_engine
-from .local import model_dir_for
+from .local import model_dir_for, served_path
 from .process import Engine, EngineError, stop_process_group
 
 
@@ -48,11 +48,6 @@ def attach(p: AttachParams, engine_kind: str = "vllm") -> Server:
     info = {"mode": "attached", "base_url": base, "models": models, "version": prof.version(facts),
             "server_info": facts, "headers": sorted(p.headers)}
     return Server(base_url=base, model=model, headers=headers, info=info, tokenizer_dir=p.tokenizer)
-
-
-def served_path(study_id: str, config_id: str) -> Path:
-    """Where `servelab serve` leaves the handle of an engine it started for an attach study."""
-    return runs_root() / study_id / ".served" / f"{config_id}.json"
 
 
 def serve(study: Study, config_id: str, *, port: int | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -93,21 +88,31 @@ class AttachHost(Host):
             update={"attach": study.host.attach.model_copy(update={"url": url})})})
 
     def describe_config(self, config_id: str, command: str) -> list[str]:
-        return [f"[{config_id}] attach {self.params.url}", f"[{config_id}] serve: {command}"]
+        return [f"[{config_id}] attach {self.params_for(config_id).url}", f"[{config_id}] serve: {command}"]
 
     @property
     def params(self) -> AttachParams:
         assert self.study.host.attach is not None
         return self.study.host.attach
 
+    def params_for(self, config_id: str) -> AttachParams:
+        """The attach block with the configuration's own `url` where it names one."""
+        url = self.study.config(config_id).url
+        return self.params.model_copy(update={"url": url}) if url else self.params
+
     def _provision(self, config_id: str, rdir: Path, engine: EngineParams) -> dict[str, Any]:
-        return {"url": self.params.url}
+        return {"url": self.params_for(config_id).url}
 
     def check(self) -> None:
-        attach(self.params, self.study.engine.kind)  # an unreachable URL stops before any work
+        checked: set[str] = set()
+        for c in self.study.configurations:  # an unreachable URL stops before any work, each URL asked once
+            p = self.params_for(c.id)
+            if p.url not in checked:
+                attach(p, self.study.engine_for(c.id).kind)
+                checked.add(p.url)
 
     def launch(self, config_id: str, rdir: Path, engine: EngineParams) -> dict[str, Any]:
-        srv = attach(self.params, engine.kind)
+        srv = attach(self.params_for(config_id), engine.kind)
         info = dict(srv.info)
         served = served_path(self.study.study, config_id)
         if served.exists():  # started by `servelab serve`: keep its command, env, start-up time
@@ -120,7 +125,7 @@ class AttachHost(Host):
                 "served_pid": (info.get("served") or {}).get("pid")}
 
     def client_headers(self, config_id: str, handle: dict[str, Any]) -> dict[str, str]:
-        return attach(self.params, self.study.engine_for(config_id).kind).headers
+        return attach(self.params_for(config_id), self.study.engine_for(config_id).kind).headers
 
     def weights_known(self, handle: dict[str, Any]) -> bool:
         return bool(handle["info"].get("served"))

@@ -66,6 +66,8 @@ class Host:
         if not p.exists():
             return "no engine handle"
         h = read_engine(p)
+        if h.get("shared"):
+            return "server kept: the study runner stops it after its last configuration"
         if h.get("tunnel_pid"):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(h["tunnel_pid"], signal.SIGTERM)
@@ -127,4 +129,5 @@ def is_engine(pid: int, handle: dict[str, Any]) -> bool:
     except psutil.Error:
         return False
     want = (handle.get("info") or {}).get("command") or []
-    return bool(cmd) and cmd[:3] == want[:3]
+    # an engine started through a script (a virtualenv's wrapper with a #! line) shows its interpreter first
+    return bool(cmd) and bool(want) and (cmd[:3] == want[:3] or cmd[1:4] == want[:3])

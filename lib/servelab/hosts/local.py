@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from ..models import make_model
-from ..runfolder import HOST_JSON, read_json, resolve
+from ..runfolder import HOST_JSON, read_json, resolve, runs_root
 from ..schema import EngineParams
-from .base import Host
+from .base import Host, is_engine
 from .process import Engine
 
 
@@ -25,6 +25,12 @@ def model_dir_for(eng: Any) -> str:
     return str(p.resolve())
 
 
+def served_path(study_id: str, config_id: str) -> Path:
+    """Where the handle of a server started for a configuration outside its stages lies: by the study runner
+    on GPUs (`lanes`, shared by the configurations of one engine) or by `servelab serve`."""
+    return runs_root() / study_id / ".served" / f"{config_id}.json"
+
+
 class LocalHost(Host):
     kind = "local"
     kinds = ("local",)
@@ -36,6 +42,16 @@ class LocalHost(Host):
         return {"model_dir": model_dir_for(engine)}
 
     def launch(self, config_id: str, rdir: Path, engine: EngineParams) -> dict[str, Any]:
+        """Start the configuration's engine, or, where the study runner started its server already (a server
+        shared by the configurations of one engine, on the GPUs the placement gave it), hand that one on. A
+        server that is gone (it died, or the handle is an earlier run's) is started again for this configuration."""
+        placed = served_path(self.study.study, config_id)
+        if placed.exists():
+            h = read_json(placed)
+            if h.get("shared") and h.get("base_url", "").endswith(f":{engine.port}") and is_engine(h["pid"], {"info": h}):
+                return {"mode": "launched", "base_url": h["base_url"], "model": h["model_dir"], "pid": h["pid"],
+                        "shared": True, "info": {k: v for k, v in h.items() if k not in ("model_dir", "config")},
+                        "tokenizer_dir": h["model_dir"]}
         host = read_json(rdir / HOST_JSON)
         eng = Engine(engine, host["model_dir"], rdir)  # derived values filled in
         eng.start()

@@ -31,6 +31,38 @@ from ..models import default_cache_root
 LOG_TAIL_LINES = 30
 
 
+def user_config_path() -> Path:
+    """servelab's user config: $XDG_CONFIG_HOME/servelab/config.yaml (default ~/.config/servelab/config.yaml)."""
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "servelab" / "config.yaml"
+
+
+def engine_python(p: EngineParams) -> str | None:
+    """The Python an engine starts with: `engine.python`, else $SERVELAB_<KIND>_PYTHON, else the user config's
+    `engines.<kind>.python`, else None (servelab's own). A virtualenv's folder stands for its bin/python.
+    EngineError when the one named does not exist."""
+    import yaml  # only where an engine starts
+
+    name, where = p.python, "engine.python"
+    if not name and os.environ.get(f"SERVELAB_{p.kind.upper()}_PYTHON"):
+        name, where = os.environ[f"SERVELAB_{p.kind.upper()}_PYTHON"], f"SERVELAB_{p.kind.upper()}_PYTHON"
+    cfg = user_config_path()
+    if not name and cfg.exists():
+        try:
+            name = ((yaml.safe_load(cfg.read_text()) or {}).get("engines") or {}).get(p.kind, {}).get("python")
+        except (yaml.YAMLError, AttributeError) as e:
+            raise EngineError(f"{cfg}: expected `engines: {{{p.kind}: {{python: PATH}}}}`: {e}") from None
+        where = str(cfg)
+    if not name:
+        return None
+    path = Path(name).expanduser()
+    if path.is_dir():
+        path = path / "bin" / "python"
+    if not path.exists():
+        raise EngineError(f"{where}: {path} does not exist (the {p.kind} engine's Python)")
+    return str(path)
+
+
 def engine_env(p: EngineParams) -> dict[str, str]:
     """The engine's whole environment: ours, the profile's additions, a project-owned compile
     cache and a short TMPDIR (the engine binds ZeroMQ IPC sockets there: path limit 107
@@ -132,7 +164,8 @@ class Engine:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.workdir / "engine.log"
         self.profile = get(params.kind)
-        self.command = self.profile.command(params, model_dir)
+        self.python = engine_python(params)
+        self.command = self.profile.command(params, model_dir, self.python)
         self.env = engine_env(params)
         self.proc: subprocess.Popen[bytes] | None = None
         self.startup_s: float | None = None

@@ -107,6 +107,7 @@ class RefServer:
         self._thread: threading.Thread | None = None
         self._server: asyncio.base_events.Server | None = None
         self._ready = threading.Event()
+        self._error: OSError | None = None  # the bind's error (a port already taken), raised by start()
         self._slots: asyncio.Semaphore | None = None
 
     @property
@@ -119,13 +120,20 @@ class RefServer:
         self._thread.start()
         if not self._ready.wait(10):
             raise RuntimeError("reference server did not start")
+        if self._error is not None:
+            raise self._error
         return self
 
     def _run(self) -> None:
         self._loop = _new_loop(self.precise_timers)
         asyncio.set_event_loop(self._loop)
-        self._server = self._loop.run_until_complete(
-            asyncio.start_server(self._handle, self.host, self.port, backlog=2048))
+        try:
+            self._server = self._loop.run_until_complete(
+                asyncio.start_server(self._handle, self.host, self.port, backlog=2048))
+        except OSError as e:  # at once, not after start()'s wait
+            self._error = e
+            self._ready.set()
+            return
         self.port = self._server.sockets[0].getsockname()[1]
         self._ready.set()
         self._loop.run_forever()
@@ -381,6 +389,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fault", choices=FAULTS)
     ap.add_argument("--fault-every", type=int, default=0)
     ap.add_argument("--no-usage", action="store_true", help="never stream a usage chunk")
+    ap.add_argument("--slots", type=int, default=0,
+                    help="at most this many streams at once, the rest queue (0: no limit)")
     ap.add_argument("--uvloop", action="store_true",
                     help="use uvloop if installed (more streams per core, but millisecond timers: gaps jitter ~0.5 ms)")
     a = ap.parse_args(argv)
@@ -392,7 +402,8 @@ def main(argv: list[str] | None = None) -> None:
         except ImportError:
             pass
     srv = RefServer(Behaviour(ttft_s=a.ttft, itl_s=a.itl, jitter_s=a.jitter, tokens_per_chunk=a.tokens_per_chunk,
-                              fault=a.fault, fault_every=a.fault_every, usage=not a.no_usage), a.host, a.port)
+                              fault=a.fault, fault_every=a.fault_every, usage=not a.no_usage, slots=a.slots),
+                    a.host, a.port)
     srv.start()
     print(f"reference server on {srv.url}", flush=True)
     try:

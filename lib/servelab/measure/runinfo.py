@@ -31,7 +31,7 @@ def _run(cmd: list[str], cwd: Path | None = None) -> str | None:
 
 def package_hash() -> str:
     """sha256 (16 hex) over servelab's installed source files and data, in a fixed order:
-    which code ran, also where there is no git checkout (the device machine)."""
+    which code ran, also where there is no git checkout (a GPU host installed from a wheelhouse)."""
     root = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     for f in sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in (".py", ".txt", ".yaml", ".json")
@@ -89,7 +89,7 @@ def engine_gpu_devices(engine_env: dict[str, str] | None = None) -> list[dict[st
 
 def comm_env(*envs: dict[str, Any] | None) -> dict[str, str]:
     """The NCCL_* variables of the first of `envs` that sets each (the engine's own environment as launched, its
-    params' `engine.env`, this process's: the device machine sets NCCL_NVLS_ENABLE=0 for every process)."""
+    params' `engine.env`, this process's: a host may set NCCL_NVLS_ENABLE=0 for every process)."""
     out: dict[str, str] = {}
     for env in envs:
         for k, v in (env or {}).items():

@@ -92,40 +92,67 @@ def free_port(host: str, start: int, stop: int = 8069) -> int:
 
 
 class RefProcess:
-    """`python -m servelab.measure.refserver` as a child process: `with RefProcess(...) as rp: rp.url`."""
+    """`python -m servelab.measure.refserver` as a child process: `with RefProcess(...) as rp: rp.url`.
+    Without `port`, the first free port from `first_port`; when another process binds that port between
+    the check and the server's own bind (two test workers starting servers at once), the next free one."""
+
+    ATTEMPTS = 5  # ports tried when others keep taking them first
 
     def __init__(self, *, ttft_s: float, itl_s: float, tokens_per_chunk: int = 1, jitter_s: float = 0.0,
-                 port: int | None = None, host: str = "127.0.0.1", uvloop: bool = False,
-                 extra_args: Iterable[str] = ()) -> None:
+                 port: int | None = None, first_port: int = DEFAULT_PORT, host: str = "127.0.0.1",
+                 uvloop: bool = False, slots: int = 0, extra_args: Iterable[str] = ()) -> None:
         self.host = host
-        self.port = port or free_port(host, DEFAULT_PORT)
-        self.cmd = [sys.executable, "-m", "servelab.measure.refserver", "--host", host, "--port", str(self.port),
-                    "--ttft", repr(ttft_s), "--itl", repr(itl_s), "--jitter", repr(jitter_s),
-                    "--tokens-per-chunk", str(tokens_per_chunk), *(["--uvloop"] if uvloop else []), *extra_args]
+        self.fixed_port = port
+        self.first_port = first_port
+        self.port = port or free_port(host, first_port)
+        self.args = ["--ttft", repr(ttft_s), "--itl", repr(itl_s), "--jitter", repr(jitter_s),
+                     "--tokens-per-chunk", str(tokens_per_chunk), *(["--uvloop"] if uvloop else []),
+                     *(["--slots", str(slots)] if slots else []), *extra_args]
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def cmd(self) -> list[str]:
+        return [sys.executable, "-m", "servelab.measure.refserver", "--host", self.host, "--port", str(self.port),
+                *self.args]
+
     def start(self, timeout_s: float = 20.0) -> "RefProcess":
         env = dict(os.environ)
         src = str(Path(__file__).resolve().parents[1])  # lib/, in case servelab is not installed
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
-                raise RuntimeError(f"reference server exited ({self.proc.returncode}): {err[-500:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
+        for attempt in range(self.ATTEMPTS):
+            self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+            deadline = time.monotonic() + timeout_s
+            while self.proc.poll() is None:
+                if self.serving():
                     return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"reference server not healthy on {self.url} after {timeout_s:g} s")
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"reference server not healthy on {self.url} after {timeout_s:g} s")
+                time.sleep(0.1)
+            err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+            self.stop()
+            if self.fixed_port is not None or "address already in use" not in err.lower() or \
+                    attempt == self.ATTEMPTS - 1:
+                raise RuntimeError(f"reference server exited ({self.proc.returncode}): {err[-500:]}")
+            self.port = free_port(self.host, self.first_port)  # another process took it first
+        raise AssertionError("unreachable")
+
+    def serving(self) -> bool:
+        """Healthy, and this process is the one listening on the port (not another that bound it first)."""
+        assert self.proc is not None
+        try:
+            mine = any(c.status == psutil.CONN_LISTEN and c.laddr.port == self.port
+                       for c in psutil.Process(self.proc.pid).net_connections(kind="tcp"))
+        except psutil.Error:
+            return False
+        try:
+            return mine and httpx.get(self.url + "/health", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def cpu_s(self) -> float | None:
         """CPU seconds the server process has used so far (None if unknown)."""

@@ -1,10 +1,10 @@
-"""What a GPU study measured beside its workloads (params `device:`), in the write-up: the
-real-weights checks (`device.checks`, scripts/device/real_checks.py) -- the fp8 KV cache quality
+"""What a GPU study measured beside its workloads, in the write-up: the
+real-weights checks (params `checks:`, measure.realchecks) -- the fp8 KV cache quality
 check (each configuration's quality.json against its baseline's: identical outputs, first
 divergence, task score) and n-gram speculative decoding (speculative.jsonl: output tok/s and the
 deltas of vLLM's spec_decode counters per prompt set and concurrency) --, the capacity-at-SLO
-searches (`device.capacity`, run folders `<config>-capacity` with the search's result in
-run.json), and the device session's start-up times (study.json `device[].startup_s`).
+searches (params `capacity_runs:`, run folders `<config>-capacity` with the search's result in
+run.json), and the servers' start-up times (design.json's placement, or study.json `sessions[].startup_s`).
 Pure functions of the published files."""
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def quality_section(sd: StudyData) -> tuple[str, Any | None]:
     cols = w("checks.quality_columns")
     t = pd.DataFrame(rows, columns=cols)
     sep = "" if sd.language == "ja" else " "  # Japanese sentences run on without a space
-    text = w("checks.quality_text") + (sep + w("checks.quality_text_device") if sd.meta.get("device") else "")
+    text = w("checks.quality_text") + (sep + w("checks.quality_text_device") if sd.meta.get("sessions") else "")
     return text, html.table(t, w("checks.t_quality"), formats={cols[3]: "{:.0f}", cols[4]: "{:.0f}",
                                                                                cols[5]: "{:.0f}"},
                                               notes=[w("checks.quality_none")] + notes if t[cols[4]].isna().any()
@@ -184,10 +184,18 @@ def capacity_section(sd: StudyData) -> tuple[str, Any | None]:
 
 
 def startup_table(sd: StudyData) -> Any | None:
-    """Seconds from `servelab serve` to a healthy server, per configuration, from the device sessions."""
+    """Seconds from a server's start to its health, per configuration: the study runner's (design.json's
+    placement, each server with the configurations it served) or the recorded GPU sessions'."""
     w, labels = sd.w, sd.labels()
     rows = []
-    for d in sd.meta.get("device") or []:
+    placed = sd.design.placement or {}
+    for sid, s in (placed.get("startup_s") or {}).items():
+        server = (placed.get("servers") or {}).get(sid) or {}
+        together = next((g for phase in placed.get("phases") or [] for lane in phase for g in lane["groups"]
+                         if sid in g), [sid])
+        rows.append([", ".join(labels.get(c, c) for c in server.get("configs") or [sid]), sd.design.started_at
+                     or html.MISSING, s, w("checks.group_of", k=len(together)) if len(together) > 1 else html.MISSING])
+    for d in sd.meta.get("sessions") or []:
         groups = d.get("startup_group") or {}  # configuration -> number of the group it started with
         for cid, s in (d.get("startup_s") or {}).items():
             g = groups.get(cid)
@@ -203,9 +211,9 @@ def startup_table(sd: StudyData) -> Any | None:
 
 def sections(sd: StudyData) -> list[Any]:
     """The write-up's part for these measurements: heading, text and table of each that has data
-    (nothing for a study without `device.checks`, `device.capacity` or recorded start-up times)."""
+    (nothing for a study without `checks:`, `capacity_runs:` or recorded start-up times)."""
     out: list[Any] = []
-    quality = "checks.quality" if sd.meta.get("device") else "checks.quality_generic"  # a GPU study's: the fp8 check
+    quality = "checks.quality" if sd.meta.get("sessions") else "checks.quality_generic"  # a GPU study's: the fp8 check
     for key, (text, table) in (("checks.capacity", capacity_section(sd)), (quality, quality_section(sd)),
                                ("checks.speculative", speculative_section(sd))):
         if table is not None:

@@ -27,7 +27,7 @@ class StudyData:
     root: Path
     study: Study
     folders: dict[str, RunFolder] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)  # study.json beside the study (e.g. device sessions)
+    meta: dict[str, Any] = field(default_factory=dict)  # study.json beside the study (e.g. its GPU sessions)
     files: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False)  # what `file` and `folder` read
 
     @property
@@ -128,8 +128,14 @@ def load_study_data(study_dir: str | Path) -> StudyData:
     sj = read_json(data / STUDY_JSON)
     study = study_from_dict(upgrade(sj["study"], sj.get("format_version")), str(data / STUDY_JSON))
     folders = {c.id: RunFolder(data / c.id) for c in study.configurations if (data / c.id / RECORDS).exists()}
-    meta = {k: v for k, v in sj.items() if k != "study"}
+    meta = {k: v for k, v in sj.items() if k not in ("study", "device")}
+    if sj.get("device") and "sessions" not in meta:  # written before 2026-12-06 as `device`
+        meta["sessions"] = [{k: d[k] for k in SESSION_KEYS if k in d} for d in sj["device"]]
     return StudyData(root=root, study=study, folders=folders, meta=meta)
+
+
+#: what a study.json's `sessions` entry says of one GPU session: its date, the machine, what ran and the start-ups
+SESSION_KEYS = ("date", "machine", "configurations", "startup_s", "startup_group")
 
 
 def engine_layout(sd: StudyData, config_id: str) -> Any:

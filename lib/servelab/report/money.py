@@ -6,6 +6,7 @@ server, side by side with servelab's numbers."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import pandas as pd
@@ -35,6 +36,25 @@ def hourly_share(sd: StudyData, cid: str, price: Any) -> tuple[float, str | None
         return price.usd_per_hour, None
     used = max(cost.gpus_used, engine_gpus(sd, cid))
     return price.usd_per_hour * used / gpus, f"{used}/{gpus} GPUs"
+
+
+def _gpu_model(name: str | None) -> str | None:
+    """The GPU's model in a name ("NVIDIA H100 80GB HBM3" -> "H100", "NVIDIA L40S" -> "L40S"); None without one."""
+    m = re.search(r"\b([A-Z]\d{2,4}[A-Z]?)\b", name or "")
+    return m.group(1) if m else None
+
+
+def other_gpu(sd: StudyData, price: Any) -> str:
+    """A sentence where the priced instance's GPUs are not the ones the speeds were measured on ("" where they are,
+    or where either is not known): the cost is then what these speeds would cost at that price."""
+    gpu = next((e.get("gpu") for e in load_table().get("ec2_on_demand", []) if e["instance_type"] == price.instance_type),
+               None)
+    measured = next((g.get("name") for c in sd.config_ids for g in sd.runs[c].get("gpus_used") or [] if g.get("name")),
+                    None)
+    a, b = _gpu_model(gpu), _gpu_model(measured)
+    if not a or not b or a == b:
+        return ""
+    return " " + sd.w("cost.other_gpu", instance=price.instance_type, gpu=gpu, measured=measured)
 
 
 def cost_rows(sd: StudyData) -> tuple[pd.DataFrame, str]:
@@ -104,7 +124,7 @@ def cost_section(sd: StudyData) -> tuple[str, Any]:
                 price=html.quote_md(price.label(), sd.language),
                 share=sd.w("cost.gpu_share", shares=", ".join(shares)) if shares else "",
                 managed="; ".join(html.quote_md(m.label(), sd.language) for m in managed.values()),
-                hours=sd.study.cost.hours_per_month)
+                hours=sd.study.cost.hours_per_month) + other_gpu(sd, price)
     return text, html.table(view, sd.w("cost.caption"), formats=fm)
 
 

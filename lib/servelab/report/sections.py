@@ -84,12 +84,29 @@ def definitions_table(sd: StudyData) -> Any:
     return html.table(pd.DataFrame(rows, columns=cols), sd.w("definitions.caption"))
 
 
-def devices_text(sd: StudyData) -> str:
+def sessions_text(sd: StudyData) -> str:
+    """Where and when a GPU study ran: the machine's GPUs, the host's cores and the date, from design.json's
+    placement (the study runner's record), or the sessions study.json recorded for a study measured before it;
+    '' for a study on the CPU (its machine is in the reproducibility card)."""
     lines = []
-    for d in sd.meta.get("device") or []:
-        lines.append("- " + sd.w("setup.device", kind=d.get("kind"), machine=html.quote_md(d.get("machine"), sd.language),
-                                 date=d.get("date"), minutes=f"{d.get('held_s', 0) / 60:.1f}",
-                                 configs=html.quote_md(d.get("configurations"), sd.language) or "–"))
+    placed = sd.design.placement or {}
+    if placed.get("machine"):
+        gpus: dict[str, int] = {}
+        for g in placed["machine"]:
+            mem = f" ({g['total_bytes'] / 2**30:.0f} GiB)" if g.get("total_bytes") else ""
+            gpus[f"{g['name']}{mem}"] = gpus.get(f"{g['name']}{mem}", 0) + 1
+        host = next((sd.info(c).client_host for c in sd.config_ids), None)
+        servers = [f"{', '.join(s['configs'])} (GPU {','.join(map(str, s['gpus']))})"
+                   for s in (placed.get("servers") or {}).values()]
+        shared = any(len(g) > 1 for phase in placed.get("phases") or [] for lane in phase for g in lane["groups"])
+        lines.append("- " + sd.w("setup.placement_shared" if shared else "setup.placement", gpus=", ".join(f"{n} x {name}" for name, n in gpus.items()),
+                                 cores=(host.cpu_count if host else None) or "?",
+                                 date=str(sd.design.started_at or next((sd.info(c).started_at for c in sd.config_ids),
+                                                                       "") or "")[:10],
+                                 servers=html.quote_md("; ".join(servers), sd.language)))
+    for d in sd.meta.get("sessions") or []:
+        lines.append("- " + sd.w("setup.session", machine=html.quote_md(d.get("machine"), sd.language),
+                                 date=d.get("date"), configs=html.quote_md(d.get("configurations"), sd.language) or "–"))
     return "\n".join(lines)
 
 

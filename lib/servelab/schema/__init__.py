@@ -10,6 +10,7 @@ engine flag tables (`servelab.engines`, which knows no schema) only.
 from __future__ import annotations
 
 import difflib
+import json
 
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -24,8 +25,8 @@ from ..errors import UserError
 
 from .parts import (GPU_AMI_PARAMETER, HOST_KINDS, HOURS_PER_MONTH, AttachHostParams, AttachParams, AwsEcsHostParams,
                     AwsInstanceHostParams, AwsParams, Bucket, Configuration, CostParams, EngineParams, HostParams,
-                    LocalHostParams, ModelRef, Slo, Strict, Workload, DeviceParams, PeerRun, StudyTexts,
-                    QualityParams)
+                    LocalHostParams, ModelRef, Slo, Strict, Workload, Placement, PeerRun, StudyTexts,
+                    QualityParams, CHECKS)
 from .sources import RampUp, SessionTemplate, TraceSource
 from .capacity import CapacityParams, TuneFlag, TuneParams
 
@@ -62,12 +63,32 @@ class Followups(Strict):
     max_studies: int = Field(2, ge=1, description="follow-up studies at most (one per surprising configuration)")
 
 
+def upgrade_device_block(data: dict[str, Any]) -> dict[str, Any]:
+    """A study written with the old `device:` block (before 2026-12-06) in today's shape: where its engines ran
+    (gpus, lanes, all_gpus, groups, stagger_s) becomes `placement:`, what ran beside the workloads becomes
+    `peers:`, `checks:` and `capacity_runs:`; `site` (a PYTHONPATH per engine kind on one machine) is dropped:
+    an engine's own environment is `engine.python`."""
+    dev = data.get("device")
+    out = {k: v for k, v in data.items() if k != "device"}
+    if not isinstance(dev, dict):  # `device: null`: written by a study.json of a CPU study
+        return out
+    out["placement"] = {"gpus": dev.get("gpus", 1),  # the old block's default: one GPU
+                        **{k: dev[k] for k in ("lanes", "all_gpus", "groups", "stagger_s") if k in dev},
+                        **(data.get("placement") or {})}
+    for old, new in (("peers", "peers"), ("checks", "checks"), ("capacity", "capacity_runs")):
+        if dev.get(old):
+            out[new] = {**dev[old], **(data.get(new) or {})}
+    return out
+
+
 class Study(Strict):
     @model_validator(mode="before")
     @classmethod
     def _host_kind_default(cls, data: Any) -> Any:
         if isinstance(data, dict) and isinstance(data.get("host"), dict) and "kind" not in data["host"]:
             data = {**data, "host": {"kind": "local", **data["host"]}}
+        if isinstance(data, dict) and "device" in data:
+            data = upgrade_device_block(data)
         return data
 
     study: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", description="study id (folder name)")
@@ -86,7 +107,19 @@ class Study(Strict):
                            description="how the configurations are measured: interleaved, sampled within a time budget")
     cost: CostParams | None = Field(None, description="prices and cost model for the write-up")
     configurations: list[Configuration] = Field(..., min_length=1, description="ordered, one change at a time")
-    device: DeviceParams | None = Field(None, description="how the study runs on the GPU device machine")
+    placement: Placement = Field(default_factory=lambda: Placement(),
+                                 description="where the engines run: the machine's GPUs (lanes, groups, all-GPU "
+                                 "configurations) or its CPU")
+    peers: dict[str, list[PeerRun]] = Field(
+        default_factory=dict, description="configuration id -> peer benchmark tools run on its server after its "
+        "workload (`vllm bench serve`, SGLang's bench_serving; results under peer/<id>/)")
+    checks: dict[str, list[Literal["quality", "speculative"]]] = Field(
+        default_factory=dict, description="configuration id -> real-weights checks run on its server instead of its "
+        "workload (quality: the quality set one at a time, quality.json; speculative: n-gram acceptance, "
+        "speculative.jsonl)")
+    capacity_runs: dict[str, list[str]] = Field(
+        default_factory=dict, description="configuration id -> `servelab capacity` options run on its server after "
+        "its workload (run folder <id>-capacity)")
     followups: Followups | None = Field(None, description="run `servelab explain` for every surprise after the "
                                                            "report, each follow-up within its own time budget")
     explains: Explains | None = Field(None, description="a follow-up study: the published study and configuration "
@@ -124,13 +157,11 @@ class Study(Strict):
                 first = e.errors()[0]
                 where = ".".join(str(x) for x in first["loc"])
                 raise ValueError(f"configurations[{i}].engine.{where}: {first['msg']}") from None
-        if self.device is not None:
-            named = [*(c for lane in self.device.lanes for c in lane), *(c for g in self.device.groups for c in g),
-                     *self.device.all_gpus, *self.device.peers, *self.device.checks,
-                     *self.device.capacity]
+        for block, named in (("placement", self.placement.named), ("peers", list(self.peers)),
+                             ("checks", list(self.checks)), ("capacity_runs", list(self.capacity_runs))):
             bad = sorted(set(named) - set(ids))
             if bad:
-                raise ValueError(f"device: unknown configuration(s) {bad}; have {ids}")
+                raise ValueError(f"{block}: unknown configuration(s) {bad}; have {ids}")
         if self.tune is not None:
             base = self.tune.base or ids[0]
             if base not in ids:
@@ -139,7 +170,7 @@ class Study(Strict):
                 raise ValueError(f"tune.objective {self.tune.objective!r} needs a capacity: block (study or {base})")
         if isinstance(self.host, LocalHostParams) and self.engine.model is None:
             raise ValueError("a local host needs engine.model (preset or path)")
-        errs = validate_engines(self) + device_layout_problems(self)
+        errs = validate_engines(self) + placement_problems(self)
         if errs:
             raise ValueError("\n".join(errs))
         return self
@@ -206,13 +237,12 @@ def layout_of(study: "Study", config_id: str) -> Any:
     return get(eng.kind).layout(eng.args)
 
 
-def device_layout_problems(study: "Study") -> list[str]:
-    """A configuration whose layout needs more GPUs than `device.gpus`, or more than the one GPU a lane
-    or a group gives it, one line each ([] = fine; no device block: nothing to hold it against)."""
-    dev = study.device
-    if dev is None:
-        return []
-    one = {c for lane in dev.lanes for c in lane} | {c for g in dev.groups for c in g}
+def placement_problems(study: "Study") -> list[str]:
+    """A configuration whose layout needs more GPUs than `placement.gpus`, or more than the one GPU a lane
+    or a group gives it, one line each ([] = fine). The machine itself is held against the study when it
+    runs (`servelab.placement`)."""
+    pl = study.placement
+    one = {c for lane in pl.lanes for c in lane} | {c for g in pl.groups for c in g}
     out = []
     for i, c in enumerate(study.configurations):
         try:
@@ -220,39 +250,27 @@ def device_layout_problems(study: "Study") -> list[str]:
         except (TypeError, ValueError):
             continue  # a size that is not an integer: the engine's value check says so
         where = f"configurations[{i}] ({c.id}): layout {lay.label()} needs {lay.gpus} GPUs"
-        if lay.gpus > dev.gpus:
-            out.append(f"{where}, device.gpus is {dev.gpus}")
+        if pl.gpus is not None and lay.gpus > max(pl.gpus, 1):
+            out.append(f"{where}, placement.gpus is {pl.gpus}")
         elif lay.gpus > 1 and c.id in one:
-            out.append(f"{where}; a lane or a group gives it one (list it in device.all_gpus)")
+            out.append(f"{where}; a lane or a group gives it one (list it in placement.all_gpus)")
     return out
 
 
-def device_gpus(study: "Study") -> dict[str, str]:
-    """CUDA_VISIBLE_DEVICES of each configuration on the device machine (scripts/device/drive.py): a lane's
-    configurations the lane's GPU (lanes side by side, GPU i for lane i), a group's GPU 0, device.all_gpus every GPU,
-    a layout of more than one GPU not listed there the first GPUs it takes (after the lanes)."""
-    dev = study.device
-    if dev is None:
-        return {}
-    out = {c: "0" for g in dev.groups for c in g}
-    for i, lane in enumerate(device_lanes(study)[0]):
-        out.update({c: str(i) for c in lane})
-    for c in device_lanes(study)[1]:
-        n = dev.gpus if c in dev.all_gpus else layout_of(study, c).gpus
-        out[c] = ",".join(str(g) for g in range(n))
-    return out
-
-
-def device_lanes(study: "Study") -> tuple[list[list[str]], list[str]]:
-    """(the lanes, one GPU each, and the configurations run after them on their layout's GPUs): as
-    `device.lanes` / `device.all_gpus` say, a configuration of more than one GPU always among the latter;
-    without lanes one lane of every one-GPU configuration. ([], []) with device.groups."""
-    dev = study.device
-    if dev is None or dev.groups:
-        return [], []
-    wide = [c.id for c in study.configurations if c.id in dev.all_gpus or layout_of(study, c.id).gpus > 1]
-    lanes = dev.lanes or [[c.id for c in study.configurations if c.id not in wide]]
-    return [lane for lane in lanes if lane], wide
+def attach_problems(study: "Study") -> list[str]:
+    """An attached study measures whatever answers at its URL under every configuration's name: configurations
+    whose engine settings differ but share one URL would label one server as several settings. One line naming
+    them ([] = fine: one engine, or each configuration names its own `url`)."""
+    if not isinstance(study.host, AttachHostParams):
+        return []
+    shared = [c.id for c in study.configurations if c.url is None]
+    engines = {json.dumps(study.engine_for(c).model_dump(exclude={"port"}), sort_keys=True, default=str)
+               for c in shared}
+    if len(engines) < 2:
+        return []
+    return [f"host: attach sends every configuration to {study.host.attach.url}, but the engine settings of "
+            f"{', '.join(shared)} differ: one server would be measured under {len(shared)} names. Give each "
+            "configuration its own url (configurations[].url), or let servelab start each engine (host: local)"]
 
 
 def resolve_profile(study: "Study", config_id: str) -> "EngineParams":
@@ -366,13 +384,18 @@ def _read_mapping(path: Path) -> dict[str, Any]:
 
 
 def load_study(path: str | Path) -> Study:
-    """Read and validate a study file. Raises ParamsError naming file, key and expectation."""
+    """Read and validate a study file. Raises ParamsError naming file, key and expectation (also for an
+    attached study whose differing configurations share one URL: `attach_problems`)."""
     path = Path(path)
     data = _read_mapping(path)
     try:
-        return Study.model_validate(data)
+        study = Study.model_validate(data)
     except ValidationError as e:
         raise ParamsError(format_errors(path, e)) from None
+    problems = attach_problems(study)
+    if problems:
+        raise ParamsError("\n".join(f"{path}: {p}" for p in problems))
+    return study
 
 
 class WorkloadBlock(Strict):
@@ -426,9 +449,9 @@ def study_from_dict(data: dict[str, Any], source: str = "<params>") -> Study:
 
 
 __all__ = ["Study", "Design", "ParamsError", "FORMAT_VERSION", "load_study", "study_from_dict", "upgrade", "format_errors", "validate_engines",
-           "device_gpus", "device_lanes", "device_layout_problems", "layout_of",
+           "placement_problems", "attach_problems", "upgrade_device_block", "layout_of",
            "resolve_profile", "resolve_engine", "GPU_AMI_PARAMETER", "HOST_KINDS", "HOURS_PER_MONTH", "AttachHostParams",
            "AttachParams", "AwsEcsHostParams", "AwsInstanceHostParams", "AwsParams", "Bucket", "Configuration",
-           "CostParams", "DeviceParams", "PeerRun", "StudyTexts", "QualityParams", "EngineParams", "HostParams", "LocalHostParams", "ModelRef", "Slo", "Strict", "Workload",
+           "CostParams", "Placement", "CHECKS", "PeerRun", "StudyTexts", "QualityParams", "EngineParams", "HostParams", "LocalHostParams", "ModelRef", "Slo", "Strict", "Workload",
            "RampUp", "SessionTemplate", "TraceSource", "WorkloadBlock", "load_params",
            "CapacityParams", "TuneFlag", "TuneParams"]

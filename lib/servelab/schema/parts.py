@@ -51,6 +51,10 @@ class EngineParams(Strict):
         "wheel) or `vllm serve` via vllm.entrypoints.cli.main (needs the distribution named vllm)")
     api_key_env: str | None = Field(
         None, description="environment variable whose value the engine requires as API key (client sends it)")
+    python: str | None = Field(
+        None, description="the Python of the engine's own environment (a virtualenv's bin/python, or the "
+        "virtualenv's folder): vLLM and SGLang pin different packages. Default: $SERVELAB_<KIND>_PYTHON, else "
+        "`engines.<kind>.python` in ~/.config/servelab/config.yaml, else servelab's own Python")
 
     @model_validator(mode="after")
     def _no_secrets(self) -> "EngineParams":
@@ -283,38 +287,54 @@ class PeerRun(Strict):
     num_prompts: int | None = Field(None, gt=0, description="requests (default 4 x concurrency)")
 
 
-class DeviceParams(Strict):
-    """How a GPU study runs on the device machine (scripts/device/drive.py reads this)."""
+class Placement(Strict):
+    """`placement:` where a study's engines run on the machine: on its GPUs (servelab reads them through
+    NVML: count, memory, name; `servelab.placement` decides) or on its CPU."""
 
-    gpus: int = Field(1, ge=1, description="GPUs the study uses on the device")
-    lanes: list[list[str]] = Field(default_factory=list, description="configuration ids measured one after another "
-                                   "on one GPU each; lanes run side by side (default: one lane of every configuration "
-                                   "not in all_gpus)")
-    all_gpus: list[str] = Field(default_factory=list, description="configurations that use every GPU, after the lanes "
-                                   "(a layout of more than one GPU runs after the lanes on the GPUs it takes, "
-                                   "listed here or not)")
-    groups: list[list[str]] = Field(default_factory=list, description="one GPU shared by several servers: each group's "
-                                    "servers start at once (port = engine.port + place in the group), then are measured "
-                                    "one at a time in this order, each stopped once measured; groups run one after "
-                                    "another (instead of lanes)")
-    peers: dict[str, list[PeerRun]] = Field(default_factory=dict,
-                                            description="configuration id -> peer tool runs on its server")
-    stagger_s: float = Field(0.0, ge=0, description="seconds between the starts of a group's servers (an engine "
-                             "that sizes its KV cache from the free memory it sees needs the others' allocations done)")
-    capacity: dict[str, list[str]] = Field(
-        default_factory=dict, description="configuration id -> `servelab capacity` options run on its server after its "
-        "workload (run folder <id>-capacity)")
-    checks: dict[str, list[Literal["quality", "speculative"]]] = Field(
-        default_factory=dict, description="configuration id -> real-weights checks run on its server instead of the "
-        "workload (scripts/device/real_checks.py: quality.json, speculative.jsonl)")
-    site: dict[str, str] = Field(default_factory=dict, description="engine kind -> PYTHONPATH of its wheels on the "
-                                 "device (engines whose pins differ need separate site folders)")
+    gpus: int | None = Field(
+        None, ge=0, description="GPUs the study takes (its widest layout must fit; `all_gpus` configurations get all "
+        "of them). None: the machine's GPUs, or its CPU where it has none. 0: the CPU (engines side by side, measured "
+        "interleaved), even on a machine with GPUs")
+    lanes: list[list[str]] = Field(
+        default_factory=list, description="configuration ids measured one after another on one GPU; lanes run side "
+        "by side on different GPUs (default: servelab spreads the one-GPU configurations over the free GPUs)")
+    all_gpus: list[str] = Field(
+        default_factory=list, description="configurations that take every GPU of the study (`gpus`), after the lanes; "
+        "a layout of several GPUs (TP, PP, DP) takes the GPUs it needs, listed here or not")
+    groups: list[list[str]] = Field(
+        default_factory=list, description="configurations whose servers share one GPU: started together, measured "
+        "one at a time in this order, each stopped after its last configuration; groups run one after another "
+        "(instead of lanes)")
+    share_gpu: bool = Field(
+        True, description="without `groups`: servers of a lane whose memory settings (vLLM gpu-memory-utilization or "
+        "kv-cache-memory-bytes, SGLang mem-fraction-static or max-total-tokens) fit one GPU together start there at "
+        "once and are measured one at a time; false: one server on a GPU at a time")
+    stagger_s: float = Field(0.0, ge=0, description="seconds between the starts of servers that share a GPU (an "
+                             "engine that sizes its KV cache from the free memory it sees needs the others' "
+                             "allocations done)")
 
     @model_validator(mode="after")
-    def _groups_or_lanes(self) -> "DeviceParams":
+    def _groups_or_lanes(self) -> "Placement":
         if self.groups and (self.lanes or self.all_gpus):
-            raise ValueError("device: groups replace lanes and all_gpus; give one or the other")
+            raise ValueError("placement: groups replace lanes and all_gpus; give one or the other")
+        if self.gpus == 0 and (self.lanes or self.all_gpus or self.groups):
+            raise ValueError("placement: gpus 0 runs on the CPU; lanes, all_gpus and groups place GPUs")
         return self
+
+    @property
+    def on_gpus(self) -> bool | None:
+        """True: the study places its engines on GPUs; False: on the CPU; None: wherever the machine has."""
+        if self.gpus is not None:
+            return self.gpus > 0
+        return True if self.named else None
+
+    @property
+    def named(self) -> list[str]:
+        """Every configuration id the block names."""
+        return [*(c for lane in self.lanes for c in lane), *(c for g in self.groups for c in g), *self.all_gpus]
+
+
+CHECKS = ("quality", "speculative")
 
 
 class Configuration(Strict):
@@ -326,6 +346,8 @@ class Configuration(Strict):
         description="overrides of the study's workload for this configuration only (e.g. a saturation sweep); "
                     "the report compares configurations on the levels they share")
     note: str | None = Field(None, description="prose for the report")
+    url: str | None = Field(None, description="host kind attach: this configuration's own server (configurations "
+                            "whose engine settings differ cannot share one attached URL)")
     baseline: str | None = Field(None, description="an earlier configuration this one is compared with in the report "
                                  "(default: the nearest earlier one serving the same model, measured on a shared level)")
     capacity: "CapacityParams | None" = Field(
@@ -334,6 +356,8 @@ class Configuration(Strict):
 
     @model_validator(mode="after")
     def _known_overrides(self) -> "Configuration":
+        if self.url is not None and not re.match(r"^https?://[^/\s]+", self.url):
+            raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
         for k in self.engine:
             if k not in EngineParams.model_fields:
                 close = difflib.get_close_matches(k, list(EngineParams.model_fields), n=1)

@@ -343,6 +343,9 @@ class DesignRecord(Open):
     left_s: Number = None
     levels: list[SampledLevel] = Field(default_factory=list)
     status: dict[str, str] = Field(default_factory=dict)
+    # on GPUs (servelab.placement.Placement.record): the machine, each server's GPUs, port, configurations and
+    # memory, the lanes and groups, and each server's start-up seconds
+    placement: dict[str, Any] | None = None
 
 
 #: the model of each typed file (by its name in the run folder), with the version it is written in
