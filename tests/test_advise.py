@@ -52,5 +52,6 @@ def test_the_confirming_study_validates_and_says_its_wall_time(tmp_path):
                   r"\$([\d.,]+)", r.stdout)
     assert m, r.stdout
     study = load_study(m.group(2))
-    assert study.device is None and study.host.kind == "local" and len(study.configurations) == int(m.group(3))
+    assert study.host.kind == "local" and len(study.configurations) == int(m.group(3))
+    assert "device" not in open(m.group(2)).read()  # no device block: placement is left to its default
     assert float(m.group(4)) > 0 and float(m.group(6).replace(",", "")) > 0

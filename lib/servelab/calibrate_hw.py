@@ -323,11 +323,11 @@ def request_points(study_dirs: list[Path | str], entry: dict[str, Any], engine: 
     of the entry's kind (no speculative decoding): its median TTFT and the model's prefill steps for its prompt
     (`perfmodel.prefill_step`, the entry's costs, the engine's graph size and chunk from the flags, the
     router's ties under dummy weights), the difference being the request's fixed cost."""
-    from .analysis.calibration import _norm
+    from .analysis.calibration import _norm, completed
 
     base = copy.deepcopy(entry)
     (base.get("engines") or {}).get(engine, {}).pop("request", None)
-    m = Machine(base)
+    m = Machine(completed(base))  # eager costs of a layer kind this host did not measure: carried, scaled
     prof = engine_profile(engine)
     pts = []
     for study_dir in study_dirs:

@@ -246,11 +246,12 @@ def gpu_machine(name: str | None, folder: Path | str | None = None,
 
     entry, own = calibration_for("gpu", name, folder)
     target = transfer.hardware_row(str(name or ""))
-    if entry is not None and not own and target is not None:  # another name of the same GPU ("H200 SXM")
-        row = transfer.hardware_row(str(entry["machine"]["name"]))
-        own = row is not None and row["name"] == target["name"]
+    if not own and target is not None:  # another name of the same GPU ("H200 SXM" for "NVIDIA H200")
+        same = [c for c in calibrations(folder) if c["machine"]["kind"] == "gpu"
+                and (transfer.hardware_row(str(c["machine"]["name"])) or {}).get("name") == target["name"]]
+        entry, own = (same[-1], True) if same else (entry, False)
     if entry is not None and own and transfer.has_engine_costs(entry):
-        return Machine(entry, own=True, memory_bytes=memory_bytes), ""
+        return Machine(completed(entry, folder), own=True, memory_bytes=memory_bytes), ""
     if target is None:
         have = f" (have {entry['machine']['name']})" if entry is not None else ""
         return None, (f"no calibration entry for {name}{have} and no datasheet row to carry one to: run servelab "
@@ -259,9 +260,24 @@ def gpu_machine(name: str | None, folder: Path | str | None = None,
     if near is None:
         return None, f"no calibration entry for a GPU to carry to {name}: run servelab calibrate-hw on one"
     micro = entry.get("micro") if entry is not None and own else None
-    carried = transfer.transferred_entry(target, near[0], near[1], own_micro=micro,
+    source = completed(near[0], folder)  # the nearest entry's host terms, completed where it lacks some
+    carried = transfer.transferred_entry(target, source, near[1], own_micro=micro,
                                          own_id=entry.get("id") if micro else None)
     return Machine(carried, own=True, memory_bytes=memory_bytes or target.get("memory_bytes")), ""
+
+
+def completed(entry: Mapping[str, Any], folder: Path | str | None = None) -> dict[str, Any]:
+    """A GPU's own entry with the host terms it lacks (a request cost, eager costs of a layer kind) carried from the
+    nearest other calibrated GPU entry that has them, scaled by what both hosts measured (`analysis.transfer`)."""
+    from . import transfer
+
+    row = transfer.hardware_row(str(entry["machine"]["name"]))
+    others = [e for e in calibrations(folder) if e.get("id") != entry.get("id") and e["machine"]["kind"] == "gpu"
+              and any(isinstance(v, Mapping) and v.get("request") for v in (e.get("engines") or {}).values())]
+    if row is None or not others:
+        return dict(entry)
+    near = transfer.nearest_calibrated(row, others)
+    return transfer.complete_entry(entry, near[0]) if near else dict(entry)
 
 
 def machine_for(run: Mapping[str, Any], folder: Path | str | None = None) -> tuple[Machine | None, str]:

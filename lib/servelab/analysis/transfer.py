@@ -36,6 +36,11 @@ RANGE_BW_OTHER_MEMORY = 0.20
 RANGE_FLOPS = 0.15
 RANGE_CLOCK = 0.25
 RANGE_EAGER = 0.10  # the eager fits' scatter on the calibrated host (r2 0.97-0.996)
+#: a host's CPU-side terms carried to another host as measured: two calibrated hosts (the H200's, 2026-12-02, and
+#: the H100's, 2026-12-06) differ by 36 % in their CUDA-graph floor (2.49 and 1.59 ms) and 45 % in their eager step
+RANGE_HOST = 0.40
+#: a term carried to a host that measured a sibling of it (its dense eager costs, its floor), scaled by the two
+RANGE_HOST_SCALED = 0.25
 
 
 def _mem_family(hw: Mapping[str, Any]) -> str:
@@ -135,11 +140,59 @@ def transferred_entry(target: Mapping[str, Any], source: Mapping[str, Any], sour
          "rule": f"{source['machine']['name']}'s per-layer kernel time (latency-bound kernels) x its boost clock over "
                  f"{target['name']}'s ({(clk_s or 0) / 1e6:.0f} / {(clk_t or 0) / 1e6:.0f} MHz)",
          "source": f"{src_id} CUDA-graph calibration models; data/hardware.yaml clocks"},
-        {"term": "engine CPU side, eager launch costs, request cost", "value": None, "range": None,
+        {"term": "engine CPU side, eager launch costs, request cost", "value": None, "range": RANGE_HOST,
          "rule": f"the host of {src_id} (the nearest calibrated host): they depend on the host's CPU, not the GPU",
          "source": f"{src_id} ({source['machine']['name']} host): not measured on this GPU's host"},
     ]
     out["transfer"] = transfer
+    return out
+
+
+def _floor(eng: Mapping[str, Any]) -> float | None:
+    floors = [float(c["floor_s"]) for c in (eng.get("graphs") or {}).values() if isinstance(c, Mapping) and "floor_s" in c]
+    return max(floors) if floors else None
+
+
+def complete_entry(entry: Mapping[str, Any], source: Mapping[str, Any]) -> dict[str, Any]:
+    """This GPU's own entry with the host terms it lacks carried from `source` (the nearest calibrated entry that has
+    them), each scaled by what both hosts measured: an eager layer kind by the ratio of their dense eager costs (per
+    layer, per step), the request cost by the ratio of their CUDA-graph floors; each listed in `transfer` with its
+    rule and range. The entry unchanged (a copy) when it lacks nothing."""
+    out = copy.deepcopy(dict(entry))
+    carried = []
+    for name, src in (source.get("engines") or {}).items():
+        if not isinstance(src, Mapping):
+            continue
+        eng = out.setdefault("engines", {}).setdefault(name, {})
+        if not isinstance(eng, dict) or not (eng.get("graphs") or eng.get("eager")):
+            continue
+        se, te = src.get("eager") or {}, eng.get("eager") or {}
+        sd, td = se.get("dense") or {}, te.get("dense") or {}
+        f_layer = float(td["layer_s"]) / float(sd["layer_s"]) if sd.get("layer_s") and td.get("layer_s") else 1.0
+        f_step = float(td["step_s"]) / float(sd["step_s"]) if sd.get("step_s") and td.get("step_s") else 1.0
+        missing = [k for k in se if k not in te and isinstance(se[k], Mapping)]
+        if missing:
+            eng["eager"] = {**te, **{k: {"layer_s": float(se[k]["layer_s"]) * f_layer, "step_s": float(se[k]["step_s"]) * f_step,
+                                         "carried_from": source.get("id")} for k in missing}}
+            carried.append({"term": "eager launch costs", "value": {"kinds": missing, "layer_x": f_layer, "step_x": f_step},
+                            "range": RANGE_HOST_SCALED if td else RANGE_HOST,
+                            "rule": f"{name}'s eager {', '.join(missing)} costs of {source.get('id')}'s host x this host's "
+                                    f"measured dense eager costs over that host's ({f_layer:.2f} per layer, {f_step:.2f} "
+                                    "per step)", "source": f"{source.get('id')}; {entry.get('id')}"})
+        if src.get("request") and not eng.get("request"):
+            ft, fs = _floor(eng), _floor(src)
+            f = ft / fs if ft and fs else 1.0
+            req = dict(src["request"])
+            req.update(request_s=float(req["request_s"]) * f, residuals_s=[float(x) * f for x in req.get("residuals_s") or []],
+                       carried_from=source.get("id"), points=[])
+            eng["request"] = req
+            carried.append({"term": "request cost", "value": req["request_s"], "range": RANGE_HOST_SCALED if ft else RANGE_HOST,
+                            "rule": f"{name}'s request cost on {source.get('id')}'s host x the ratio of the two hosts' "
+                                    f"CUDA-graph floors ({f:.2f}): both are the engine's Python on the host's CPU",
+                            "source": f"{source.get('id')} (calibrate-hw --ttft-from); {entry.get('id')}"})
+    if carried:
+        out["transfer"] = list(out.get("transfer") or []) + carried
+        out["completed_from"] = source.get("id")
     return out
 
 
@@ -172,6 +225,9 @@ def band_entries(entry: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, An
     the transferred terms by their ranges, the host's floor by its spread, its eager costs by 10 %, the
     request cost by its residuals' quartiles."""
     ranges = {t["term"]: t.get("range") for t in entry.get("transfer") or []}
+    host = float(ranges.get("engine CPU side, eager launch costs, request cost") or 0.0)
+    r_eager = max(RANGE_EAGER, host, float(ranges.get("eager launch costs") or 0.0))
+    r_req = max(host, float(ranges.get("request cost") or 0.0))
     out = []
     for side in (-1, 1):  # -1: faster
         e = copy.deepcopy(dict(entry))
@@ -188,16 +244,18 @@ def band_entries(entry: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, An
             for c in (eng.get("graphs") or {}).values():
                 if isinstance(c, dict):
                     if "floor_s" in c:
-                        c["floor_s"] = float(c["floor_s"]) * (lo if side < 0 else hi)
+                        c["floor_s"] = float(c["floor_s"]) * (lo if side < 0 else hi) * (1.0 + side * host)
                     if "gpu_layer_s" in c:
                         c["gpu_layer_s"] = float(c["gpu_layer_s"]) * clk
             for c in (eng.get("eager") or {}).values():
                 if isinstance(c, dict):
-                    c["layer_s"] = float(c["layer_s"]) * (1.0 + side * RANGE_EAGER)
-                    c["step_s"] = float(c["step_s"]) * (1.0 + side * RANGE_EAGER)
+                    r = r_eager if c.get("carried_from") or host else RANGE_EAGER
+                    c["layer_s"] = float(c["layer_s"]) * (1.0 + side * r)
+                    c["step_s"] = float(c["step_s"]) * (1.0 + side * r)
             if eng.get("request"):
                 rlo, rhi = request_range(entry, name)
-                eng["request"]["request_s"] = max(0.0, float(eng["request"]["request_s"]) + (rlo if side < 0 else rhi))
+                base = float(eng["request"]["request_s"]) * (1.0 + side * r_req)
+                eng["request"]["request_s"] = max(0.0, base + (rlo if side < 0 else rhi))
             if eng.get("bandwidth_Bps"):
                 eng["bandwidth_Bps"] = float(eng["bandwidth_Bps"]) * bw
         out.append(e)
@@ -209,6 +267,6 @@ def gpu_names() -> list[str]:
     return [h["name"] for h in HARDWARE]
 
 
-__all__ = ["RANGE_BW_OTHER_MEMORY", "RANGE_BW_SAME_MEMORY", "RANGE_CLOCK", "RANGE_EAGER", "RANGE_FLOPS",
+__all__ = ["RANGE_HOST", "RANGE_HOST_SCALED", "complete_entry", "RANGE_BW_OTHER_MEMORY", "RANGE_BW_SAME_MEMORY", "RANGE_CLOCK", "RANGE_EAGER", "RANGE_FLOPS",
            "band_entries", "floor_range", "gpu_names", "hardware_row", "has_engine_costs", "nearest_calibrated",
            "request_range", "transferred_entry"]
