@@ -143,8 +143,8 @@ def step_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], *, b
     cpu, gpu, _, _ = m.fixed(engine, mode, counts)
     if m.kind == "cpu":  # the CPU engine computes on the cores that also run its steps: everything adds up
         total = max(t_mem, t_cmp) + (cpu or 0.0) + gpu + extra_s + comm
-    elif mode == "graphs" and graph_tokens is not None and batch + prefill_tokens > graph_tokens:
-        over, serial, _, _ = m.eager_parts(engine, counts)  # a step too large for the captured graphs
+    elif mode == "eager" or (mode == "graphs" and graph_tokens is not None and batch + prefill_tokens > graph_tokens):
+        over, serial, _, _ = m.eager_parts(engine, counts)  # eager, or a step too large for the captured graphs
         total = (serial or 0.0) + max(over or cpu or 0.0, max(t_mem, t_cmp) + gpu + extra_s + comm)
         cpu = (over or 0.0) + (serial or 0.0)
     else:  # the GPU runs its kernels while the CPU side prepares the next step: the longer of the two
