@@ -44,7 +44,7 @@ vr.lead_figure(sd)  # the picture first: each change's effect and the A/A pairs 
 Markdown(f"{sec.anchor('headline', w('section.headline'))}\n\n{sec.headline(sd)}")
 
 # %%
-Markdown(f"{sec.anchor('setup', w('section.setup'))}\n\n{sec.sessions_text(sd)}")
+Markdown(f"{sec.anchor('setup', w('section.setup'))}\n\n{sec.sessions_text(sd)}\n\n{sec.engine_not_started_text(sd)}")
 
 # %%
 sec.config_table(sd)
