@@ -46,8 +46,6 @@ def engine_of(text: str) -> str:
 def detect_kind(base_url: str, headers: dict[str, str] | None = None, default: str = "vllm") -> str:
     """The engine kind of a server that already runs, from the metric names of its /metrics
     (`engine_of`); `default` where it has none or they name no known engine."""
-    import httpx
-
     try:
         r = httpx.get(base_url.rstrip("/") + "/metrics", headers=headers, timeout=5.0)
     except httpx.HTTPError:
