@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from paths import ROOT
-from servelab.bench import default_name
+from servelab.bench import default_name, model_label
 from servelab.report.lint import lint_html
 from servelab.schema import load_study
 
@@ -107,6 +107,11 @@ def test_an_unreachable_server_is_one_line():
                                          ("///", "bench-server")])
 def test_the_default_name_is_the_model_as_a_folder_name(model, name):
     assert default_name(model) == name
+
+
+def test_a_model_served_under_its_path_is_named_by_its_folder():
+    assert model_label("/root/.cache/servelab/models/cpu-tiny-b7fc18a561") == "cpu-tiny-b7fc18a561"
+    assert model_label("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def test_the_engine_kind_comes_from_the_servers_metrics(refserver):

@@ -27,6 +27,14 @@ from .schema import AttachParams, Study, Workload
 CONFIG_ID = "server"
 
 
+def model_label(model: str) -> str:
+    """How the page names the served model: its name, or the last part of a path (a server started
+    with `--model /path/to/dir` serves it under that path)."""
+    if not model.startswith(("/", "~", ".")):
+        return model
+    return next((x for x in reversed(model.split("/")) if x.strip()), model)
+
+
 def default_name(model: str) -> str:
     """The study name of a bench page: `bench-` and the served model's name as a folder name
     ("HuggingFaceTB/SmolLM2-135M-Instruct" -> "bench-smollm2-135m-instruct")."""
@@ -41,17 +49,17 @@ def bench_study(p: AttachParams, workload: Workload, *, name: str | None = None)
     srv = attach(p)
     kind = detect_kind(srv.base_url, srv.headers)
     study = name or default_name(srv.model)
-    where = srv.base_url.split("://", 1)[-1]
+    where, label = srv.base_url.split("://", 1)[-1], model_label(srv.model)
     data = {
         "study": study,
-        "title": f"{srv.model} at {where}: latency and throughput of a running server",
-        "description": f"`servelab bench {srv.base_url} --html`: the server that answered at {srv.base_url} "
-                       f"(model {srv.model}), measured as it ran; servelab did not start it.",
+        "title": f"{label} served at {where}: latency and throughput, measured by servelab",
+        "description": f"The server that answered at {srv.base_url} (model `{srv.model}`), measured as it ran by "
+                       f"`servelab bench {srv.base_url} --html`; servelab did not start it.",
         "host": {"kind": "attach", "attach": json.loads(p.model_dump_json(exclude_defaults=True))},
         "engine": {"kind": kind, "load_format": None},  # no model, no flags: the engine is not servelab's
         "workload": json.loads(workload.model_dump_json(exclude_defaults=True)),
         "reduced": {},
-        "configurations": [{"id": CONFIG_ID, "label": srv.model}],
+        "configurations": [{"id": CONFIG_ID, "label": label}],
     }
     return Study.model_validate(data)
 
