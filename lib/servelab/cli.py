@@ -134,6 +134,7 @@ def cmd_workload(a: argparse.Namespace) -> int:
     obs = _traffic.from_trace(_trace.read_trace(p)) if kind else _traffic.from_log(log, a.file)
     text = _traffic.workload_yaml(obs, kind or "request log", p.name, a.buckets)
     if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(text)
         print(f"{a.out}: workload block from {a.file}")
     else:
