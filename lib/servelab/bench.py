@@ -20,7 +20,8 @@ import yaml
 
 from .engines import detect_kind
 from .hosts.attach import attach
-from .pipeline import PublishedReportExists, RunIncomplete, publish, run_study
+from .execute import RunIncomplete
+from .pipeline import PublishedReportExists, publish, run_study
 from .runfolder import reports_root, runs_root
 from .schema import AttachParams, Study, Workload
 
