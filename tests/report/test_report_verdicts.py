@@ -168,6 +168,10 @@ def test_the_opening_figure_reads_every_change_and_aa_pair_of_the_default_study(
         assert (p.effect, p.lo, p.hi, p.verdict) == (pytest.approx(r["effect"]), pytest.approx(r["ci"][0]),
                                                      pytest.approx(r["ci"][1]), r["verdict"])
     assert (pts["lo"] <= pts["effect"]).all() and (pts["effect"] <= pts["hi"]).all()
+    from servelab.report.verdicts import lead_figure
+
+    assert "A/A pairs" in lead_figure(sd).data  # the caption explains the rows under the dashed line ...
+    assert "A/A pairs" not in lead_figure(load_study_data(ROOT / "reports" / "h200-smollm2-load")).data  # ... where any
 
 
 def test_a_study_without_comparisons_opens_without_the_figure():

@@ -113,8 +113,10 @@ def lead_figure(sd: StudyData) -> Any:
     pts = lead_points(sd)
     if pts.empty:
         return None
-    return html.figure(plots.change_vs_configuration(pts, sd.labels(), sd.colors, lang=sd.language),
-                       sd.w("figure.change_vs_configuration"))
+    caption = sd.w("figure.change_vs_configuration")
+    if pts["aa"].any():
+        caption += " " + sd.w("figure.change_vs_configuration_aa")
+    return html.figure(plots.change_vs_configuration(pts, sd.labels(), sd.colors, lang=sd.language), caption)
 
 
 # -- the write-up's words for them ------------------------------------------------------------------
