@@ -411,4 +411,6 @@ def change_vs_configuration(points: pd.DataFrame, labels: Mapping[str, str] | No
            plt.Line2D([], [], marker="o", ls="", ms=6, color="black", markerfacecolor="white")]
     fig.legend(hs, [*buckets, L["lead_found"], L["lead_none"]], loc="lower center", ncol=min(len(hs), 5),
                fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
-    return _finish(fig, 3 * math.ceil(len(hs) / 5))
+    legend_in = 0.35 + 0.2 * (math.ceil(len(hs) / 5) - 1)  # the legend's rows under the axes, in inches
+    fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, 1))
+    return fig
