@@ -28,6 +28,7 @@ from servelab.report import sections as sec
 from servelab.report import workload as wk
 from servelab.report import capacity as cap
 from servelab.report import why
+from servelab.report import verdicts as vr
 
 sd = load_study_data(study_dir)
 sd = sd.with_language(language) if language else sd
@@ -37,10 +38,13 @@ labels, colors = sd.labels(), sd.colors
 Markdown(f"# {sd.study.title}\n\n{sd.study.description or ''}")
 
 # %%
+vr.lead_figure(sd)  # the picture first: each change's effect and the A/A pairs (none where nothing is compared)
+
+# %%
 Markdown(f"{sec.anchor('headline', w('section.headline'))}\n\n{sec.headline(sd)}")
 
 # %%
-Markdown(f"{sec.anchor('setup', w('section.setup'))}\n\n{sec.sessions_text(sd)}")
+Markdown(f"{sec.anchor('setup', w('section.setup'))}\n\n{sec.sessions_text(sd)}\n\n{sec.engine_not_started_text(sd)}")
 
 # %%
 sec.config_table(sd)

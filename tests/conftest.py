@@ -103,7 +103,7 @@ def vllm_engine(cpu_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def readme_commands(tmp_path_factory):
-    """The README's first "Using it" block (no server), run once for the session as a new user types
+    """The README's blocks that need no server (`readme-commands`), run once for the session as a new user types
     it (it renders every published study): (folder of its runs and reports, the pages after each
     `servelab report` line). tests/e2e/test_readme.py checks the commands and that every re-rendered
     page is the committed one (one file: `--dist loadfile` gives a file to one worker, so the block

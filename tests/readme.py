@@ -1,5 +1,5 @@
 """The README's command blocks, run as a new user types them (a test helper: tests/e2e/test_readme.py
-and the published-page checks use the session's one run of the "Using it" block)."""
+and the published-page checks use the session's one run of the blocks that need no server)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ REPORT_ALL = "servelab report --all"
 
 
 def block(marker: str) -> list[str]:
+    """The command lines of every README block under `<!-- marker -->`, in document order (a section per
+    journey has its own block; those of one marker run as one sequence)."""
     text = (ROOT / "README.md").read_text()
-    m = re.search(rf"<!-- {marker} -->\s*```bash\n(.*?)```", text, re.S)
-    assert m, f"README has no {marker} block"
-    return [ln.strip() for ln in m.group(1).splitlines() if ln.strip() and not ln.startswith("#")]
+    found = re.findall(rf"<!-- {marker} -->\s*```bash\n(.*?)```", text, re.S)
+    assert found, f"README has no {marker} block"
+    return [ln.strip() for b in found for ln in b.splitlines() if ln.strip() and not ln.startswith("#")]
 
 
 def environment(base: Path) -> dict[str, str]:

@@ -46,6 +46,7 @@ class _LazyModule:
 
 
 _attach = _LazyModule("hosts.attach")
+_bench = _LazyModule("bench")
 _compare = _LazyModule("results.compare")
 _hosts = _LazyModule("hosts")
 _importer = _LazyModule("results.importer")
@@ -133,6 +134,7 @@ def cmd_workload(a: argparse.Namespace) -> int:
     obs = _traffic.from_trace(_trace.read_trace(p)) if kind else _traffic.from_log(log, a.file)
     text = _traffic.workload_yaml(obs, kind or "request log", p.name, a.buckets)
     if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(text)
         print(f"{a.out}: workload block from {a.file}")
     else:
@@ -144,11 +146,15 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
     headers = dict(h.split(":", 1) for h in a.header) if a.header else {}
     headers = {k.strip(): v.strip() for k, v in headers.items()}
-    srv = _attach.attach(AttachParams(url=a.url, model=a.model, headers=headers, api_key_env=a.api_key_env,
-                              tokenizer=a.tokenizer))
+    ap = AttachParams(url=a.url, model=a.model, headers=headers, api_key_env=a.api_key_env, tokenizer=a.tokenizer)
     wl = Workload(api=a.api, buckets=[Bucket(input_tokens=i, output_tokens=a.output) for i in a.input],
                   concurrency=a.concurrency, warmup_rounds=a.warmup, rounds=a.rounds,
                   requests_per_round=a.requests_per_round, timeout_s=a.timeout)
+    if a.html:  # a one-configuration study, measured and published as a study page (servelab.bench)
+        page = _bench.bench_page(_bench.bench_study(ap, wl, name=a.name), out=a.out and Path(a.out), force=a.force)
+        print(f"page: {page}")
+        return 0
+    srv = _attach.attach(ap)
     out = Path(a.out or Path("runs") / "bench" / datetime.now().strftime("%Y%m%d-%H%M%S"))
     res = _runner.run_workload(srv, wl, out, study="bench", config_id=out.name, record=_runinfo.base_record("bench", out.name),
                        progress=not a.quiet)
@@ -298,7 +304,12 @@ def _add_bench_parser(sub: Any) -> None:
     b.add_argument("--header", action="append", help="extra header 'Name: value' (repeatable)")
     b.add_argument("--api-key-env", help="environment variable holding the API key")
     b.add_argument("--tokenizer", help="local tokenizer dir when the server has no /tokenize")
-    b.add_argument("--out", help="run folder (default runs/bench/<timestamp>)")
+    b.add_argument("--out", help="run folder (default runs/bench/<timestamp>); with --html the page's folder "
+                   "(index.html and its data/; default reports/<name>)")
+    b.add_argument("--html", action="store_true",
+                   help="measure the server as a one-configuration study and publish its page (reports/<name>/index.html)")
+    b.add_argument("--name", help="with --html: the study's name (default bench-<model>)")
+    b.add_argument("--force", action="store_true", help="with --html: replace an earlier run and page of that name")
     b.add_argument("--quiet", action="store_true")
     b.set_defaults(fn=cmd_bench)
 

@@ -265,9 +265,9 @@ def _one_at_a_time(study: Study, todo: list[ConfigPlan], root: Path, *, notebook
     return failed
 
 
-def publish(study_id: str, run_root: Path, *, force: bool = False) -> Path:
-    """Copy raw runs into reports/<study>/data and render the report from that copy."""
-    pub = reports_root() / study_id
+def publish(study_id: str, run_root: Path, *, force: bool = False, pub: Path | None = None) -> Path:
+    """Copy raw runs into reports/<study>/data (or `pub`/data) and render the report from that copy."""
+    pub = Path(pub) if pub is not None else reports_root() / study_id
     data = pub / "data"
     if data.exists():
         if not force and (pub / "index.html").exists():
@@ -293,7 +293,7 @@ def publish(study_id: str, run_root: Path, *, force: bool = False) -> Path:
             shutil.copy(served_log, dst / ENGINE_LOG)
     scrub_tree(data)
     portable_tree(data)  # no path of this machine leaves it: relative paths and $SERVELAB_CACHE instead
-    render(study_id, keep_dir=run_root)
+    render(study_id, keep_dir=run_root, pub=pub)
     return pub / "index.html"
 
 
@@ -309,14 +309,17 @@ def _server_log(run_root: Path, config_id: str) -> Path | None:
     return None
 
 
-def render(study_id: str, keep_dir: Path | None = None, *, index: bool = True, parallel: bool = True) -> Path:
-    """Execute the write-up on reports/<study>/data and write index.html (inputs hidden), plus
-    index.<lang>.html for each of the study's `translations`, linked to each other; then
-    reports/index.html (unless `index` is false: `render_reports` writes it once).
+def render(study_id: str, keep_dir: Path | None = None, *, index: bool = True, parallel: bool = True,
+           pub: Path | None = None) -> Path:
+    """Execute the write-up on reports/<study>/data (or `pub`/data) and write index.html (inputs hidden),
+    plus index.<lang>.html for each of the study's `translations`, linked to each other; then
+    reports/index.html (unless `index` is false: `render_reports` writes it once; or the study is
+    published outside reports/).
 
     The executed notebooks are kept in `keep_dir` when given (nbval checks them), else discarded.
     """
-    pub = reports_root() / study_id
+    pub = Path(pub) if pub is not None else reports_root() / study_id
+    index = index and pub.resolve().parent == reports_root().resolve()
     if not (pub / "data").exists():
         raise FileNotFoundError(f"{pub / 'data'} does not exist: nothing to render")
     t0 = time.monotonic()

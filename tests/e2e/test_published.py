@@ -94,3 +94,14 @@ def test_no_path_of_the_machine_that_ran_a_study_is_published():
         if hits:
             found[str(p.relative_to(ROOT))] = sorted(set(hits))[:3]
     assert found == {}
+
+
+def test_the_readme_picture_is_the_default_pages_first_screen():
+    """docs/img/local-cpu.png is what scripts/readme_screenshot.py takes of the committed page, byte for byte
+    (a fixed viewport, the page's fonts, nothing on the first screen that changes from render to render)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_screenshot.py"), "--check"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr[-2000:]

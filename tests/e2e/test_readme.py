@@ -1,6 +1,6 @@
 """The README's commands that need no server, executed as a new user types them (after `make test`'s
-set-up): the first "Using it" block and the papermill block, each line in order, from the repository
-root. Runs and reports go to temporary folders, so the committed reports stay untouched. The block's
+set-up): every block marked `readme-commands` (one per journey, run as one sequence in document order) and
+the papermill block, each line in order, from the repository root. Runs and reports go to temporary folders, so the committed reports stay untouched. The block's
 `servelab report --all` re-renders every published report from its committed data alone (no
 server, no GPU): each page byte for byte the committed one (a re-render leaves git clean). These run
 in the pass without an engine, beside the other tests (they keep both cores busy, and that pass

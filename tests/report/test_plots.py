@@ -63,3 +63,44 @@ def test_pareto_frontier_keeps_only_undominated_points():
     assert f[["x", "y"]].values.tolist() == [[1, 9], [2, 8], [2.5, 4], [3, 1]]
     dominated = pd.concat([pts, pd.DataFrame({"x": [1.5], "y": [7]})])
     assert len(plots.pareto_frontier(dominated, "x", "y")) == 4
+
+
+def _points() -> pd.DataFrame:
+    rows = []
+    for cfg, aa, eff, verdict in (("compiled", False, 0.15, "faster"), ("ngram", False, 4.2, "faster"),
+                                  ("budget", False, -0.01, "no detectable change"),
+                                  ("eager-again", True, 0.004, "no detectable change")):
+        for panel in ("decode_tps_steady", "aggregate_output_tps"):
+            for b in ("rewrite", "code"):
+                rows.append({"config": cfg, "baseline": "eager", "aa": aa, "panel": panel, "bucket": b,
+                             "concurrency": 1 if panel == "decode_tps_steady" else 4, "effect": eff,
+                             "lo": eff - 0.03, "hi": eff + 0.03, "verdict": verdict})
+    return pd.DataFrame(rows)
+
+
+def test_the_opening_figure_has_a_row_per_comparison_and_marks_what_was_told_apart():
+    pts = _points()
+    fig = plots.change_vs_configuration(pts, {"compiled": "compiled (torch.compile)", "eager-again": "eager again"})
+    fig.canvas.draw()
+    dec, agg = fig.axes[:2]
+    assert [t.get_text() for t in dec.get_yticklabels()] == ["compiled (torch.compile)", "ngram", "budget",
+                                                             "eager again (A/A)"]
+    assert dec.get_yticklabels()[3].get_color() == "dimgrey"  # the A/A pair, apart from the changes
+    assert "1 request in flight" in dec.get_title() and "4 requests in flight" in agg.get_title()
+    markers = [ln for ln in dec.get_lines() if ln.get_marker() in ("o", "s")]
+    filled = [ln.get_markerfacecolor() != "white" for ln in markers]
+    assert filled == [True, True, True, True, False, False, False, False]  # compiled, ngram found; budget, A/A not
+    # a log axis of the ratio labelled in percent: 0 at ratio 1, and +420 % reaches the axis
+    ticks = dict(zip([t.get_text() for t in dec.get_xticklabels()], dec.get_xticks()))
+    assert ticks["0"] == 1.0 and dec.get_xscale() == "log" and dec.get_xlim()[1] > 5.2
+    assert {t.get_text() for t in dec.texts} == {"+15 %", "+420 %"}  # the number beside each found change
+    plt.close(fig)
+
+
+def test_the_opening_figure_drops_a_panel_without_points():
+    pts = _points()
+    plots.use_language("ja")
+    fig = plots.change_vs_configuration(pts[pts["panel"] == "aggregate_output_tps"], lang="ja")
+    plots.use_language("en")
+    assert len(fig.axes) == 1 and fig.axes[0].get_title() == "合計出力 tok/s（並列数 4）"
+    plt.close(fig)

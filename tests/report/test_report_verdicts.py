@@ -147,3 +147,35 @@ def test_the_page_says_when_the_engine_starts_were_disturbed(lang):
     assert w("verdicts.launch_window", t0="15:55:08", t1="15:55:38", cpu="1.9", starts=w("story.count_sep").join(["budget 128", "x"])) in said
     assert said.startswith(w("verdicts.launch_disturbed", when="")[:12])
     assert w("verdicts.launch_disturbed", when="")[:12] not in text(LaunchTimes())
+
+
+def test_the_opening_figure_reads_every_change_and_aa_pair_of_the_default_study():
+    """report.verdicts.lead_points: a single request's decode speed at one request in flight and aggregate tok/s
+    at the most in flight, per bucket, each the verdicts.json row's effect, interval and verdict."""
+    from servelab.report.verdicts import lead_points
+
+    sd = load_study_data(ROOT / "reports" / "local-cpu")
+    pts = lead_points(sd)
+    assert list(dict.fromkeys(pts["config"])) == ["compiled", "ngram", "budget", "eager-again", "eager-third"]
+    assert pts.groupby("config")["aa"].first().to_dict() == {"compiled": False, "ngram": False, "budget": False,
+                                                            "eager-again": True, "eager-third": True}
+    assert set(zip(pts["panel"], pts["concurrency"])) == {(verdicts.DECODE, 1), (verdicts.PRIMARY, 4)}
+    assert len(pts) == 5 * 2 * 2  # five comparisons, two panels, two buckets
+    rows = read_json(ROOT / "reports" / "local-cpu" / "data" / VERDICTS_JSON)["rows"]
+    for p in pts.itertuples():
+        r = next(x for x in rows if (x["configuration"], x["metric"], x["bucket"], x["concurrency"])
+                 == (p.config, p.panel, p.bucket, p.concurrency))
+        assert (p.effect, p.lo, p.hi, p.verdict) == (pytest.approx(r["effect"]), pytest.approx(r["ci"][0]),
+                                                     pytest.approx(r["ci"][1]), r["verdict"])
+    assert (pts["lo"] <= pts["effect"]).all() and (pts["effect"] <= pts["hi"]).all()
+    from servelab.report.verdicts import lead_figure
+
+    assert "A/A pairs" in lead_figure(sd).data  # the caption explains the rows under the dashed line ...
+    assert "A/A pairs" not in lead_figure(load_study_data(ROOT / "reports" / "h200-smollm2-load")).data  # ... where any
+
+
+def test_a_study_without_comparisons_opens_without_the_figure():
+    from servelab.report.verdicts import lead_figure, lead_points
+
+    sd = load_study_data(ROOT / "reports" / "local-cpu-workloads")
+    assert lead_points(sd).empty and lead_figure(sd) is None

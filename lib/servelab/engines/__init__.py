@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from .base import EngineProfile
@@ -42,6 +43,17 @@ def engine_of(text: str) -> str:
     return best if counts[best] else "unknown"
 
 
+def detect_kind(base_url: str, headers: dict[str, str] | None = None, default: str = "vllm") -> str:
+    """The engine kind of a server that already runs, from the metric names of its /metrics
+    (`engine_of`); `default` where it has none or they name no known engine."""
+    try:
+        r = httpx.get(base_url.rstrip("/") + "/metrics", headers=headers, timeout=5.0)
+    except httpx.HTTPError:
+        return default
+    kind = engine_of(r.text) if r.status_code == 200 else "unknown"
+    return kind if kind in PROFILES else default
+
+
 def parse_metrics(text: str) -> ServerSample:
     """Parse Prometheus exposition text into a `ServerSample`. Raises ValueError (from
     prometheus_client) when the text is not exposition format; an unknown engine gives
@@ -64,5 +76,5 @@ def validate_engine(kind: str, args: dict[str, Any], env: dict[str, str] | None 
     return get(kind).validate(args, env, concurrency)
 
 
-__all__ = ["EngineProfile", "PROFILES", "KINDS", "ENGINE_ENV", "get", "engine_of", "parse_metrics",
+__all__ = ["EngineProfile", "PROFILES", "KINDS", "ENGINE_ENV", "get", "engine_of", "detect_kind", "parse_metrics",
            "validate_engine", "build_command", "ServerSample"]

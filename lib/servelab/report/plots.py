@@ -322,3 +322,95 @@ def time_law(law: Mapping[str, Any], knob: str, lang: str = "en") -> plt.Figure:
     ax.grid(alpha=0.3)
     _legend_below(fig, [dots, line], [L["measured"], L["fit"]])
     return _finish(fig, 2)
+
+
+BUCKET_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "h")
+_NICE_PCT = (-90, -75, -50, -25, -10, -5, 0, 5, 10, 25, 50, 100, 200, 400, 800, 1600, 3200)
+
+
+def _pct_axis(ax: Any, lo: float, hi: float) -> None:
+    """A log axis of the ratio (1 + change) labelled in percent change: a change and its interval are
+    symmetric there (the verdicts' model is on the log scale), and +400 % and -5 % fit one axis."""
+    ax.set_xscale("log")
+    gap = math.log(hi / lo) / 7  # ticks at least a seventh of the axis apart, 0 always among them
+    ticks = [0]
+    for t in (x for x in _NICE_PCT if x > 0 and 1 + x / 100 <= hi):
+        if math.log((1 + t / 100) / (1 + ticks[-1] / 100)) >= gap:
+            ticks.append(t)
+    for t in (x for x in reversed(_NICE_PCT) if x < 0 and 1 + x / 100 >= lo):
+        if math.log((1 + ticks[0] / 100) / (1 + t / 100)) >= gap:
+            ticks.insert(0, t)
+    ax.xaxis.set_major_locator(FixedLocator([1 + t / 100 for t in ticks]))
+    ax.set_xticklabels([f"{t:+d} %" if t else "0" for t in ticks], fontsize=7)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlim(lo, hi)
+
+
+def change_vs_configuration(points: pd.DataFrame, labels: Mapping[str, str] | None = None,
+                            colors: Mapping[str, str] | None = None, lang: str = "en") -> plt.Figure:
+    """The progression in one picture: each comparison's change against its baseline (a row, in the
+    configuration's colour) with its 95 % interval, on a single request's decode tok/s at one request in
+    flight (left) and aggregate tok/s at the most requests in flight (right); one marker shape per
+    bucket, filled where the verdict is faster or slower, hollow where no change was detected; the A/A
+    pairs (a setting against itself) under a dashed line, their labels grey. `points`:
+    `report.verdicts.lead_points` (config, aa, panel, bucket, concurrency, effect, lo, hi, verdict)."""
+    import textwrap
+
+    L = _labels(lang)
+    panels = [p for p in ("decode_tps_steady", "aggregate_output_tps") if (points["panel"] == p).any()]
+    rows = list(dict.fromkeys(points["config"]))
+    aa = dict(zip(points["config"], points["aa"]))
+    buckets = list(dict.fromkeys(points["bucket"]))
+    marker = {b: BUCKET_MARKERS[i % len(BUCKET_MARKERS)] for i, b in enumerate(buckets)}
+    col = dict(colors) if colors else config_colors(rows)
+    step = 0.7 / max(len(buckets), 1)
+    names = [(labels or {}).get(c, c) + (" (A/A)" if aa[c] else "") for c in rows]
+    wrapped = ["\n".join(textwrap.wrap(n, 34)) for n in names]
+    row_in = max(0.42, 0.14 * max(x.count("\n") + 1 for x in wrapped))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels) + 2.4, row_in * len(rows) + 1.5),
+                             squeeze=False, sharey=True)
+    ratios = np.concatenate([1 + points["lo"].to_numpy(float), 1 + points["hi"].to_numpy(float)])
+    lo, hi = min(ratios.min(), 0.9), max(ratios.max(), 1.1)
+    pad = (hi / lo) ** 0.06
+    for ax, panel in zip(axes[0], panels):
+        d = points[points["panel"] == panel]
+        for r in d.itertuples():
+            y = rows.index(r.config) + (buckets.index(r.bucket) - (len(buckets) - 1) / 2) * step
+            c = col.get(r.config, "black")
+            found = r.verdict in ("faster", "slower")
+            ax.plot([1 + r.lo, 1 + r.hi], [y, y], color=c, lw=1.6, solid_capstyle="butt")
+            ax.plot([1 + r.effect], [y], marker[r.bucket], ms=6, color=c, markeredgecolor=c,
+                    markerfacecolor=c if found else "white", markeredgewidth=1.3, zorder=3)
+            if found:  # the number beside it, outside the interval, on the side with room
+                right = math.log((1 + r.hi) * pad / lo) < 0.8 * math.log(hi / lo * pad * pad)
+                ax.annotate(f"{r.effect * 100:+.0f} %" if abs(r.effect) >= 0.1 else f"{r.effect * 100:+.1f} %",
+                            (1 + (r.hi if right else r.lo), y), xytext=(4 if right else -4, 0),
+                            textcoords="offset points", ha="left" if right else "right", va="center",
+                            fontsize=6.5, color=c, bbox={"fc": "white", "ec": "none", "pad": 0.4, "alpha": 0.85})
+        ax.axvline(1.0, color="black", lw=0.8)
+        first_aa = next((i for i, x in enumerate(rows) if aa[x]), None)
+        if first_aa:
+            ax.axhline(first_aa - 0.5, color="grey", ls="--", lw=0.7)
+        _pct_axis(ax, lo / pad, hi * pad)
+        ax.grid(alpha=0.3, axis="x")
+        cs = sorted({int(x) for x in d["concurrency"]})
+        title = (L["lead_decode"] if panel == "decode_tps_steady" else
+                 L["lead_agg"].format(c=cs[0]) if len(cs) == 1 else L["lead_agg_most"].format(lo=cs[0], hi=cs[-1]))
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel(L["lead_change"], fontsize=8)
+    ax0 = axes[0][0]
+    ax0.set_ylim(len(rows) - 0.5, -0.5)
+    ax0.set_yticks(range(len(rows)))
+    ax0.set_yticklabels(wrapped, fontsize=8)
+    for t, c in zip(ax0.get_yticklabels(), rows):
+        if aa[c]:
+            t.set_color("dimgrey")
+            t.set_fontstyle("italic")
+    hs = [plt.Line2D([], [], marker=marker[b], ls="", ms=6, color="dimgrey") for b in buckets]
+    hs += [plt.Line2D([], [], marker="o", ls="", ms=6, color="black"),
+           plt.Line2D([], [], marker="o", ls="", ms=6, color="black", markerfacecolor="white")]
+    fig.legend(hs, [*buckets, L["lead_found"], L["lead_none"]], loc="lower center", ncol=min(len(hs), 5),
+               fontsize=8, frameon=False, bbox_to_anchor=(0.5, 0.0))
+    legend_in = 0.35 + 0.2 * (math.ceil(len(hs) / 5) - 1)  # the legend's rows under the axes, in inches
+    fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, 1))
+    return fig

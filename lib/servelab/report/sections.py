@@ -14,7 +14,8 @@ import pandas as pd
 from ..analysis import flatten
 from ..schema.runfiles import RunInfo
 from ..summary import DEFINED_METRICS
-from . import html
+from . import attached, html
+from .attached import engine_not_started_text, not_started  # noqa: F401  (the notebooks' sec.engine_not_started_text)
 from .accuracy import reference_text  # noqa: F401  (the notebooks' sec.reference_text)
 from .checks import checks_of
 from .fmt import anchor, dash_note, link, num, pct, slo_parts, span  # noqa: F401  (the notebooks' sec.anchor etc.)
@@ -48,7 +49,7 @@ def config_table(sd: StudyData) -> Any:
 
 def fixed_settings(sd: StudyData) -> Any:
     """Engine settings every configuration shares and that are set (no empty values)."""
-    settings = [flatten(sd.engine_params(c)) for c in sd.config_ids]
+    settings = [flatten(sd.engine_params(c)) for c in sd.config_ids if c not in not_started(sd)]  # none known of those
     if not settings:
         return None
     skip = ("host", "port", "startup_timeout_s")
@@ -200,17 +201,18 @@ def _card_rows(sd: StudyData, cid: str) -> dict[str, str]:
     status = w("repro.status", status=r.status, records=num(r.records, 0))
     if r.headline.success_rate is not None:
         status += w("repro.success", pct=r.headline.success_rate * 100)
+    unknown = attached.unknown(sd, cid)  # an engine servelab did not start: its model, flags and start-up
     return {
-        w("repro.field.model"): w("repro.model", architecture=facts.get("architecture", "?"),
-                                  params=num(facts.get("param_count", 0) / 1e6, 1), dtype=facts.get("dtype", "?"),
-                                  weights=r.load_format or w("repro.checkpoint")),
-        w("repro.field.revision"): _revision(sd, r),
+        w("repro.field.model"): unknown or w("repro.model", architecture=facts.get("architecture", "?"),
+                                             params=num(facts.get("param_count", 0) / 1e6, 1),
+                                             dtype=facts.get("dtype", "?"), weights=r.load_format or w("repro.checkpoint")),
+        w("repro.field.revision"): unknown or _revision(sd, r),
         w("repro.field.engine"): f"{r.engine_kind} {srv.version or w('repro.version_not_recorded')}",
-        w("repro.field.hardware"): _hardware(sd, cid),
-        w("repro.field.precision"): f"{args.get('dtype', 'auto')} / {args.get('kv-cache-dtype', 'auto')}",
-        w("repro.field.parallel"): _layout(sd, cid),
+        w("repro.field.hardware"): unknown or _hardware(sd, cid),
+        w("repro.field.precision"): unknown or f"{args.get('dtype', 'auto')} / {args.get('kv-cache-dtype', 'auto')}",
+        w("repro.field.parallel"): unknown or _layout(sd, cid),
         w("repro.field.startup"): w("repro.startup", s=srv.startup_s) if srv.startup_s
-        else w("repro.not_recorded"),
+        else unknown or w("repro.not_recorded"),
         w("repro.field.run"): f"{r.started_at} → {r.finished_at}",
         w("repro.field.status"): status,
         w("repro.field.servelab"): _servelab(sd, r),
@@ -222,9 +224,11 @@ def _long_values(sd: StudyData, cid: str) -> dict[str, str]:
     r, w = sd.info(cid), sd.w
     srv, host = r.server, r.client_host
     cmd, env = srv.command, srv.env or {}
+    unknown = attached.unknown(sd, cid)  # an engine servelab did not start: its environment and packages
     return {w("repro.long.command"): shlex.join(cmd) if cmd else srv.base_url or w("repro.not_recorded"),
-            w("repro.long.environment"): " ".join(f"{k}={v}" for k, v in env.items()) or w("repro.none_recorded"),
-            w("repro.long.packages"): ", ".join(f"{k} {v}" for k, v in r.packages.items()) or w("repro.not_recorded"),
+            w("repro.long.environment"): unknown or " ".join(f"{k}={v}" for k, v in env.items()) or w("repro.none_recorded"),
+            w("repro.long.packages"): unknown or ", ".join(f"{k} {v}" for k, v in r.packages.items())
+            or w("repro.not_recorded"),
             w("repro.long.client_host"): w("repro.client_host", cpu=host.cpu_model, count=host.cpu_count,
                                            python=host.python)}
 

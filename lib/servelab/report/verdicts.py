@@ -128,6 +128,45 @@ def between_starts(sd: StudyData, metric: str = verdicts.PRIMARY) -> dict[str, A
     return (load(sd).get("between_starts") or {}).get(metric) or {}
 
 
+def lead_points(sd: StudyData) -> pd.DataFrame:
+    """The opening figure's points (`plots.change_vs_configuration`): every comparison's change with its
+    95 % interval and verdict, on a single request's decode speed at one request in flight (a point per
+    bucket) and on aggregate tok/s at the most requests in flight the comparison measured in each bucket
+    (above one). Columns: config, baseline, aa, panel (`DECODE` or `PRIMARY`), bucket, concurrency,
+    effect, lo, hi, verdict (relative changes); comparisons in study order, A/A pairs last."""
+    cols = ["config", "baseline", "aa", "panel", "bucket", "concurrency", "effect", "lo", "hi", "verdict"]
+    r = verdicts.from_json(load(sd))
+    if r.empty:
+        return pd.DataFrame(columns=cols)
+    r = r[r["effect"].map(lambda x: isinstance(x, (int, float)) and math.isfinite(x))]
+    dec = r[(r["metric"] == verdicts.DECODE) & (r["concurrency"] == 1)]
+    agg = r[(r["metric"] == verdicts.PRIMARY) & (r["concurrency"] > 1)]
+    agg = agg[agg["concurrency"] == agg.groupby(["configuration", "bucket"])["concurrency"].transform("max")]
+    order = {c: i for i, c in enumerate(sd.config_ids)}
+    buckets = {b: i for i, b in enumerate(dict.fromkeys(r["bucket"]))}
+    out = [[x["configuration"], x["baseline"], bool(x["aa"]), panel, x["bucket"], int(x["concurrency"]),
+            float(x["effect"]), float(x["ci"][0]), float(x["ci"][1]), x["verdict"]]
+           for panel, part in ((verdicts.DECODE, dec), (verdicts.PRIMARY, agg)) for _, x in part.iterrows()]
+    p = pd.DataFrame(out, columns=cols)
+    key = [(bool(a), order.get(c, len(order)), i, buckets.get(b, 0)) for a, c, i, b in
+           zip(p["aa"], p["config"], p["panel"].map({verdicts.DECODE: 0, verdicts.PRIMARY: 1}), p["bucket"])]
+    return p.iloc[sorted(range(len(p)), key=lambda i: key[i])].reset_index(drop=True)
+
+
+def lead_figure(sd: StudyData) -> Any:
+    """The figure the page opens with, under its title: each change's effect with its 95 % interval
+    and the A/A pairs beside them (`lead_points`); None where the study compares nothing."""
+    from . import plots
+
+    pts = lead_points(sd)
+    if pts.empty:
+        return None
+    caption = sd.w("figure.change_vs_configuration")
+    if pts["aa"].any():
+        caption += " " + sd.w("figure.change_vs_configuration_aa")
+    return html.figure(plots.change_vs_configuration(pts, sd.labels(), sd.colors, lang=sd.language), caption)
+
+
 # -- the write-up's words for them ------------------------------------------------------------------
 
 def model_sentence(sd: StudyData, *, with_link: bool = True) -> str:
