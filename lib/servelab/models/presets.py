@@ -304,6 +304,24 @@ PRESETS: dict[str, dict[str, Any]] = {
         "torch_dtype": "bfloat16",
         "vocab_size": 50304,
     },
+    # Qwen2.5-32B's dimensions (Qwen/Qwen2.5-32B config.json, as tests/fixtures keeps it: 64 layers, hidden 5120,
+    # MLP 27648, 40 query and 8 KV heads of 128, rope theta 1e6) on the Llama architecture with attention bias
+    # (Qwen2's QKV bias; Llama's adds an o_proj bias too, 0.3 M parameters): the same kernels in vLLM and SGLang,
+    # and the offline tokenizer works as it does for every Llama preset (Qwen2's tokenizer class adds a token).
+    # 32.8 B parameters, 65.5 GB in bf16: big enough that TP=2 matters.
+    "qwen2.5-32b": {
+        **_LLAMA_COMMON,
+        "attention_bias": True,
+        "hidden_size": 5120,
+        "intermediate_size": 27648,
+        "num_hidden_layers": 64,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 131072,
+        "rope_theta": 1000000.0,
+        "vocab_size": 152064,
+    },
     # Gemma-2-27B's shape (google/gemma-2-27b config.json): 46 layers alternating sliding-window (4,096) and
     # full attention, 32 query and 16 KV heads of 128, a 36,864-wide GeLU MLP, tied embeddings, logit
     # soft-capping; 27.2 B parameters with its own 256,000-token vocabulary (26.3 B with the preset's 32,000).
@@ -423,24 +441,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "use_cache": True,
         "torch_dtype": "bfloat16",
         "vocab_size": 151936,
-    },
-    # Qwen2.5-32B's dimensions (Qwen/Qwen2.5-32B config.json, as tests/fixtures keeps it: 64 layers, hidden 5120,
-    # MLP 27648, 40 query and 8 KV heads of 128, rope theta 1e6) on the Llama architecture with attention bias
-    # (Qwen2's QKV bias; Llama's adds an o_proj bias too, 0.3 M parameters): the same kernels in vLLM and SGLang,
-    # and the offline tokenizer works as it does for every Llama preset (Qwen2's tokenizer class adds a token).
-    # 32.8 B parameters, 65.5 GB in bf16: big enough that TP=2 matters.
-    "qwen2.5-32b": {
-        **_LLAMA_COMMON,
-        "attention_bias": True,
-        "hidden_size": 5120,
-        "intermediate_size": 27648,
-        "num_hidden_layers": 64,
-        "num_attention_heads": 40,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "max_position_embeddings": 131072,
-        "rope_theta": 1000000.0,
-        "vocab_size": 152064,
     },
 }
 
