@@ -23,6 +23,7 @@ import yaml
 from conftest import free_port
 from paths import ROOT
 from servelab import pipeline
+from servelab.cli import main
 from servelab.runfolder import RunFolder
 from servelab.schema import load_study
 
@@ -67,15 +68,18 @@ def gpu_study(tmp_path, monkeypatch, cpu_model_dir):
     return params, port
 
 
-def _run(params: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "servelab.cli", "run", str(params), "--no-notebooks", "--no-report",
-                           *extra], cwd=ROOT, env={**os.environ, **(env or {})}, capture_output=True, text=True,
-                          timeout=300)
+def _run(capfd, params: Path, *extra: str) -> subprocess.CompletedProcess:
+    """`servelab run PARAMS --no-notebooks --no-report EXTRA` in this process (the command line's own entry point),
+    with its exit status and what it printed."""
+    capfd.readouterr()
+    rc = main(["run", str(params), "--no-notebooks", "--no-report", *extra])
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess([], rc, out, err)
 
 
-def test_each_engine_is_served_once_on_its_gpu_and_every_configuration_measured(gpu_study, tmp_path):
+def test_each_engine_is_served_once_on_its_gpu_and_every_configuration_measured(gpu_study, tmp_path, capfd):
     params, port = gpu_study
-    r = _run(params)
+    r = _run(capfd, params)
     assert r.returncode == 0, r.stderr[-3000:]
     root = tmp_path / "runs" / "gpu-runner"
     handles = {c: json.loads((root / ".served" / f"{c}.json").read_text()) for c in "abc"}
@@ -97,30 +101,31 @@ def test_each_engine_is_served_once_on_its_gpu_and_every_configuration_measured(
     assert "placement:   server a on GPU 0" in r.stderr
 
 
-def test_stop_after_leaves_the_rest_to_resume(gpu_study, tmp_path):
+def test_stop_after_leaves_the_rest_to_resume(gpu_study, tmp_path, capfd):
     params, _ = gpu_study
-    r = _run(params, "--stop-after", "0.01")
+    r = _run(capfd, params, "--stop-after", "0.01")
     assert r.returncode == 1 and "continue with --resume" in r.stderr
     root = tmp_path / "runs" / "gpu-runner"
     assert not any((root / c / "run.json").exists() for c in "abc")
-    r = _run(params, "--resume", "--config", "a,b")
+    r = _run(capfd, params, "--resume", "--config", "a,b")
     assert r.returncode == 0, r.stderr[-3000:]
     assert [RunFolder(root / c).run.get("status") for c in "abc"] == ["complete", "complete", None]
-    r = _run(params, "--resume")
+    r = _run(capfd, params, "--resume")
     assert r.returncode == 0 and "configuration a: complete, skipped (--resume)" in r.stderr
     assert RunFolder(root / "c").run["status"] == "complete"
 
 
-def test_a_machine_too_small_is_refused_before_anything_starts(gpu_study, tmp_path):
+def test_a_machine_too_small_is_refused_before_anything_starts(gpu_study, tmp_path, capfd, monkeypatch):
     params, _ = gpu_study
     data = yaml.safe_load(params.read_text())
     data["configurations"].append({"id": "tp2", "engine": {"args": {"tensor-parallel-size": 2}}})
     data["placement"] = {}
     params.write_text(yaml.safe_dump(data))
-    r = _run(params)
+    r = _run(capfd, params)
     assert r.returncode == 2 and "tp2: layout TP=2 takes 2 GPUs" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs" / "gpu-runner").exists()
-    r = _run(params, "--dry-run", env={"SERVELAB_GPUS": "2xH200"})
+    monkeypatch.setenv("SERVELAB_GPUS", "2xH200")
+    r = _run(capfd, params, "--dry-run")
     assert r.returncode == 0 and "server tp2 on GPU 0,1" in r.stdout
 
 
