@@ -119,6 +119,7 @@ class Runner:
     startup_s: dict[str, float] = field(default_factory=dict)
     failed: list[str] = field(default_factory=list)
     left: list[str] = field(default_factory=list)
+    measuring: set[str] = field(default_factory=set)  # the configurations being measured now
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -129,6 +130,7 @@ class Runner:
 
     # -- the whole run ------------------------------------------------------------------------
     def run(self) -> list[str]:
+        threads: list[threading.Thread] = []
         try:
             for phase in self.placement.phases:
                 threads = [threading.Thread(target=self._lane_safely, args=(lane,), name=f"lane-{lane.gpus}",
@@ -142,9 +144,12 @@ class Runner:
         except KeyboardInterrupt as e:
             self._stop.set()
             reason = e.name if isinstance(e, Stopped) else "the user (Ctrl-C)"
+            self.stop_all()  # the servers first: a lane's measurement ends at once and writes what it measured
+            for t in threads:
+                t.join(10)
             stop_children()
-            for cid in self.plans:
-                close_partial(self.root / cid, reason)
+            for cid in self.plans:  # the stop is the reason, also where a lane saw its server go with it
+                close_partial(self.root / cid, reason, over_partial=cid in self.measuring)
             raise
         finally:
             self._stop.set()
@@ -265,6 +270,7 @@ class Runner:
         effective = write_effective(self.study, rdir)
         answers = server_answers(base, model)
         self.say(f"configuration {cid}: on server {s.id} (GPU {','.join(map(str, s.gpus))})")
+        self.measuring.add(cid)
         try:
             if cid in self.study.checks:
                 for line in run_checks(base, rdir, self.study.checks[cid]):
@@ -279,6 +285,8 @@ class Runner:
         finally:
             answers["metrics-after.txt"] = http(base + "/metrics")
             save_answers(rdir, answers)
+            if not self._stop.is_set():
+                self.measuring.discard(cid)
         if cid in self.failed:
             return
         self._peers(cid, base, model)
