@@ -95,10 +95,13 @@ def conflicts(pip_output: str) -> list[str]:
 
 
 def leave_out(out: Path, host: dict[str, str]) -> list[str]:
-    """Delete the wheels of packages the host has already; their names."""
+    """Delete the wheels of packages the host has already; their names. The build backend's wheels stay: pip
+    builds servelab's editable install in an isolated environment, which sees the wheelhouse, not the host's
+    packages (without them `pip install --no-index -e .` finds no setuptools)."""
+    build = {norm(re.split(r"[<>=!~ ]", r, maxsplit=1)[0]) for r in BUILD}
     gone = []
     for whl in sorted(out.glob("*.whl")):
-        if wheel_name(whl.name) in host:
+        if wheel_name(whl.name) in host and wheel_name(whl.name) not in build:
             whl.unlink()
             gone.append(whl.name)
     return gone

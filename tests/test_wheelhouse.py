@@ -32,17 +32,23 @@ def test_requirements_are_the_projects_with_the_engines_pin():
 
 def test_the_hosts_packages_constrain_the_resolution_and_are_left_out(tmp_path):
     freeze = tmp_path / "freeze.txt"
-    freeze.write_text("torch==2.11.0\nNumPy==2.5.2\n# a comment\n-e git+https://x#egg=y\nnumba==0.68.0\n")
+    freeze.write_text("torch==2.11.0\nNumPy==2.5.2\n# a comment\n-e git+https://x#egg=y\nnumba==0.68.0\n"
+                      "setuptools==81.0.0\nwheel==0.48.0\n")
     host = wh.have(freeze)
-    assert host == {"torch": "torch==2.11.0", "numpy": "NumPy==2.5.2", "numba": "numba==0.68.0"}
+    assert host == {"torch": "torch==2.11.0", "numpy": "NumPy==2.5.2", "numba": "numba==0.68.0",
+                    "setuptools": "setuptools==81.0.0", "wheel": "wheel==0.48.0"}
     out = tmp_path / "wheels"
     out.mkdir()
     for name in ("torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl", "numpy-2.5.2-cp312-cp312-any.whl",
-                 "vllm-0.26.0-cp38-abi3-manylinux_2_31_x86_64.whl", "nvidia_ml_py-13.610.43-py3-none-any.whl"):
+                 "vllm-0.26.0-cp38-abi3-manylinux_2_31_x86_64.whl", "nvidia_ml_py-13.610.43-py3-none-any.whl",
+                 "setuptools-81.0.0-py3-none-any.whl", "wheel-0.48.0-py3-none-any.whl"):
         (out / name).write_bytes(b"")
     assert wh.leave_out(out, host) == ["numpy-2.5.2-cp312-cp312-any.whl",
                                        "torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl"]
-    assert sorted(p.name for p in out.iterdir())[0].startswith("nvidia_ml_py")
+    kept = sorted(p.name for p in out.iterdir())
+    assert kept[0].startswith("nvidia_ml_py")
+    # the build backend stays although the host has it: an editable install builds in an isolated environment
+    assert {"setuptools-81.0.0-py3-none-any.whl", "wheel-0.48.0-py3-none-any.whl"} <= set(kept)
     pip = "The conflict is caused by:\n    vllm 0.26.0 depends on numba==0.65.0\n    The user requested (constraint) numba==0.68.0"
     assert wh.conflicts(pip) == ["numba"]
 
