@@ -271,6 +271,12 @@ def calibrate_hw(*, engine: str = "vllm", kinds: list[str] | None = None, widths
     return 0
 
 
+def _store_term(entry: dict[str, Any], engine: str, term: str, target: Path, record: dict[str, Any]) -> None:
+    """A fitted term into the calibration entry's `engines.<engine>` and the entry back to its file."""
+    entry.setdefault("engines", {}).setdefault(engine, {})[term] = record
+    target.write_text(yaml.safe_dump(entry, sort_keys=False, width=120), encoding="utf-8")
+
+
 def moe_prefill_from(study_dir: Path | str, add_to: str, engine: str = "vllm") -> dict[str, Any]:
     """The engine's MoE prefill term (`perfmodel_terms.fit_moe_prefill`) from a published TTFT sweep
     (a study whose configurations send prompts of several lengths at concurrency 1, MoE shapes and a
@@ -308,11 +314,10 @@ def moe_prefill_from(study_dir: Path | str, add_to: str, engine: str = "vllm") -
            for cid in moe_cfgs for b, (n, r) in resid[cid].items() if b in resid[dense]]
     fitted = terms.fit_moe_prefill(pts)
     started = min(str(sd.runs[c].get("started_at", ""))[:10] for c in moe_cfgs + [dense])
-    entry.setdefault("engines", {}).setdefault(engine, {})["moe_prefill"] = {
+    _store_term(entry, engine, "moe_prefill", target, {
         **fitted, "points": pts, "measured_at": started,
         "source": f"{Path(study_dir).name}: TTFT at c=1 of {', '.join(moe_cfgs)} less the model's prefill, less "
-                  f"the same residual of the dense {dense} (calibrate-hw --moe-prefill-from)"}
-    target.write_text(yaml.safe_dump(entry, sort_keys=False, width=120), encoding="utf-8")
+                  f"the same residual of the dense {dense} (calibrate-hw --moe-prefill-from)"})
     progress_line(f"calibrate-hw: MoE prefill {fitted['layer_s'] * 1e6:.1f} us + {fitted['token_layer_s'] * 1e9:.2f} "
                   f"ns x tokens per MoE layer (r2 {fitted['r2']:.3f}, {fitted['n']} points) into {target}")
     return entry
@@ -372,13 +377,12 @@ def ttft_from(study_dirs: list[Path | str], add_to: str, engine: str = "vllm") -
                         f"{entry['machine']['name']} in {', '.join(str(d) for d in study_dirs)}") from None
     dates = sorted({p["started_at"] for p in pts if p["started_at"]})
     studies = sorted({p["study"] for p in pts})
-    entry.setdefault("engines", {}).setdefault(engine, {})["request"] = {
+    _store_term(entry, engine, "request", target, {
         **fitted, "points": [{k: p[k] for k in ("study", "config", "bucket", "tokens", "measured_s", "model_s", "how")}
                              for p in pts],
         "measured_at": f"{dates[0]}..{dates[-1]}" if dates else None,
         "source": f"median TTFT at c=1 less the model's prefill steps over {len(pts)} levels of {', '.join(studies)} "
-                  f"(measured {dates[0] if dates else '?'} to {dates[-1] if dates else '?'}; calibrate-hw --ttft-from)"}
-    target.write_text(yaml.safe_dump(entry, sort_keys=False, width=120), encoding="utf-8")
+                  f"(measured {dates[0] if dates else '?'} to {dates[-1] if dates else '?'}; calibrate-hw --ttft-from)"})
     progress_line(f"calibrate-hw: {engine} request cost {fitted['request_s'] * 1e3:.2f} ms (median of {fitted['n']} "
                   f"levels' TTFT less the model's prefill) into {target}")
     return entry
