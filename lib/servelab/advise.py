@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from . import yamlio
 
 from .analysis.calibration import gpu_machine
 from .analysis.perfmodel import predict
@@ -72,7 +73,7 @@ class Choice:
 
 def levers() -> list[str]:
     """The flags of data/levers.yaml that the model can cost (the rest, e.g. speculative decoding, it cannot)."""
-    table = yaml.safe_load((DATA / "levers.yaml").read_text(encoding="utf-8"))
+    table = yamlio.safe_load((DATA / "levers.yaml").read_text(encoding="utf-8"))
     return [lv["flag"] for lv in table.get("levers") or [] if lv["flag"] in COSTED]
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import yaml
+from . import yamlio
 
 from .analysis import perfmodel
 from .analysis import perfmodel_terms as terms
@@ -190,7 +191,7 @@ def fit(points: list[dict[str, Any]], micro: dict[str, Any], engine: str,
 def merge(main: Path, other: Path) -> dict[str, Any]:
     """One entry from two calibrations of the same machine (deeper models measured in a second
     pass): the points of each engine, mode and kind pooled and fitted again; `other` removed."""
-    a, b = yaml.safe_load(main.read_text()), yaml.safe_load(other.read_text())
+    a, b = yamlio.safe_load(main.read_text()), yamlio.safe_load(other.read_text())
     micro = {**a["micro"], "device": "cuda" if a["machine"]["kind"] == "gpu" else "cpu"}
     for eng, modes in (b.get("engines") or {}).items():
         pts = []
@@ -288,7 +289,7 @@ def moe_prefill_from(study_dir: Path | str, add_to: str, engine: str = "vllm") -
     target = CALIBRATIONS / f"{add_to}.yaml"
     if not target.is_file():
         raise UserError(f"calibrate-hw --moe-prefill-from: no calibration entry {target}")
-    entry = yaml.safe_load(target.read_text())
+    entry = yamlio.safe_load(target.read_text())
     base = copy.deepcopy(entry)
     (base.get("engines") or {}).get(engine, {}).pop("moe_prefill", None)
     m = Machine(base)
@@ -368,7 +369,7 @@ def ttft_from(study_dirs: list[Path | str], add_to: str, engine: str = "vllm") -
     target = CALIBRATIONS / f"{add_to}.yaml"
     if not target.is_file():
         raise UserError(f"calibrate-hw --ttft-from: no calibration entry {target}")
-    entry = yaml.safe_load(target.read_text())
+    entry = yamlio.safe_load(target.read_text())
     pts = request_points(study_dirs, entry, engine)
     try:
         fitted = terms.fit_request_cost(pts)
@@ -406,7 +407,7 @@ def calibrate_collectives(add_to: str | None = None) -> dict[str, Any]:
     target = CALIBRATIONS / f"{add_to}.yaml"
     if not target.is_file():
         raise UserError(f"--collectives: no calibration entry {target}")
-    data = yaml.safe_load(target.read_text())
+    data = yamlio.safe_load(target.read_text())
     fitted = {n: {op: fit_collective(pts) for op, pts in per.items()} for n, per in raw["points"].items()}
     data.setdefault("micro", {})["collectives"] = {**fitted, "nccl_env": raw["nccl_env"],
                                                    "measured_at": raw["measured_at"],

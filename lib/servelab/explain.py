@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from . import yamlio
 
 from .errors import UserError
 from .log import progress_line
@@ -39,7 +40,7 @@ def followup_params(study_dir: Path, config: str, *, budget_s: float | None = No
     if not found:
         raise NoSurprise(f"{sd.study.study} {config}: no surprise (every verdict is within what its lever leads "
                          "one to expect); nothing to explain, nothing run")
-    params = yaml.safe_load((sd.root / "data" / "params.yaml").read_text())
+    params = yamlio.safe_load((sd.root / "data" / "params.yaml").read_text())
     base = next(c for c in params["configurations"] if c["id"] == config)
     kind = (sd.engine_params(config) or {}).get("kind", "vllm")
     lines, confs = [], [{**base, "label": base.get("label", config) + " (as measured)", "baseline": None}]

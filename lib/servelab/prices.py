@@ -21,7 +21,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
+from . import yamlio
 
 from .errors import ServelabError
 from .paths import cache_root
@@ -86,18 +86,18 @@ class ManagedPrice:
 
 # -- table -----------------------------------------------------------------------------------
 def load_table(path: str | Path | None = None) -> dict[str, Any]:
-    return yaml.safe_load(Path(path or TABLE_PATH).read_text())
+    return yamlio.safe_load(Path(path or TABLE_PATH).read_text())
 
 
 @cache
 def seed001_table() -> dict[str, Any]:
     """data/seed001.yaml as written (read once; `analysis.cost.seed001_published` hands out copies)."""
-    return yaml.safe_load(SEED001_PATH.read_text(encoding="utf-8"))
+    return yamlio.safe_load(SEED001_PATH.read_text(encoding="utf-8"))
 
 
 def fixed_prices_table() -> dict[str, Any]:
     """data/aws-fixed-prices.yaml as written: per region, each fixed cost's USD with its source and date."""
-    return yaml.safe_load(FIXED_PRICES_PATH.read_text(encoding="utf-8"))
+    return yamlio.safe_load(FIXED_PRICES_PATH.read_text(encoding="utf-8"))
 
 
 def table_price(instance_type: str, region: str, table: dict[str, Any] | None = None) -> Price:

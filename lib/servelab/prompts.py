@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
+from . import yamlio
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PROMPTS_DIR = Path(__file__).parent / "data" / "prompts"
@@ -73,7 +73,7 @@ def load_set(name: str) -> PromptSet:
     path = PROMPTS_DIR / f"{name}.yaml"
     if not path.is_file():
         raise KeyError(f"unknown prompt set {name!r}; known: {', '.join(list_sets())}")
-    ps = PromptSet.model_validate(yaml.safe_load(path.read_text(encoding="utf-8")))
+    ps = PromptSet.model_validate(yamlio.safe_load(path.read_text(encoding="utf-8")))
     if ps.name != name:
         raise ValueError(f"{path}: name {ps.name!r} differs from the file name")
     return ps

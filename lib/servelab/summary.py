@@ -52,6 +52,10 @@ def _attempts(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(attempt=df["attempt"].fillna(0).astype(int) if "attempt" in df else 0)
 
 
+#: the record fields `decode_tps_steady` reads (a round's records are handed to it as dicts of these alone: the
+#: other columns, the text chunks among them, cost most of `round_throughput`'s time to convert and are not read)
+STEADY_FIELDS = ("ok", "start_s", "ttft_s", "e2e_s", "output_tokens", "chunk_times_s", "chunk_tokens")
+
 ROUND_COLUMNS = ["round", "attempt", "wall_s", "output_tokens_sum", "aggregate_output_tps", "decode_tps_mean_tpot",
                  "decode_tps_steady", "ttft_p50_s", "requests"]
 
@@ -66,6 +70,7 @@ def round_throughput(df: pd.DataFrame) -> pd.DataFrame:
     if df.empty:
         return pd.DataFrame(columns=LEVEL_KEYS + ROUND_COLUMNS)
     m = _attempts(measured(df))
+    steady = [c for c in STEADY_FIELDS if c in m]
     rows = []
     for key, g in m.groupby(LEVEL_KEYS + ["round", "attempt"], sort=False):
         wall = float(g["end_s"].max() - g["start_s"].min())
@@ -74,7 +79,7 @@ def round_throughput(df: pd.DataFrame) -> pd.DataFrame:
         rows.append(dict(zip(LEVEL_KEYS + ["round", "attempt"], key), wall_s=wall, output_tokens_sum=tokens,
                          aggregate_output_tps=tokens / wall if wall > 0 else float("nan"),
                          decode_tps_mean_tpot=decode_tps_of_round(ok["decode_tps"]) if "decode_tps" in ok else float("nan"),
-                         decode_tps_steady=decode_tps_steady(ok.to_dict("records"),
+                         decode_tps_steady=decode_tps_steady(ok[steady].to_dict("records"),
                                                              round_wave(g["concurrency"].iloc[0], g["rate_rps"].iloc[0])),
                          ttft_p50_s=_pct(ok["ttft_s"], 50), requests=int(len(g))))
     return pd.DataFrame(rows)
@@ -189,14 +194,15 @@ def _level_counters(levels: Any) -> dict[tuple[str, int], dict[str, Any]]:
     return {(str(r.get("config")), int(r["level"])): r for r in rows if r.get("counters") is not None}
 
 
-def summarize(df: pd.DataFrame, levels: Any = None) -> pd.DataFrame:
+def summarize(df: pd.DataFrame, levels: Any = None, rounds: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per level (configuration x bucket x concurrency) of measured requests. `levels`
     (rows of levels.jsonl with their `config`) adds the engine's counters per level: the
-    speculative-decoding columns (`spec_rates`); without them those columns are NaN."""
+    speculative-decoding columns (`spec_rates`); without them those columns are NaN. `rounds`:
+    `round_throughput(df)` where the caller has it already (computed here otherwise)."""
     df = _with_level_keys(df)
     if df.empty:
         return pd.DataFrame()
-    rt = round_throughput(df)
+    rt = round_throughput(df) if rounds is None else rounds
     m = measured(df)
     counters = _level_counters(levels)
     rows: list[dict[str, Any]] = []

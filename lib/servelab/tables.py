@@ -10,7 +10,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
+from . import yamlio
 
 DATA = Path(__file__).resolve().parent / "data"
 HARDWARE_PATH = DATA / "hardware.yaml"
@@ -20,14 +20,14 @@ TERMS_PATH = DATA / "engine_terms.yaml"
 
 def hardware() -> list[dict[str, Any]]:
     """data/hardware.yaml's entries, datasheet units (GB, TB/s, TFLOPS)."""
-    return yaml.safe_load(HARDWARE_PATH.read_text(encoding="utf-8"))
+    return yamlio.safe_load(HARDWARE_PATH.read_text(encoding="utf-8"))
 
 
 @cache
 def _calibrations(folder: str) -> tuple[dict[str, Any], ...]:
     out = []
     for p in sorted(Path(folder).glob("*.yaml")):
-        d = yaml.safe_load(p.read_text(encoding="utf-8"))
+        d = yamlio.safe_load(p.read_text(encoding="utf-8"))
         d.setdefault("id", p.stem)
         out.append(d)
     return tuple(out)
@@ -41,7 +41,7 @@ def calibration_entries(folder: Path | str | None = None) -> tuple[dict[str, Any
 
 @cache
 def _terms(path: str) -> tuple[dict[str, Any], ...]:
-    d = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    d = yamlio.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     return tuple(d.get("terms") or [])
 
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
@@ -17,6 +16,9 @@ from ..engines.flags import engine_args as args_of, get_flag
 from ..models.facts import kv_bytes_per_token
 from .phrase import Clauses, Phrase, sentences
 from .stats import pct_change, to_float
+
+if TYPE_CHECKING:
+    import matplotlib.pyplot as plt
 
 
 def kv_capacity(free_bytes: float, bytes_per_token: float, block_size: int | None = None) -> int:
@@ -333,6 +335,8 @@ def kv_timeseries(samples: pd.DataFrame, title: str = "KV cache and scheduler ov
     """KV usage %, running and waiting requests and cumulative preemptions against
     sampler time, with a dotted line and a label at the start of every load level.
     Without samples the figure says so instead of plotting."""
+    import matplotlib.pyplot as plt  # here: pyplot takes 0.3 s to import, and only this figure needs it
+
     fig, axes = plt.subplots(3, 1, figsize=(8, 6.4), sharex=True)
     ok, why = _metrics_available(samples)
     if not ok:

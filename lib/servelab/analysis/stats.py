@@ -8,7 +8,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from scipy import stats as _st
 
 
 def _get(obj: Any, key: str, default: Any = None) -> Any:
@@ -56,6 +55,8 @@ def _ols(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float, float, floa
     if dof > 0:
         s2 = rss / dof
         se_b, se_a = math.sqrt(s2 / sxx), math.sqrt(s2 * (1.0 / n + xm**2 / sxx))
+        from scipy import stats as _st  # here: scipy.stats takes 0.5 s to import, every servelab command paid it
+
         t = float(_st.t.ppf(0.975, dof))
     else:
         se_b = se_a = t = math.nan

@@ -16,7 +16,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
+from .. import yamlio
 
 AUTO = "auto"
 DATA = Path(__file__).with_name("data")
@@ -153,7 +153,7 @@ class FlagTable:
 def load_engine_env() -> dict[str, dict[str, Any]]:
     """The documented engine environment variables, from `engines/data/engine-env.yaml`:
     {name: {"engine", "type" (bool values are checked), "doc"}}."""
-    return yaml.safe_load((DATA / "engine-env.yaml").read_text())
+    return yamlio.safe_load((DATA / "engine-env.yaml").read_text())
 
 
 @cache

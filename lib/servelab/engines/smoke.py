@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
+from .. import yamlio
 
 # -- smoke check -----------------------------------------------------------------------------
-SMOKE_PROMPT = yaml.safe_load((Path(__file__).parent / "data" / "smoke.yaml").read_text(encoding="utf-8"))["chat_prompt"]
+SMOKE_PROMPT = yamlio.safe_load((Path(__file__).parent / "data" / "smoke.yaml").read_text(encoding="utf-8"))["chat_prompt"]
 
 TOOL_PROMPT = "Call get_weather for Tokyo."
 

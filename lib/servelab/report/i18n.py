@@ -10,7 +10,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
+from .. import yamlio
 
 from ..analysis.phrase import Clauses, Phrase, Sentences
 
@@ -22,7 +22,7 @@ def table() -> dict[str, dict[str, str]]:
     here = Path(__file__).parent
     data: dict[str, dict[str, str]] = {}
     for path in sorted((here / "i18n").glob("*.yaml")):
-        part = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        part = yamlio.safe_load(path.read_text(encoding="utf-8")) or {}
         twice = sorted(set(part) & set(data))
         if twice:
             raise KeyError(f"{path.name}: keys already defined in another i18n file: {twice}")

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
+from .. import yamlio
 
 from ..analysis.stats import pct_change as _pct_change
 from ..engines import get as engine_profile
@@ -153,7 +153,7 @@ def _set_kinds(sd: StudyData) -> dict[str, str]:
         out = {}
         for p in (resources.files("servelab") / "data" / "prompts").iterdir():
             if p.name.endswith(".yaml"):
-                d = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+                d = yamlio.safe_load(p.read_text(encoding="utf-8")) or {}
                 out[d.get("name", p.name[:-5])] = d.get("kind", html.MISSING)
         return out
     except (OSError, ModuleNotFoundError, TypeError):

@@ -104,7 +104,8 @@ class StudyData:
 
     @cached_property
     def summary(self) -> pd.DataFrame:
-        return summarize(self.records, [r for c in self.config_ids for r in self.folders[c].levels])
+        return summarize(self.records, [r for c in self.config_ids for r in self.folders[c].levels],
+                         rounds=self.rounds)  # the round table is computed once
 
     def samples(self, cid: str) -> pd.DataFrame | None:
         return self.folders[cid].samples if cid in self.folders else None

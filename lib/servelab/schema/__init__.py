@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
+from .. import yamlio
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from ..errors import UserError
@@ -359,7 +360,7 @@ def parse_table(model: type[Table], data: Any, source: str) -> Table:
 
 def read_table(model: type[Table], path: Path) -> Table:
     """A shipped table from its YAML file (`parse_table`, errors naming the file)."""
-    return parse_table(model, yaml.safe_load(Path(path).read_text(encoding="utf-8")), str(path))
+    return parse_table(model, yamlio.safe_load(Path(path).read_text(encoding="utf-8")), str(path))
 
 
 def _one_of(values: tuple[str, ...]) -> str:
@@ -370,7 +371,7 @@ def _read_mapping(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise ParamsError(f"{path}: no such params file")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yamlio.safe_load(path.read_text())
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""
