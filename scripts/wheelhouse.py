@@ -15,7 +15,11 @@ downloads them to resolve, the script deletes them: for vLLM 0.26.0 on an image 
 and 1.2 GiB stayed, 99 left out, 6.5 min on 2026-12-06); a host
 version the engine cannot use (vLLM 0.26.0 pins numba 0.65) is dropped from the constraints and its wheel
 kept, and the script names it.
---dry-run prints the pip commands and downloads nothing. Standard library only.
+pip evaluates environment markers for the Python it runs on, not the target's (`--python-version` sets the tags
+only): vLLM 0.26.0's `setuptools<81; python_version > "3.11"`, downloaded with Python 3.11 for a 3.12 host, was
+missing. After pip, the script reads every wheel's requirements with the host's markers and downloads what no wheel
+(or host package) satisfies, until nothing is missing.
+--dry-run prints the pip commands and downloads nothing. Standard library and pip's own `packaging`.
 """
 
 from __future__ import annotations
@@ -26,7 +30,16 @@ import shlex
 import subprocess
 import sys
 import tomllib
+import zipfile
+from email.parser import Parser
 from pathlib import Path
+
+try:
+    from packaging.requirements import Requirement
+    from packaging.version import InvalidVersion, Version
+except ImportError:  # a bare python3: pip's vendored copy
+    from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef]
+    from pip._vendor.packaging.version import InvalidVersion, Version  # type: ignore[no-redef]
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = {"vllm": ["vllm==0.26.0"], "sglang": ["sglang==0.5.16"], "none": []}
@@ -55,6 +68,54 @@ def requirements(engine: str, extras: tuple[str, ...] = EXTRAS) -> list[str]:
     for extra in extras:
         reqs += [r for r in project["optional-dependencies"][extra] if not r.startswith(("vllm", "sglang"))]
     return reqs + ENGINES[engine] + BUILD
+
+
+def wheel_version(filename: str) -> str:
+    """The version a wheel file holds ("vllm-0.26.0-cp38-abi3-...whl" -> "0.26.0")."""
+    return filename.split("-")[1]
+
+
+def same_version(a: str, b: str) -> bool:
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
+
+
+def target_environment(python: str, platform: str) -> dict[str, str]:
+    """The environment markers of the host (PEP 508) for `python` (3.12) on `platform` (manylinux_2_28_x86_64)."""
+    full = python if python.count(".") >= 2 else f"{python}.0"
+    machine = next((m for m in ("x86_64", "aarch64", "ppc64le", "s390x") if platform.endswith(m)), "x86_64")
+    return {"python_version": ".".join(python.split(".")[:2]), "python_full_version": full,
+            "implementation_name": "cpython", "implementation_version": full,
+            "platform_python_implementation": "CPython", "os_name": "posix", "sys_platform": "linux",
+            "platform_system": "Linux", "platform_machine": machine, "platform_release": "", "platform_version": "",
+            "extra": ""}
+
+
+def unmet(out: Path, host: dict[str, str], python: str, platform: str) -> list[str]:
+    """The requirements of the folder's wheels that apply on the host (its markers; requirements of extras
+    pip resolved already) and that neither a wheel in the folder nor a host package satisfies (not those of
+    the wheels setup.sh installs without their dependencies)."""
+    no_deps = {norm(r.split("==")[0]) for r in SETUP_EXTRAS}
+    env = target_environment(python, platform)
+    versions: dict[str, set[str]] = {}
+    for whl in out.glob("*.whl"):
+        versions.setdefault(wheel_name(whl.name), set()).add(wheel_version(whl.name))
+    for name, line in host.items():
+        versions.setdefault(name, set()).add(line.split("==", 1)[1])
+    need = set()
+    for whl in sorted(w for w in out.glob("*.whl") if wheel_name(w.name) not in no_deps):
+        with zipfile.ZipFile(whl) as z:
+            meta = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA")), None)
+            reqs = Parser().parsestr(z.read(meta).decode()).get_all("Requires-Dist") or [] if meta else []
+        for line in reqs:
+            req = Requirement(line)
+            if req.marker is not None and not req.marker.evaluate(env):
+                continue
+            if not any(req.specifier.contains(v, prereleases=True) for v in versions.get(norm(req.name), ())):
+                need.add(f"{req.name}{req.specifier}")
+    return sorted(need)
 
 
 def have(freeze: Path | None) -> dict[str, str]:
@@ -95,13 +156,14 @@ def conflicts(pip_output: str) -> list[str]:
 
 
 def leave_out(out: Path, host: dict[str, str]) -> list[str]:
-    """Delete the wheels of packages the host has already; their names. The build backend's wheels stay: pip
-    builds servelab's editable install in an isolated environment, which sees the wheelhouse, not the host's
-    packages (without them `pip install --no-index -e .` finds no setuptools)."""
+    """Delete the wheels of packages the host has already, at the host's version; their names. The build
+    backend's wheels stay: pip builds servelab's editable install in an isolated environment, which sees the
+    wheelhouse, not the host's packages (without them `pip install --no-index -e .` finds no setuptools)."""
     build = {norm(re.split(r"[<>=!~ ]", r, maxsplit=1)[0]) for r in BUILD}
     gone = []
     for whl in sorted(out.glob("*.whl")):
-        if wheel_name(whl.name) in host and wheel_name(whl.name) not in build:
+        name = wheel_name(whl.name)
+        if name in host and name not in build and same_version(wheel_version(whl.name), host[name].split("==", 1)[1]):
             whl.unlink()
             gone.append(whl.name)
     return gone
@@ -143,6 +205,16 @@ def main(argv: list[str] | None = None) -> int:
         if r.returncode:
             print((r.stdout + r.stderr)[-3000:], file=sys.stderr)
             print(f"wheelhouse: failed: {shlex.join(c)}", file=sys.stderr)
+            return r.returncode
+    for _ in range(5):  # what pip skipped by the running Python's markers (and what those wheels need)
+        missing = unmet(out, host, a.python, a.platform)
+        if not missing:
+            break
+        print(f"wheelhouse: for Python {a.python}'s markers also: {', '.join(missing)}")
+        r = subprocess.run(download_command(missing, out, a.python, a.platform, None) + ["--no-deps"],
+                           capture_output=True, text=True, check=False)
+        if r.returncode:
+            print((r.stdout + r.stderr)[-3000:], file=sys.stderr)
             return r.returncode
     if replaced:
         print(f"wheelhouse: the host's {', '.join(sorted(replaced))} cannot serve these pins: their wheels are kept")

