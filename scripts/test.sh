@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
 .venv/bin/servelab validate params/*.yaml
 .venv/bin/ruff check lib tests benchmarks scripts notebooks  # [tool.ruff] in pyproject.toml
-# Two passes: the tests without an engine on two workers (pytest-xdist, one test file per worker at a
+# Two passes: the tests without an engine on three workers (pytest-xdist, one test file per worker at a
 # time: work-stealing saved 25 s but split a file's tests, such as the Ray pool's, over both workers, and a
 # Ray worker then started 1 s late in a test that allows 50 ms), then those that start the real vLLM CPU server on one. Two engine tests side by side on two
 # cores slowed each other 4-5x (two reduced KV studies at once: 460 s each, 92 s alone; each saw the
@@ -18,5 +18,8 @@ run_pass() { .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || { rc=$?; 
 # A test marked `alone` measures a real disturbance, which another worker's load can hide (the machine
 # already busy all along: a make test after make report, 2026-12-05, and CI that evening): it runs in the
 # one-worker pass.
-run_pass -m "not engine and not alone" -n 2 --dist loadfile --durations=10 "$@"
+# Three workers on two cores: that pass waits a good part of its time (reference servers' timed trials, Ray,
+# signals, subprocesses), and with two workers it kept 1.6 cores busy: 496 s with two, 448 s with three, one after
+# the other on a fresh clone (2026-12-06), every test passing.
+run_pass -m "not engine and not alone" -n 3 --dist loadfile --durations=10 "$@"
 run_pass -m "engine or alone" -n 1 --durations=15 "$@"

@@ -3,17 +3,27 @@ answer), naming the machine's calibration entry and its date, or the roofline bo
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
-import subprocess
-import sys
+from types import SimpleNamespace
 
 import pytest
 from paths import ROOT
 
+from servelab.cli import main as servelab_main
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "servelab.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+
+def _cli(*args: str) -> SimpleNamespace:
+    """`servelab ARGS` from the repository root, in this process (a subprocess spent ~4 s a call importing
+    transformers and torch again): its exit status and what it printed."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = servelab_main(list(args))
+        except SystemExit as e:  # argparse
+            rc = e.code if isinstance(e.code, int) else 1
+    return SimpleNamespace(returncode=rc, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def test_predict_a_local_study_with_no_server():
