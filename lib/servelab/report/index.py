@@ -20,8 +20,10 @@ def write_index(reports_root: Path) -> Path:
             continue
         runs = [RunFolder(c).info for c in sorted((d / "data").iterdir()) if (c / RUN_JSON).exists()]
         when = max((r.finished_at or "" for r in runs), default="")
+        planned = len(st.get("configurations", []))
+        measured = planned if len(runs) >= planned else f"{len(runs)} of {planned}"  # a run of some (--config)
         rows.append(f"<tr><td><a href='{html.escape(d.name)}/index.html'>{html.escape(d.name)}</a></td>"
-                    f"<td>{html.escape(st.get('title', ''))}</td><td>{len(st.get('configurations', []))}</td>"
+                    f"<td>{html.escape(st.get('title', ''))}</td><td>{measured}</td>"
                     f"<td>{html.escape(when)}</td></tr>")
     page = ("<!doctype html><html><head><meta charset='utf-8'><title>servelab reports</title>"
             "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto}td,th{padding:.3em .8em;"
