@@ -2,7 +2,7 @@
 """A wheelhouse for a GPU host without internet: every wheel that servelab, its GPU engine and their
 dependencies need there, for that host's Python and platform, downloaded on a machine that has internet.
 
-    python3 scripts/wheelhouse.py --python 3.12 --platform manylinux_2_28_x86_64 --out wheelhouse
+    python3 scripts/wheelhouse.py --python 3.12 --platform manylinux_2_35_x86_64 --out wheelhouse
     # copy wheelhouse/ and this checkout to the GPU host, then there:
     make setup GPU=1 WHEELHOUSE=wheelhouse
 
@@ -83,7 +83,7 @@ def same_version(a: str, b: str) -> bool:
 
 
 def target_environment(python: str, platform: str) -> dict[str, str]:
-    """The environment markers of the host (PEP 508) for `python` (3.12) on `platform` (manylinux_2_28_x86_64)."""
+    """The environment markers of the host (PEP 508) for `python` (3.12) on `platform` (manylinux_2_35_x86_64)."""
     full = python if python.count(".") >= 2 else f"{python}.0"
     machine = next((m for m in ("x86_64", "aarch64", "ppc64le", "s390x") if platform.endswith(m)), "x86_64")
     return {"python_version": ".".join(python.split(".")[:2]), "python_full_version": full,
@@ -172,7 +172,7 @@ def leave_out(out: Path, host: dict[str, str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--python", default="3.12", help="the GPU host's Python version (default 3.12)")
-    ap.add_argument("--platform", default="manylinux_2_28_x86_64", help="its platform tag (pip debug --verbose there)")
+    ap.add_argument("--platform", default="manylinux_2_35_x86_64", help="its platform tag (pip debug --verbose there)")
     ap.add_argument("--out", type=Path, default=Path("wheelhouse"))
     ap.add_argument("--engine", choices=sorted(ENGINES), default="vllm")
     ap.add_argument("--have", type=Path, help="the host's `pip freeze`: those packages are left out")
