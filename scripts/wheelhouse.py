@@ -70,6 +70,16 @@ def requirements(engine: str, extras: tuple[str, ...] = EXTRAS) -> list[str]:
     return reqs + ENGINES[engine] + BUILD
 
 
+def requirement_name(req: str) -> str:
+    """The distribution a requirement names ("setuptools>=68" -> "setuptools")."""
+    return norm(Requirement(req).name)
+
+
+def host_version(freeze_line: str) -> str:
+    """The version of a `pip freeze` line ("torch==2.11.0+cu130" -> "2.11.0+cu130")."""
+    return freeze_line.split("==", 1)[1]
+
+
 def wheel_version(filename: str) -> str:
     """The version a wheel file holds ("vllm-0.26.0-cp38-abi3-...whl" -> "0.26.0")."""
     return filename.split("-")[1]
@@ -97,13 +107,13 @@ def unmet(out: Path, host: dict[str, str], python: str, platform: str) -> list[s
     """The requirements of the folder's wheels that apply on the host (its markers; requirements of extras
     pip resolved already) and that neither a wheel in the folder nor a host package satisfies (not those of
     the wheels setup.sh installs without their dependencies)."""
-    no_deps = {norm(r.split("==")[0]) for r in SETUP_EXTRAS}
+    no_deps = {requirement_name(r) for r in SETUP_EXTRAS}
     env = target_environment(python, platform)
     versions: dict[str, set[str]] = {}
     for whl in out.glob("*.whl"):
         versions.setdefault(wheel_name(whl.name), set()).add(wheel_version(whl.name))
     for name, line in host.items():
-        versions.setdefault(name, set()).add(line.split("==", 1)[1])
+        versions.setdefault(name, set()).add(host_version(line))
     need = set()
     for whl in sorted(w for w in out.glob("*.whl") if wheel_name(w.name) not in no_deps):
         with zipfile.ZipFile(whl) as z:
@@ -159,14 +169,21 @@ def leave_out(out: Path, host: dict[str, str]) -> list[str]:
     """Delete the wheels of packages the host has already, at the host's version; their names. The build
     backend's wheels stay: pip builds servelab's editable install in an isolated environment, which sees the
     wheelhouse, not the host's packages (without them `pip install --no-index -e .` finds no setuptools)."""
-    build = {norm(re.split(r"[<>=!~ ]", r, maxsplit=1)[0]) for r in BUILD}
+    build = {requirement_name(r) for r in BUILD}
     gone = []
     for whl in sorted(out.glob("*.whl")):
         name = wheel_name(whl.name)
-        if name in host and name not in build and same_version(wheel_version(whl.name), host[name].split("==", 1)[1]):
+        if name in host and name not in build and same_version(wheel_version(whl.name), host_version(host[name])):
             whl.unlink()
             gone.append(whl.name)
     return gone
+
+
+def failed(r: subprocess.CompletedProcess[str], cmd: list[str]) -> int:
+    """pip's last words and the command that failed; its exit status."""
+    print((r.stdout + r.stderr)[-3000:], file=sys.stderr)
+    print(f"wheelhouse: failed: {shlex.join(cmd)}", file=sys.stderr)
+    return r.returncode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -203,19 +220,16 @@ def main(argv: list[str] | None = None) -> int:
             host = {k: v for k, v in host.items() if k not in clash}
             cons.write_text("\n".join(host.values()) + "\n")  # type: ignore[union-attr]
         if r.returncode:
-            print((r.stdout + r.stderr)[-3000:], file=sys.stderr)
-            print(f"wheelhouse: failed: {shlex.join(c)}", file=sys.stderr)
-            return r.returncode
+            return failed(r, c)
     for _ in range(5):  # what pip skipped by the running Python's markers (and what those wheels need)
         missing = unmet(out, host, a.python, a.platform)
         if not missing:
             break
         print(f"wheelhouse: for Python {a.python}'s markers also: {', '.join(missing)}")
-        r = subprocess.run(download_command(missing, out, a.python, a.platform, None) + ["--no-deps"],
-                           capture_output=True, text=True, check=False)
+        c = download_command(missing, out, a.python, a.platform, None) + ["--no-deps"]
+        r = subprocess.run(c, capture_output=True, text=True, check=False)
         if r.returncode:
-            print((r.stdout + r.stderr)[-3000:], file=sys.stderr)
-            return r.returncode
+            return failed(r, c)
     if replaced:
         print(f"wheelhouse: the host's {', '.join(sorted(replaced))} cannot serve these pins: their wheels are kept")
     gone = leave_out(out, host)

@@ -1,7 +1,7 @@
 """YAML reading for servelab's own files (params, the shipped tables, the report's words): libyaml's parser
 where PyYAML was built with it (`yaml.CSafeLoader`, 5-10x faster than the pure-Python one), else the pure-Python
 `SafeLoader`. Both resolve tags with the same Python resolver (`SafeConstructor`), so a file loads to the same
-values either way (every YAML file of the repository checked, 2026-12-07); only a parse error's wording differs."""
+values either way (every YAML file of the repository checked, 2026-12-06); only a parse error's wording differs."""
 
 from __future__ import annotations
 
