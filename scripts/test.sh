@@ -19,7 +19,8 @@ run_pass() { .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || { rc=$?; 
 # already busy all along: a make test after make report, 2026-12-05, and CI that evening): it runs in the
 # one-worker pass.
 # Three workers on two cores: that pass waits a good part of its time (reference servers' timed trials, Ray,
-# signals, subprocesses), and with two workers it kept 1.6 cores busy: 496 s with two, 448 s with three, one after
-# the other on a fresh clone (2026-12-06), every test passing.
+# signals, subprocesses): on fresh clones of 2026-12-06 (2 vCPUs, Intel type) it took 491 s with two workers (a
+# quiet CI run) and 437 s and 402 s with three (two quiet CI runs; 402 s with test_cli_predict in process too),
+# every test passing.
 run_pass -m "not engine and not alone" -n 3 --dist loadfile --durations=10 "$@"
 run_pass -m "engine or alone" -n 1 --durations=15 "$@"
