@@ -20,7 +20,7 @@ run_pass() { .venv/bin/python -m pytest -q -p no:cacheprovider "$@" || { rc=$?; 
 # one-worker pass.
 # Three workers on two cores: that pass waits a good part of its time (reference servers' timed trials, Ray,
 # signals, subprocesses): on fresh clones of 2026-12-06 (2 vCPUs, Intel type) it took 491 s with two workers (a
-# quiet CI run) and 437 s and 402 s with three (two quiet CI runs; 402 s with test_cli_predict in process too),
-# every test passing.
+# quiet CI run), 448 s with three alone, and 437 s and 402 s with three in quiet CI runs that also ran
+# test_cli_predict in process; every test passing.
 run_pass -m "not engine and not alone" -n 3 --dist loadfile --durations=10 "$@"
 run_pass -m "engine or alone" -n 1 --durations=15 "$@"
