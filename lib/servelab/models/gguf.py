@@ -12,6 +12,7 @@ records. Not for random-weight directories (`models.build`).
 from __future__ import annotations
 
 import functools
+import importlib.util
 import hashlib
 import json
 import os
@@ -160,6 +161,10 @@ def make_gguf_model(preset: str, root: Path, *, force: bool = False) -> Path:
     final = Path(root) / f"{preset}-{hashlib.sha256(blob).hexdigest()[:10]}"
     if _is_finished(final) and not force:
         return final
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:  # transformers dequantizes with both; a GPU install without them stopped in a traceback
+        raise GgufError(f"the {preset} preset is built from its GGUF with {' and '.join(missing)}, not installed here: "
+                        f"pip install 'gguf>=0.17' 'accelerate>=1.0' (servelab's cpu and gpu extras have both)")
     t0_s = time.perf_counter()
     gguf_path = checked_gguf(src)
     check_s = time.perf_counter() - t0_s
