@@ -115,6 +115,39 @@ def test_stop_after_leaves_the_rest_to_resume(gpu_study, tmp_path, capfd):
     assert RunFolder(root / "c").run["status"] == "complete"
 
 
+def test_a_deadline_passed_while_a_server_starts_still_measures_it_and_publishes_what_was_measured(
+        gpu_study, tmp_path, capfd, monkeypatch):
+    """--stop-after stops new servers only: the server that became healthy past the deadline measures both of its
+    configurations (its start is paid for), the next server is left to --resume, and the page is published from
+    what was measured (exit status 3); --resume measures the rest and publishes over that page."""
+    from servelab import lanes
+    params, _ = gpu_study
+    data = yaml.safe_load(params.read_text())
+    data["configurations"][2]["engine"]["args"]["gpu-memory-utilization"] = 0.9  # c: a server of its own, after a's
+    params.write_text(yaml.safe_dump(data))
+    start = lanes.Runner._start  # noqa: SLF001 - the deadline passes inside it, as on a real machine
+
+    def start_past_the_deadline(self, s):
+        ok = start(self, s)
+        self.deadline = time.monotonic() - 1  # the deadline passed while this server started
+        return ok
+
+    monkeypatch.setattr(lanes.Runner, "_start", start_past_the_deadline)
+    published = []
+    monkeypatch.setattr(pipeline, "publish", lambda study, root, force=False: published.append((study, force)))
+    capfd.readouterr()
+    rc = main(["run", str(params), "--no-notebooks", "--stop-after", "3600"])
+    err = capfd.readouterr().err
+    root = tmp_path / "runs" / "gpu-runner"
+    assert rc == 3, err[-3000:]
+    assert [RunFolder(root / c).run.get("status") for c in "abc"] == ["complete", "complete", None]
+    assert "not started before --stop-after: c" in err and "failed:" not in err
+    assert "published 2 of 3 configurations; not measured: c" in err and published == [("gpu-runner", False)]
+    monkeypatch.setattr(lanes.Runner, "_start", start)
+    assert main(["run", str(params), "--no-notebooks", "--resume"]) == 0, capfd.readouterr().err[-3000:]
+    assert RunFolder(root / "c").run["status"] == "complete" and published[-1] == ("gpu-runner", True)
+
+
 def test_a_machine_too_small_is_refused_before_anything_starts(gpu_study, tmp_path, capfd, monkeypatch):
     params, _ = gpu_study
     data = yaml.safe_load(params.read_text())

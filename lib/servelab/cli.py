@@ -329,8 +329,9 @@ def _add_study_parsers(sub: Any) -> None:
     r.add_argument("--url", help="override host.attach.url (attach studies)")
     r.add_argument("--gpus", metavar="COUNTxNAME", help="with --dry-run: place the study on these GPUs instead of this "
                    "machine's (e.g. 8xH100, 2xH200: the hardware table's memory)")
-    r.add_argument("--stop-after", type=float, metavar="SECONDS", help="on GPUs: start no server or configuration "
-                   "after this many seconds; --resume continues with the rest")
+    r.add_argument("--stop-after", type=float, metavar="SECONDS", help="on GPUs: start no server after this many "
+                   "seconds (a started one measures its configurations); the page is published from what was "
+                   "measured (exit status 3) and --resume continues with the rest")
     r.set_defaults(fn=cmd_run)
 
     sv = sub.add_parser("serve", help="start a configuration's engine detached (for attach studies)")

@@ -11,7 +11,8 @@ Around each configuration's workload: the server's own answers before and after 
 the workload (`checks:`, `measure.realchecks`), the peer tools on the same server (`peers:`: `vllm bench serve`,
 SGLang's bench_serving, each from its engine's Python, under `peer/<config>/`) and a capacity search after it
 (`capacity_runs:`, run folder `<config>-capacity`). A configuration whose run.json says complete is skipped on
-`--resume`; past `--stop-after` no server or configuration starts, and what is left stays for `--resume`.
+`--resume`; past `--stop-after` no server starts (one that started measures its configurations: its start is
+paid for), and what is left stays for `--resume`.
 A stop signal stops every server this run started. Not for deciding where (`placement`) nor for the CPU's
 side-by-side design (`sidebyside`).
 """
@@ -106,14 +107,15 @@ def done(study: Study, root: Path, cid: str) -> bool:
 
 @dataclass
 class Runner:
-    """One study run on GPUs (see the module docstring); `run` returns the configurations not measured."""
+    """One study run on GPUs (see the module docstring); `run` returns the configurations that failed, `left`
+    lists those not started before the deadline."""
 
     study: Study  # as placed (`placed_study`)
     placement: Placement
     root: Path
     notebooks: bool = True
     resume: bool = False
-    deadline: float | None = None  # time.monotonic(): no server or configuration starts after it
+    deadline: float | None = None  # time.monotonic(): no server starts after it (a started one measures its own)
     say: Callable[[str], None] = log
     engines: dict[str, Engine] = field(default_factory=dict)
     startup_s: dict[str, float] = field(default_factory=dict)
@@ -156,7 +158,7 @@ class Runner:
             self.stop_all()
         if self.left:
             self.say(f"not started before --stop-after: {', '.join(self.left)} (continue with --resume)")
-        return self.failed + self.left
+        return self.failed
 
     def stop_all(self) -> None:
         with self._lock:
@@ -261,7 +263,7 @@ class Runner:
         if self.resume and done(self.study, self.root, cid):
             self.say(f"configuration {cid}: complete, skipped (--resume)")
             return
-        if self._late():
+        if self._stop.is_set():  # the deadline does not end a started server's work: its start is paid for
             with self._lock:
                 self.left.append(cid)
             return
@@ -331,15 +333,15 @@ class Runner:
 
 
 def measure_placed(study: Study, placement: Placement, root: Path, *, notebooks: bool, resume: bool,
-                   deadline: float | None = None) -> tuple[list[str], dict[str, float]]:
-    """Every placed configuration measured on its server (see the module docstring); (the configurations not
-    measured, each server's start-up seconds)."""
+                   deadline: float | None = None) -> tuple[list[str], list[str], dict[str, float]]:
+    """Every placed configuration measured on its server (see the module docstring); (the configurations that
+    failed, those not started before the deadline, each server's start-up seconds)."""
     for line in placement.lines():
         log(line)
     runner = Runner(placed_study(study, placement), placement, root, notebooks=notebooks, resume=resume,
                     deadline=deadline)
     failed = runner.run()
-    return failed, runner.startup_s
+    return failed, runner.left, runner.startup_s
 
 
 __all__ = ["RECORDED", "Runner", "measure_placed", "placed_study", "server_answers"]

@@ -139,7 +139,9 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
     """Measure every (or `only` the named) configuration, then publish the report. Returns an exit status.
     Raises ParamsError, before anything starts, for what the engine, host or model would refuse
     (`preflight`; its warnings are printed), PlacementError for what the machine cannot hold (`placement`).
-    `stop_after_s`: on GPUs, start no server or configuration after this many seconds (--resume continues)."""
+    `stop_after_s`: on GPUs, start no server after this many seconds (a started server measures its
+    configurations); the page is published from what was measured, exit status 3, and --resume continues and
+    publishes again. A configuration that failed: exit status 1, nothing published, its records kept."""
     t0 = time.monotonic()  # the study's time budget (design.budget_s) counts from here
     preflight(study.reduced_copy() if reduced else study, params_path, warn=log)
     if dry_run:
@@ -152,7 +154,7 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
     if unknown:
         raise ValueError(f"{params_path}: no configuration {sorted(unknown)}; have {[c.id for c in study.configurations]}")
     pub = reports_root() / study.study
-    if report and (pub / "index.html").exists() and not force:
+    if report and (pub / "index.html").exists() and not (force or resume):  # --resume: the page of these runs
         raise PublishedReportExists(f"{pub}/index.html is published: pass --force to replace it")
     host = for_study(study)  # once per run: every configuration and the guard share it
     host.check()
@@ -165,13 +167,14 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
                                    "study": json.loads(study.model_dump_json())})
     shutil.copy(params_path, root / "params.yaml")
     failed: list[str] = []
+    left: list[str] = []  # not started before --stop-after
     try:
         with stop_signals(), host.guard():
             if placed.cpu:
                 failed = _measure(study, [plans[c] for c in todo], root, notebooks=notebooks, resume=resume, started=t0)
             else:
-                failed = _measure_on_gpus(study, placed, root, notebooks=notebooks, resume=resume,
-                                          deadline=t0 + stop_after_s if stop_after_s else None)
+                failed, left = _measure_on_gpus(study, placed, root, notebooks=notebooks, resume=resume,
+                                                deadline=t0 + stop_after_s if stop_after_s else None)
     finally:
         out = host.teardown()  # every path, also Ctrl-C and SIGTERM
         if out:
@@ -179,12 +182,18 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
         scrub_tree(root)  # engine logs and anything else written by child processes
     frames = [RunFolder(root / c).summary for c in configs]
     print(format_table(_concat(frames)))
-    log(f"measured {len(todo) - len(failed)} configuration(s) in {time.monotonic() - t0:.0f} s")
+    log(f"measured {len(todo) - len(failed) - len(left)} configuration(s) in {time.monotonic() - t0:.0f} s")
     if failed:
         log(f"failed: {failed}; records kept under {root}")
         return 1
+    if left and not any(done(study, root, c) for c in configs):
+        return 1  # nothing to publish
     if report:
-        publish(study.study, root, force=force)
+        publish(study.study, root, force=force or resume)
+    if left:
+        log(f"published {len(configs) - len(left)} of {len(configs)} configurations; "
+            f"not measured: {', '.join(left)} (--resume measures them and publishes again)")
+        return 3
     return 0
 
 
@@ -219,13 +228,14 @@ def place(study: Study, ids: list[str], params_path: Path) -> placing.Placement:
 
 
 def _measure_on_gpus(study: Study, placed: placing.Placement, root: Path, *, notebooks: bool, resume: bool,
-                     deadline: float | None) -> list[str]:
+                     deadline: float | None) -> tuple[list[str], list[str]]:
     """Every configuration on the GPUs the placement gave its server (`lanes`); design.json says where each
-    server ran and how long it took to start. Returns the configurations not measured."""
-    failed, startup = measure_placed(study, placed, root, notebooks=notebooks, resume=resume, deadline=deadline)
+    server ran and how long it took to start. Returns (the configurations that failed, those not started
+    before the deadline)."""
+    failed, left, startup = measure_placed(study, placed, root, notebooks=notebooks, resume=resume, deadline=deadline)
     write_design(root, DesignRecord(interleaved=False, reason="placed on the machine's GPUs, one server per engine",
                                     placement={**placed.record(), "startup_s": startup}))
-    return failed
+    return failed, left
 
 
 def _concat(frames: list[Any]) -> Any:

@@ -97,14 +97,18 @@ def sessions_text(sd: StudyData) -> str:
             mem = f" ({g['total_bytes'] / 2**30:.0f} GiB)" if g.get("total_bytes") else ""
             gpus[f"{g['name']}{mem}"] = gpus.get(f"{g['name']}{mem}", 0) + 1
         host = next((sd.info(c).client_host for c in sd.config_ids), None)
+        planned = list((placed.get("servers") or {}).values())
         servers = [f"{', '.join(s['configs'])} (GPU {','.join(map(str, s['gpus']))})"
-                   for s in (placed.get("servers") or {}).values()]
+                   for s in planned if set(s["configs"]) & set(sd.config_ids)]  # servers that measured something
+        unmeasured = [c for s in planned for c in s["configs"] if c not in sd.config_ids]
         shared = any(len(g) > 1 for phase in placed.get("phases") or [] for lane in phase for g in lane["groups"])
         lines.append("- " + sd.w("setup.placement_shared" if shared else "setup.placement", gpus=", ".join(f"{n} x {name}" for name, n in gpus.items()),
                                  cores=(host.cpu_count if host else None) or "?",
                                  date=str(sd.design.started_at or next((sd.info(c).started_at for c in sd.config_ids),
                                                                        "") or "")[:10],
-                                 servers=html.quote_md("; ".join(servers), sd.language)))
+                                 servers=html.quote_md("; ".join(servers), sd.language))
+                     + (sd.w("setup.not_measured", configs=html.quote_md(", ".join(unmeasured), sd.language))
+                        if unmeasured else ""))
     for d in sd.meta.get("sessions") or []:
         lines.append("- " + sd.w("setup.session", machine=html.quote_md(d.get("machine"), sd.language),
                                  date=d.get("date"), configs=html.quote_md(d.get("configurations"), sd.language) or "–"))
