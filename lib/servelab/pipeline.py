@@ -158,7 +158,8 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
         raise PublishedReportExists(f"{pub}/index.html is published: pass --force to replace it")
     host = for_study(study)  # once per run: every configuration and the guard share it
     host.check()
-    placed = place(study, configs, params_path) if host.engine_here else placing.Placement([])
+    remote = getattr(host, "runs_remotely", False)  # the AWS instance runs this same runner itself
+    placed = place(study, configs, params_path) if host.engine_here and not remote else placing.Placement([])
     plans = plan_study(study, host)
     root = runs_root() / study.study
     todo = _to_measure(study, root, configs, force=force, resume=resume)
@@ -170,7 +171,10 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
     left: list[str] = []  # not started before --stop-after
     try:
         with stop_signals(), host.guard():
-            if placed.cpu:
+            if remote:
+                failed, left = _measure_there(host, study, params_path, root, todo, reduced=reduced,
+                                              stop_after_s=stop_after_s, force=force)
+            elif placed.cpu:
                 failed = _measure(study, [plans[c] for c in todo], root, notebooks=notebooks, resume=resume, started=t0)
             else:
                 failed, left = _measure_on_gpus(study, placed, root, notebooks=notebooks, resume=resume,
@@ -225,6 +229,19 @@ def place(study: Study, ids: list[str], params_path: Path) -> placing.Placement:
         return first
     dirs = {c: model_dir_for(study.engine_for(c)) for c in ids if study.engine_for(c).model is not None}
     return placing.plan(study, ids, machine, model_dirs=dirs, source=str(params_path))
+
+
+def _measure_there(host: Any, study: Study, params_path: Path, root: Path, todo: list[str], *, reduced: bool,
+                   stop_after_s: float | None, force: bool) -> tuple[list[str], list[str]]:
+    """The study runner on the AWS instance (`host.aws.runner: instance`) for the configurations `todo`; its
+    runs come back into `root`. Returns (failed, not started before --stop-after) as `_measure_on_gpus` does."""
+    code = host.run_there(study.study, params_path, todo, reduced=reduced, stop_after_s=stop_after_s, force=force)
+    missing = [c for c in todo if not done(study, root, c)]
+    if code == 3:
+        return [], missing
+    if code:
+        log(f"the instance's servelab run ended with exit status {code}")
+    return missing, []
 
 
 def _measure_on_gpus(study: Study, placed: placing.Placement, root: Path, *, notebooks: bool, resume: bool,

@@ -142,11 +142,21 @@ class AwsParams(BaseModel):
     stop_timeout_s: float = Field(1200.0, gt=0, description="tasks stopped + instances terminated deadline")
     max_capacity_failures: int = Field(1, ge=1, description="failed launches in a region before the next region")
     max_task_failures: int = Field(3, ge=1, description="engine tasks that may stop before the start fails")
+    runner: Literal["tunnel", "instance"] = Field(
+        "tunnel", description="tunnel: each configuration's engine on the host, measured from here through the SSM "
+        "port forward; instance (aws-instance only): `servelab run` itself on the instance, placing the study on "
+        "its GPUs as on any GPU machine, its runs brought back through results_bucket and published here")
+    results_bucket: str | None = Field(None, description="S3 bucket the instance runner reads its inputs from and "
+                                       "writes its log and runs to (runner: instance; the instance profile needs "
+                                       "s3:GetObject/PutObject there)")
 
     @model_validator(mode="after")
     def _complete(self) -> "AwsParams":
         if self.max_hours is None and self.max_spend_usd is None:
             raise ValueError("set max_hours or max_spend_usd: a GPU host needs a limit")
+        if self.runner == "instance" and not (self.results_bucket and self.image):
+            raise ValueError("runner: instance needs results_bucket (the runs come back through it) and image "
+                             "(the engine image servelab runs in)")
         if self.stack and self.stack.region and self.stack.region not in self.regions:
             raise ValueError(f"stack.region {self.stack.region} is not one of regions {self.regions}")
         return self

@@ -29,8 +29,9 @@ from ..attach import attach
 from ..base import Host
 from .base import BotoHost
 from .ecs import EcsServiceHost
-from .errors import StackNotFound
+from .errors import AwsHostError, StackNotFound
 from .instance import SingleInstanceHost
+from .remote import InstanceRunnerHost, runner_argv
 from .plan import deadline_line, stack_lines
 from .session import SessionFactory, StackParams
 from .tunnel import open_tunnel
@@ -40,7 +41,12 @@ AWS_CLASSES = {"aws-ecs": EcsServiceHost, "aws-instance": SingleInstanceHost}
 
 def make_host(params: AwsParams, kind: str = "aws-ecs", session_factory: SessionFactory | None = None,
               **kw: Any) -> BotoHost:
-    """The boto3 host of `host.kind` (aws-ecs: the ECS stack; aws-instance: one instance)."""
+    """The boto3 host of `host.kind` (aws-ecs: the ECS stack; aws-instance: one instance, which runs the study
+    runner itself with `runner: instance`)."""
+    if params.runner == "instance":
+        if kind != "aws-instance":
+            raise AwsHostError(f"host.aws.runner: instance needs host.kind aws-instance, not {kind}")
+        return InstanceRunnerHost(params, session_factory, **kw)
     return AWS_CLASSES[kind](params, session_factory, **kw)
 
 
@@ -147,6 +153,35 @@ class AwsHost(Host):
                                "deadline": info.deadline, "resolved": resolved})
         return {"aws": info.record(), "url": info.url, "tunnel": info.tunnel, "command": cmd,
                 "deadline": info.deadline, "stack": self.params.stack.name if self.params.stack else None}
+
+    @property
+    def runs_remotely(self) -> bool:
+        """`runner: instance`: the whole study runs on the instance (`run_there`), not configuration by
+        configuration from here."""
+        return self.params.runner == "instance"
+
+    def run_there(self, study_id: str, params_path: Path, configs: list[str], *, reduced: bool,
+                  stop_after_s: float | None, force: bool) -> int:
+        """`runner: instance`: the inputs up, the instance started with the study runner (the AWS-enforced
+        deadline first), its log followed under the guard, its runs unpacked into runs/<study>/. Returns the
+        instance's `servelab run` exit status; `teardown` terminates the instance as for every AWS study."""
+        self.credentials()
+        h = self.boto_host()
+        assert isinstance(h, InstanceRunnerHost)
+        h.check_account()  # nothing goes up to, or starts in, the wrong account
+        h.upload(study_id, params_path)
+        h.arm_deadline = True
+        info = h.start(runner_argv(configs, reduced=reduced, stop_after_s=stop_after_s, force=force), {})
+        write_json(self.state_path(), {"region": info.region, "started_at": info.started_at, "config": None,
+                                       "deadline": info.deadline, "resolved": {}})
+        progress_line(f"aws: {info.region}: {info.instance_ids[0]} runs the study ({h.url}/)")
+        try:
+            code = h.follow(info.instance_ids[0], say=progress_line, guard=h.guard)
+        finally:
+            got = h.fetch_runs(self.state_path().parent)
+            shown = [g for g in got if not g.startswith(".") and "." not in g]  # run folders, not the runner's own
+            progress_line(f"aws: runs brought back: {', '.join(shown) or 'none'}")
+        return code
 
     def launch(self, config_id: str, rdir: Path, engine: EngineParams) -> dict[str, Any]:
         """Reach the engine the AWS host runs: through the SSM port forward when there is one."""
