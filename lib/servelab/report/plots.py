@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib import font_manager
-from matplotlib.ticker import FixedLocator, NullLocator, ScalarFormatter
+from matplotlib.ticker import FixedLocator, MaxNLocator, NullLocator, ScalarFormatter
 
 from .i18n import table, words
 
@@ -248,15 +248,22 @@ def kv_vs_time(samples: pd.DataFrame, color: str = "#1f77b4", lang: str = "en") 
     pre = s["preemptions_total"].astype(float) if "preemptions_total" in s else pd.Series(np.nan, index=s.index)
     if pre.notna().any():
         axes[2].step(t, pre - pre.dropna().iloc[0], where="post", color=color, lw=1.1)
+    top = max(1.0, float((pre - pre.dropna().iloc[0]).max()) * 1.05) if pre.notna().any() else 1.0
+    axes[2].set_ylim(-0.04 * top, top)  # a count: no negative ticks; a flat 0 stays visible above the axis
+    axes[2].yaxis.set_major_locator(MaxNLocator(integer=True, nbins=4))
     axes[2].set_ylabel(L["preempt"])
     axes[2].set_xlabel(L["time"])
     labels = s["level"].tolist()
     starts = [i for i in range(len(labels)) if isinstance(labels[i], str) and (i == 0 or labels[i] != labels[i - 1])]
+    gap = 0.07 * max(float(t.max() - t.min()), 1e-9)  # a label's width: closer starts keep their line only
+    last = -math.inf
     for i in starts:
         for ax in axes:
             ax.axvline(float(t.iloc[i]), color="grey", ls=":", lw=0.6)
-        axes[0].text(float(t.iloc[i]), 103, labels[i].replace("-out", "/").replace(" c=", "\nc="), fontsize=5,
-                     va="top", ha="left", color="dimgrey")
+        if float(t.iloc[i]) - last >= gap:
+            axes[0].text(float(t.iloc[i]), 103, labels[i].replace("-out", "/").replace(" c=", "\nc="), fontsize=5,
+                         va="top", ha="left", color="dimgrey")
+            last = float(t.iloc[i])
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
