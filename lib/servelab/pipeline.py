@@ -12,8 +12,10 @@ and its process group stopped, the host torn down.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import shlex
 import shutil
 import tempfile
@@ -49,7 +51,8 @@ from .sidebyside import LANES, interleave_blocked, measure_interleaved, with_por
 from .schema import study_from_dict, upgrade
 from .hosts.local import model_dir_for
 from .lanes import done, measure_placed, placed_study
-from .measure.inventory import Gpu, inventory
+from .measure.inventory import Gpu, InventoryError, inventory, stand_in
+from .prices import load_table
 from .schema import layout_of
 from .secrets import scrub
 from .summary import format_table
@@ -101,14 +104,34 @@ def describe(study: Study, only: list[str] | None = None) -> str:
 def dry_placement(study: Study, ids: list[str]) -> placing.Placement | None:
     """Where the dry run shows the engines: placed on this machine's GPUs (or $SERVELAB_GPUS's, `--gpus`); for a
     study placed on GPUs on a machine without them, on as many GPUs of unknown size as it asks for; None where
-    the engine does not run on this machine (an attached server, AWS)."""
-    if not for_study(study).engine_here:
+    the engine does not run on this machine (an attached server, AWS); for a study whose runner runs on an AWS
+    instance (`runner: instance`), on that instance type's GPUs."""
+    host = for_study(study)
+    if getattr(host, "runs_remotely", False):
+        machine = instance_gpus(study.host.aws.instance_type) if study.host.aws else []
+        return placing.plan(study, ids, machine, source=study.study) if machine else None
+    if not host.engine_here:
         return None
     machine = inventory()
     if not machine and study.placement.on_gpus:
         widths = [study.placement.gpus or 1, *(layout_of(study, c).gpus for c in ids)]
         machine = [Gpu(i, "GPU", None, None, source="planned") for i in range(max(widths))]
     return placing.plan(study, ids, machine, source=study.study)
+
+
+def instance_gpus(instance_type: str) -> list[Gpu]:
+    """An instance type's GPUs as the placement sees them: the price table's count and GPU, the hardware table's
+    memory ([] where either does not know it)."""
+    row = next((e for e in load_table().get("ec2_on_demand", []) if e["instance_type"] == instance_type
+                and e.get("gpus") and e.get("gpu")), None)
+    if row is None:
+        return []
+    name = re.sub(r"\s+\d+\s*GB$", "", row["gpu"])  # "NVIDIA H200 141 GB": the hardware table's "NVIDIA H200"
+    try:
+        gpus = stand_in(f"{row['gpus']}x{name}")
+    except InventoryError:
+        return []
+    return [dataclasses.replace(g, source="instance") for g in gpus]
 
 
 def layout_lines(plan: ConfigPlan) -> list[str]:

@@ -160,7 +160,8 @@ def source_line(gpus: list[Gpu]) -> str:
     src = {g.source for g in gpus}
     if src == {"planned"}:
         return f"{len(gpus)} GPU{'s' if len(gpus) > 1 else ''} as the study plans them (this machine has none; memory unknown)"
-    how = {"nvml": "NVML", "nvidia-smi": "nvidia-smi", "stand-in": f"{FAKE_ENV}, not this machine"}
+    how = {"nvml": "NVML", "nvidia-smi": "nvidia-smi", "stand-in": f"{FAKE_ENV}, not this machine",
+           "instance": "the instance type's, from the price table"}
     names = sorted({g.name for g in gpus})
     return f"{len(gpus)} x {' / '.join(names)} ({', '.join(how[s] for s in sorted(src))})"
 

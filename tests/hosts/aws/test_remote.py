@@ -62,7 +62,7 @@ def study(tmp_path):
                          "concurrency": [1], "warmup_rounds": 0, "rounds": 1},
             "quality": {"enabled": False},
             "host": {"kind": "aws-instance", "aws": {
-                "regions": [REGION], "instance_type": "g6e.xlarge", "image": "vllm/vllm-openai:v0.26.0",
+                "regions": [REGION], "instance_type": "g7e.12xlarge", "image": "vllm/vllm-openai:v0.26.0",
                 "max_hours": 2, "hourly_usd": 1.86, "poll_s": 0.01, "name": "remote-test", "ami_parameter": AMI,
                 "runner": "instance", "results_bucket": BUCKET,
                 "secret_parameters": {"HF_TOKEN": "/servelab/hf-token"}}},
@@ -185,8 +185,12 @@ def test_the_dry_run_plans_the_runner_on_the_instance(study, capfd):
     assert main(["run", str(study), "--dry-run"]) == 0
     out = capfd.readouterr().out
     assert "servelab's wheel and the params (host: local) to s3://servelab-results-test/" in out
-    assert "ec2:RunInstances g6e.xlarge once (user data: `servelab run` in vllm/vllm-openai:v0.26.0" in out
+    assert "ec2:RunInstances g7e.12xlarge once (user data: `servelab run` in vllm/vllm-openai:v0.26.0" in out
     assert "tunnel" not in out.split("aws:", 1)[1]
+    # placed on the instance type's GPUs (2 in the price table), predicted for that GPU, not this machine's
+    assert "placement: 2 x RTX PRO 6000 Blackwell Server Edition (the instance type's, from the price table)" in out
+    assert "server a on GPU 0" in out and "a, b" in out
+    assert "predicted on RTX PRO 6000 Blackwell Server Edition" in out
 
 
 def test_runner_instance_needs_a_bucket_an_image_and_aws_instance():
