@@ -46,6 +46,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int) -> int:
+    """The first of `n` consecutive ports nothing listens on now: the GPU runner gives a study's servers the
+    engine's port and the ones after it (a taken port+1 failed a test now and then under xdist)."""
+    import socket
+
+    for _ in range(100):
+        base = free_port()
+        socks = []
+        try:
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports")
+
+
 ENGINE_PORT = int(os.environ.get("SERVELAB_TEST_PORT") or free_port())
 
 # Flags of docs/cpu-engine.md, sized for tests.

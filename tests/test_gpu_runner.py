@@ -20,7 +20,7 @@ import psutil
 import pytest
 import yaml
 
-from conftest import free_port
+from conftest import free_ports
 from paths import ROOT
 from servelab import pipeline
 from servelab.cli import main
@@ -48,7 +48,7 @@ def gpu_study(tmp_path, monkeypatch, cpu_model_dir):
     fake = tmp_path / "enginepy"
     fake.write_text(FAKE)
     fake.chmod(0o755)
-    port = free_port()
+    port = free_ports(3)  # the runner gives servers port, port+1, ...; the stop test adds a third
     data = {"study": "gpu-runner", "title": "t",
             "engine": {"kind": "vllm", "model": {"path": str(cpu_model_dir)}, "port": port, "python": str(fake),
                        "startup_timeout_s": 60, "args": {"gpu-memory-utilization": 0.3}},

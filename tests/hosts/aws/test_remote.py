@@ -22,7 +22,7 @@ import pytest
 import yaml
 from moto import mock_aws
 
-from conftest import free_port
+from conftest import free_ports
 from servelab.cli import main
 from servelab.hosts.aws import host as aws_host
 from servelab.hosts.aws.errors import AwsHostError
@@ -56,7 +56,7 @@ def study(tmp_path):
     fake.write_text(FAKE)
     fake.chmod(0o755)
     data = {"study": "remote-runner", "title": "t",
-            "engine": {"kind": "vllm", "model": {"preset": "cpu-tiny"}, "port": free_port(), "python": str(fake),
+            "engine": {"kind": "vllm", "model": {"preset": "cpu-tiny"}, "port": free_ports(2), "python": str(fake),
                        "startup_timeout_s": 60, "args": {"gpu-memory-utilization": 0.3}},
             "workload": {"api": "completions", "buckets": [{"input_tokens": 16, "output_tokens": 8}],
                          "concurrency": [1], "warmup_rounds": 0, "rounds": 1},
