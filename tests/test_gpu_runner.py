@@ -148,6 +148,17 @@ def test_a_deadline_passed_while_a_server_starts_still_measures_it_and_publishes
     assert RunFolder(root / "c").run["status"] == "complete" and published[-1] == ("gpu-runner", True)
 
 
+def test_resume_without_runs_here_does_not_replace_a_page_published_elsewhere(gpu_study, tmp_path, capfd):
+    params, _ = gpu_study
+    page = tmp_path / "reports" / "gpu-runner" / "index.html"
+    page.parent.mkdir(parents=True)
+    page.write_text("published elsewhere")
+    capfd.readouterr()
+    rc = main(["run", str(params), "--no-notebooks", "--resume"])
+    assert rc != 0 and "is published: pass --force" in capfd.readouterr().err
+    assert page.read_text() == "published elsewhere" and not (tmp_path / "runs" / "gpu-runner").exists()
+
+
 def test_a_machine_too_small_is_refused_before_anything_starts(gpu_study, tmp_path, capfd, monkeypatch):
     params, _ = gpu_study
     data = yaml.safe_load(params.read_text())

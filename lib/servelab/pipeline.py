@@ -177,7 +177,10 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
     if unknown:
         raise ValueError(f"{params_path}: no configuration {sorted(unknown)}; have {[c.id for c in study.configurations]}")
     pub = reports_root() / study.study
-    if report and (pub / "index.html").exists() and not (force or resume):  # --resume: the page of these runs
+    # --resume of runs on this machine: the published page is theirs (an earlier --stop-after) and is replaced;
+    # without them (a page published elsewhere, a fresh clone) --resume measures everything and must not
+    ours = resume and (runs_root() / study.study / STUDY_JSON).exists()
+    if report and (pub / "index.html").exists() and not (force or ours):
         raise PublishedReportExists(f"{pub}/index.html is published: pass --force to replace it")
     host = for_study(study)  # once per run: every configuration and the guard share it
     host.check()
@@ -207,16 +210,22 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
         if out:
             log(out)
         scrub_tree(root)  # engine logs and anything else written by child processes
-    frames = [RunFolder(root / c).summary for c in configs]
-    print(format_table(_concat(frames)))
+    print(format_table(_concat([RunFolder(root / c).summary for c in configs])))
     log(f"measured {len(todo) - len(failed) - len(left)} configuration(s) in {time.monotonic() - t0:.0f} s")
+    return _conclude(study, root, configs, failed, left, publish_it=report, force=force or ours)
+
+
+def _conclude(study: Study, root: Path, configs: list[str], failed: list[str], left: list[str], *,
+              publish_it: bool, force: bool) -> int:
+    """The run's exit status, the page published where it has one: 1 where a configuration failed (nothing
+    published) or nothing was measured; 3 where --stop-after left configurations (published from the rest)."""
     if failed:
         log(f"failed: {failed}; records kept under {root}")
         return 1
     if left and not any(done(study, root, c) for c in configs):
         return 1  # nothing to publish
-    if report:
-        publish(study.study, root, force=force or resume)
+    if publish_it:
+        publish(study.study, root, force=force)
     if left:
         log(f"published {len(configs) - len(left)} of {len(configs)} configurations; "
             f"not measured: {', '.join(left)} (--resume measures them and publishes again)")
