@@ -107,8 +107,8 @@ def dry_placement(study: Study, ids: list[str]) -> placing.Placement | None:
     the engine does not run on this machine (an attached server, AWS); for a study whose runner runs on an AWS
     instance (`runner: instance`), on that instance type's GPUs."""
     host = for_study(study)
-    if getattr(host, "runs_remotely", False):
-        machine = instance_gpus(study.host.aws.instance_type) if study.host.aws else []
+    if host.runs_remotely:
+        machine = instance_gpus(study.host.aws.instance_type)
         return placing.plan(study, ids, machine, source=study.study) if machine else None
     if not host.engine_here:
         return None
@@ -184,8 +184,8 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
         raise PublishedReportExists(f"{pub}/index.html is published: pass --force to replace it")
     host = for_study(study)  # once per run: every configuration and the guard share it
     host.check()
-    remote = getattr(host, "runs_remotely", False)  # the AWS instance runs this same runner itself
-    placed = place(study, configs, params_path) if host.engine_here and not remote else placing.Placement([])
+    placed = (place(study, configs, params_path) if host.engine_here and not host.runs_remotely
+              else placing.Placement([]))  # runs_remotely: the instance places the study itself
     plans = plan_study(study, host)
     root = runs_root() / study.study
     todo = _to_measure(study, root, configs, force=force, resume=resume)
@@ -197,7 +197,7 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
     left: list[str] = []  # not started before --stop-after
     try:
         with stop_signals(), host.guard():
-            if remote:
+            if host.runs_remotely:
                 failed, left = _measure_there(host, study, params_path, root, todo, reduced=reduced,
                                               stop_after_s=stop_after_s, force=force)
             elif placed.cpu:

@@ -40,6 +40,8 @@ class Host:
     cost_basis = "local"
     #: the engine runs on this machine's own hardware (a prediction's machine is this CPU)
     engine_here = False
+    #: the whole study runs elsewhere with this same runner (`run_there`: an AWS instance, `runner: instance`)
+    runs_remotely = False
 
     def __init__(self, study: Study) -> None:
         self.study = study

@@ -179,7 +179,7 @@ class AwsHost(Host):
             code = h.follow(info.instance_ids[0], say=progress_line, guard=h.guard)
         finally:
             got = h.fetch_runs(self.state_path().parent)
-            shown = [g for g in got if not g.startswith(".") and "." not in g]  # run folders, not the runner's own
+            shown = [g for g in got if "." not in g]  # run folders, not design.json nor the runner's .served/
             progress_line(f"aws: runs brought back: {', '.join(shown) or 'none'}")
         return code
 

@@ -40,27 +40,48 @@ class SingleInstanceHost(BotoHost):
                 ).get("SecurityGroups", [])]
         return list(subnets), list(sgs)
 
-    def user_data(self, command: list[str], env: dict[str, str], region: str) -> str:
-        """Boot script: a dead-man shutdown at max_hours, then `docker run` of the engine."""
+    # -- the boot script's parts (also the study runner's, `remote.InstanceRunnerHost`) ---------------------
+    def boot_lines(self, env: dict[str, str], region: str, header: list[str]) -> list[str]:
+        """`header`, then the dead-man shutdown at max_hours (or the deadline's hours) and the ECS agent off.
+        AwsHostError where an env name looks secret: user data is readable by anyone with
+        ec2:DescribeInstanceAttribute."""
         for k in env:
             if SECRET_NAME.search(k):
                 raise AwsHostError(f"env {k} looks secret; user data is readable by anyone with "
                                    "ec2:DescribeInstanceAttribute: put it in SSM and use host.aws.secret_parameters")
-        q = shlex.quote
-        lines = ["#!/bin/bash", "# servelab single-instance host: the engine container, no ECS cluster",
-                 "set -euo pipefail"]
+        lines = list(header)
         hours = (self.limit_hours(region)[0] if self.arm_deadline else None) or self.p.max_hours
         if hours:
-            minutes = max(int(hours * 60), 1)
-            lines.append(f"shutdown -h +{minutes}  # dead-man switch: shutdown behaviour is terminate")
-        lines += ["systemctl disable --now ecs || true", "mkdir -p /var/lib/llm-model-cache",
+            lines.append(f"shutdown -h +{max(int(hours * 60), 1)}  # dead-man switch: shutdown behaviour is terminate")
+        return lines + ["systemctl disable --now ecs || true"]
+
+    def secret_exports(self, region: str) -> list[str]:
+        """The secret parameters read from SSM on the instance (never written into the user data)."""
+        q = shlex.quote
+        return [f"export {name}=$(aws ssm get-parameter --region {q(region)} --with-decryption --name {q(param)} "
+                "--query Parameter.Value --output text)" for name, param in self.p.secret_parameters.items()]
+
+    def env_words(self, env: dict[str, str]) -> list[str]:
+        """`docker run`'s -e words: the engine's env, then the secrets' names (their values come from the shell)."""
+        words = []
+        for k, v in sorted(env.items()):
+            words += ["-e", shlex.quote(f"{k}={v}")]
+        for name in self.p.secret_parameters:
+            words += ["-e", shlex.quote(name)]
+        return words
+
+    def user_data(self, command: list[str], env: dict[str, str], region: str) -> str:
+        """Boot script: a dead-man shutdown at max_hours, then `docker run` of the engine."""
+        q = shlex.quote
+        lines = self.boot_lines(env, region, ["#!/bin/bash",
+                                              "# servelab single-instance host: the engine container, no ECS cluster",
+                                              "set -euo pipefail"])
+        lines += ["mkdir -p /var/lib/llm-model-cache",
                   'TOKEN=$(curl -sX PUT http://169.254.169.254/latest/api/token '
                   '-H "X-aws-ec2-metadata-token-ttl-seconds: 300")',
                   'IID=$(curl -s -H "X-aws-ec2-metadata-token: $TOKEN" '
                   'http://169.254.169.254/latest/meta-data/instance-id)']
-        for name, param in self.p.secret_parameters.items():
-            lines.append(f"export {name}=$(aws ssm get-parameter --region {q(region)} --with-decryption --name "
-                         f"{q(param)} --query Parameter.Value --output text)")
+        lines += self.secret_exports(region)
         entry, args = container_argv(command)
         words = ["docker", "run", "-d", "--name", "servelab-engine", "--restart", "no", "--gpus", "all",
                  "--ipc=host", "--ulimit", "memlock=-1:-1", "-p", f"{self.p.container_port}:{self.p.container_port}",
@@ -71,10 +92,7 @@ class SingleInstanceHost(BotoHost):
                                    f"awslogs-group={self.p.log_group}", "--log-opt", "awslogs-create-group=true",
                                    "--log-opt"]]
             run.append('"awslogs-stream=$IID"')  # expanded by the shell: one stream per instance
-        for k, v in sorted(env.items()):
-            run += ["-e", q(f"{k}={v}")]
-        for name in self.p.secret_parameters:
-            run += ["-e", q(name)]
+        run += self.env_words(env)
         run += [q(w) for w in ["--entrypoint", entry[0], str(self.p.image), *entry[1:], *args]]
         lines.append(" ".join(run))
         return "\n".join(lines) + "\n"

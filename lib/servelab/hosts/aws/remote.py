@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from ...paths import project_root
-from ...secrets import SECRET_NAME
+from .base import err_code
 from .errors import AwsHostError
 from .instance import SingleInstanceHost
 
@@ -101,33 +101,20 @@ class InstanceRunnerHost(SingleInstanceHost):
     def user_data(self, command: list[str], env: dict[str, str], region: str) -> str:
         """Boot script: the dead-man shutdown, the inputs from S3, `servelab run` in the engine image with every
         GPU, the log to S3 every 30 s, the runs and the exit status to S3 at the end, then shutdown."""
-        for k in env:
-            if SECRET_NAME.search(k):
-                raise AwsHostError(f"env {k} looks secret; user data is readable by anyone with "
-                                   "ec2:DescribeInstanceAttribute: put it in SSM and use host.aws.secret_parameters")
         q = shlex.quote
-        s3 = q(self.url)
-        lines = ["#!/bin/bash", "# servelab: the study runner on this instance; its log and runs go to S3",
-                 "set -uo pipefail"]
-        hours = (self.limit_hours(region)[0] if self.arm_deadline else None) or self.p.max_hours
-        if hours:
-            lines.append(f"shutdown -h +{max(int(hours * 60), 1)}  # dead-man switch: shutdown behaviour is terminate")
-        lines += ["systemctl disable --now ecs || true", f"W={WORK}", f"S3={s3}",
-                  'mkdir -p "$W" /var/lib/llm-model-cache',
+        lines = self.boot_lines(env, region, ["#!/bin/bash",
+                                              "# servelab: the study runner on this instance; its log and runs go to S3",
+                                              "set -uo pipefail"])  # no -e: a failed run still sends what it has
+        lines += [f"W={WORK}", f"S3={q(self.url)}", 'mkdir -p "$W" /var/lib/llm-model-cache',
                   f'aws s3 cp --quiet --recursive "$S3/{INPUT}/" "$W/" || {{ echo 2 > "$W/{EXIT}"; }}',
                   f'( while sleep 30; do aws s3 cp --quiet "$W/{LOG}" "$S3/{LOG}"; done ) &', "SYNC=$!"]
-        for name, param in self.p.secret_parameters.items():
-            lines.append(f"export {name}=$(aws ssm get-parameter --region {q(region)} --with-decryption --name "
-                         f"{q(param)} --query Parameter.Value --output text)")
+        lines += self.secret_exports(region)
         install = "python3 -m pip install -q /work/servelab-*.whl " + " ".join(q(r) for r in RUNNER_EXTRAS)
         inner = f"{install} && exec {shlex.join(command)}"
         words = [q(w) for w in ["docker", "run", "--rm", "--name", "servelab-runner", "--gpus", "all", "--ipc=host",
                                 "--ulimit", "memlock=-1:-1", "-v", f"{WORK}:/work", "-v",
                                 "/var/lib/llm-model-cache:/root/.cache", "-w", "/work", "-e", "SERVELAB_RUNS=/work/runs"]]
-        for k, v in sorted(env.items()):
-            words += ["-e", q(f"{k}={v}")]
-        for name in self.p.secret_parameters:
-            words += ["-e", q(name)]
+        words += self.env_words(env)
         words += [q(w) for w in ["--entrypoint", "bash", str(self.p.image), "-c", inner]]
         lines += [f'[ -f "$W/{EXIT}" ] || {{ ' + " ".join(words) + f' > "$W/{LOG}" 2>&1; echo $? > "$W/{EXIT}"; }}',
                   "kill $SYNC 2>/dev/null",
@@ -141,8 +128,8 @@ class InstanceRunnerHost(SingleInstanceHost):
     def _object(self, name: str) -> bytes | None:
         try:
             return self.s3().get_object(Bucket=self.p.results_bucket, Key=f"{self.prefix}/{name}")["Body"].read()
-        except Exception as e:  # noqa: BLE001 - NoSuchKey: not written yet
-            if "NoSuchKey" in str(e) or "Not Found" in str(e) or "404" in str(e):
+        except Exception as e:  # noqa: BLE001 - botocore's ClientError, read by its code
+            if err_code(e) in ("NoSuchKey", "404"):  # not written yet
                 return None
             raise
 
