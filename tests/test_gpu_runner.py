@@ -32,6 +32,9 @@ FAKE = textwrap.dedent(f"""\
     import json, os, sys
     from pathlib import Path
     args = sys.argv[1:]
+    if args[:1] == ["-c"]:  # the host probe (measure.hostprobe): one eager launch of 7 us
+        print(json.dumps({{"launch_eager_s": 7e-6, "torch": "stand-in"}}))
+        sys.exit(0)
     if "bench" in args:  # vllm bench serve: a result file where it is asked for
         d, f = args[args.index("--result-dir") + 1], args[args.index("--result-filename") + 1]
         Path(d, f).write_text(json.dumps({{"completed": 1, "failed": 0}}))
@@ -99,6 +102,11 @@ def test_each_engine_is_served_once_on_its_gpu_and_every_configuration_measured(
     for h in handles.values():  # every server stopped
         assert not psutil.pid_exists(h["pid"]) or psutil.Process(h["pid"]).status() == psutil.STATUS_ZOMBIE
     assert "placement:   server a on GPU 0" in r.stderr
+    # the host's CPU probed once before the first server, with the engine's Python, in every run record (the
+    # prediction of a run on a real GPU scales the engine's CPU-side terms by it: tests/analysis/test_hosts.py)
+    assert json.loads((root / "host_probe.json").read_text())["launch_eager_s"] == 7e-6
+    for c in "abc":
+        assert RunFolder(root / c).run["host_probe"]["launch_eager_s"] == 7e-6
 
 
 def test_stop_after_leaves_the_rest_to_resume(gpu_study, tmp_path, capfd):

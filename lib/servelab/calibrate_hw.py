@@ -389,6 +389,78 @@ def ttft_from(study_dirs: list[Path | str], add_to: str, engine: str = "vllm") -
     return entry
 
 
+def host_points(study_dir: Path | str, entry: dict[str, Any], engine: str = "vllm") -> list[dict[str, Any]]:
+    """A study's levels at concurrency 1 that the host factor moves (`analysis.hosts`): each configuration's
+    median TTFT and median TPOT per bucket, with the model's figure as a function of the factor (`model`), for
+    the configurations `request_points` takes (`engine` with CUDA graphs on one GPU of the entry's kind)."""
+    from .analysis.calibration import completed
+
+    base = completed(entry)
+    sd = load_study_data(Path(study_dir))
+    s = sd.summary
+    wanted = {(p["config"], p["bucket"]) for p in request_points([study_dir], entry, engine)}
+    pts = []
+    for cid in sorted({c for c, _ in wanted}):
+        run = sd.runs[cid]
+        facts = run["model"]["facts"]
+        args = engine_args((run.get("engine_params") or {}).get("args"))
+        ties = perfmodel.router_ties(run)
+        for r in s[(s["config"] == cid) & (s["concurrency"] == 1) & (s["rate_rps"] <= 0)].itertuples():
+            if (cid, r.bucket) not in wanted:
+                continue
+            n_in, n_out = int(round(float(r.prompt_tokens))), int(round(float(r.output_tokens_p50)))
+
+            def model(f: float, q: str, n_in: int = n_in, n_out: int = n_out, facts: Any = facts, args: Any = args,
+                      ties: Any = ties) -> float:
+                p = perfmodel.predict(facts, engine, args, Machine(base, scale_host=f), input_tokens=n_in,
+                                      output_tokens=max(n_out, 2), concurrency=[1], identical=bool(ties), ties=ties,
+                                      band=False)
+                return float(p[q])
+            pts.append({"config": cid, "bucket": r.bucket, "quantity": "ttft_c1_s", "measured_s": float(r.ttft_p50_s),
+                        "model": lambda f, m=model: m(f, "ttft_c1_s")})
+            if n_out > 2 and r.tpot_p50_s == r.tpot_p50_s:
+                pts.append({"config": cid, "bucket": r.bucket, "quantity": "c1_tpot_s", "measured_s": float(r.tpot_p50_s),
+                            "model": lambda f, m=model: m(f, "c1_tpot_s")})
+    return pts
+
+
+def hosts_from(study_dirs: list[Path | str], add_to: str, engine: str = "vllm") -> dict[str, Any]:
+    """Each published study's host factor (`analysis.hosts.fit_factor` over `host_points`: its CPU-side time over
+    the calibration host's), stored in calibration entry `add_to` as `hosts_seen` (one row per study, replacing a
+    row of the same study); before you rent, the model takes their geometric mean and the band spans them."""
+    from .analysis.hosts import fit_factor
+
+    target = CALIBRATIONS / f"{add_to}.yaml"
+    if not target.is_file():
+        raise UserError(f"calibrate-hw --hosts-from: no calibration entry {target}")
+    entry = yamlio.safe_load(target.read_text())
+    base = copy.deepcopy(entry)
+    base.pop("hosts_seen", None)
+    rows = {h["study"]: h for h in entry.get("hosts_seen") or []}
+    for study_dir in study_dirs:
+        pts = host_points(study_dir, base, engine)
+        try:
+            fitted = fit_factor([(p["measured_s"], p["model"]) for p in pts])
+        except ValueError as e:
+            raise UserError(f"calibrate-hw --hosts-from {study_dir}: {e} of {engine} with CUDA graphs on "
+                            f"{entry['machine']['name']} at c=1; found {len(pts)}") from None
+        sd = load_study_data(Path(study_dir))
+        started = min(str(r.get("started_at", ""))[:10] for r in sd.runs.values())
+        probes = [r["host_probe"]["launch_eager_s"] for r in sd.runs.values() if (r.get("host_probe") or {}).get("launch_eager_s")]
+        name = Path(study_dir).name
+        rows[name] = {"study": name, "measured_at": started, "factor": round(fitted["factor"], 4), "n": fitted["n"],
+                      "levels": [{"config": p["config"], "bucket": p["bucket"], "quantity": p["quantity"],
+                                  "measured_s": p["measured_s"], "log_error": round(e, 4)}
+                                 for p, e in zip(pts, fitted["log_errors"]) if e is not None],
+                      **({"launch_eager_s": probes[0]} if probes else {}),
+                      "source": f"{name}: c=1 TTFT and TPOT of {len({p['config'] for p in pts})} configuration(s), the "
+                                "model's CPU-side terms scaled by one factor (calibrate-hw --hosts-from)"}
+        progress_line(f"calibrate-hw: {name}: host factor x{fitted['factor']:.2f} over {fitted['n']} levels")
+    entry["hosts_seen"] = list(rows.values())
+    target.write_text(yaml.safe_dump(entry, sort_keys=False, width=120), encoding="utf-8")
+    return entry
+
+
 def calibrate_collectives(add_to: str | None = None) -> dict[str, Any]:
     """`calibrate-hw --collectives`: all-reduce and all-to-all timed between this machine's GPUs
     (`measure.collectives`), fitted as alpha + bytes / beta per op and GPU count
@@ -429,4 +501,4 @@ def _engine_version(folder: Path) -> str | None:
 
 
 __all__ = ["calibrate_collectives", "calibrate_hw", "fit", "merge", "moe_prefill_from", "plan", "request_points",
-           "run_sweep", "ttft_from"]
+           "run_sweep", "ttft_from", "hosts_from", "host_points"]

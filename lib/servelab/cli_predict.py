@@ -26,7 +26,7 @@ def _csv(s: str) -> list[str]:
 
 
 def cmd_calibrate_hw(a: argparse.Namespace) -> int:
-    from .calibrate_hw import calibrate_collectives, calibrate_hw, moe_prefill_from, ttft_from
+    from .calibrate_hw import calibrate_collectives, calibrate_hw, hosts_from, moe_prefill_from, ttft_from
 
     if a.collectives:
         calibrate_collectives(a.add_to)
@@ -35,6 +35,11 @@ def cmd_calibrate_hw(a: argparse.Namespace) -> int:
         if not a.add_to:
             raise UserError("calibrate-hw --ttft-from STUDY_DIR ... needs --add-to ID (the entry it goes into)")
         ttft_from(a.ttft_from, a.add_to, a.engine)
+        return 0
+    if a.hosts_from:
+        if not a.add_to:
+            raise UserError("calibrate-hw --hosts-from STUDY_DIR ... needs --add-to ID (the entry it goes into)")
+        hosts_from(a.hosts_from, a.add_to, a.engine)
         return 0
     if a.moe_prefill_from:
         if not a.add_to:
@@ -290,6 +295,9 @@ def _print_model(name: str, f: dict[str, Any], a: argparse.Namespace, gpu: dict[
     for t in (pred.get("machine") or {}).get("transfer") or []:
         rng = f", +/-{t['range'] * 100:.0f} %" if t.get("range") else ""
         print(f"  carried: {t['term']}: {t['rule']} ({t['source']}{rng})")
+    host = (pred.get("machine") or {}).get("host") or {}
+    if host.get("how") in ("probe", "hosts seen"):
+        print(f"  host: the engine's CPU-side terms x{host['factor']:.2f}: {host['source']}")
     if band:
         print(f"  band: {band.get('rule')}")
     for why in p.get("bound_because") or []:
@@ -314,6 +322,10 @@ def add_parser(sub: Any) -> None:
                    help="fit the engine's fixed cost of a request (HTTP, template, tokenization, scheduling) from "
                         "published studies' TTFTs at c=1 less the model's prefill, into the entry --add-to names; "
                         "measures nothing")
+    c.add_argument("--hosts-from", metavar="STUDY_DIR", nargs="+",
+                   help="fit each published study's host factor (its engine's CPU-side time over the calibration "
+                        "host's, from its c=1 TTFTs and TPOTs) into the entry --add-to names (hosts_seen: before you "
+                        "rent, predictions take the typical host and a band over them); measures nothing")
     c.add_argument("--collectives", action="store_true",
                    help="time all-reduce and all-to-all between this machine's GPUs (NCCL; 2 or more GPUs) for the "
                         "model's tensor- and expert-parallel terms, into the entry --add-to names (default: the newest "

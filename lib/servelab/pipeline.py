@@ -18,6 +18,7 @@ import os
 import re
 import shlex
 import shutil
+import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
@@ -32,7 +33,9 @@ from .errors import RunFolderExists
 from . import placement as placing
 from .execute import StageFailed, WRITEUP, execute_notebook, log, run_config, stop_signals
 from .hosts import EngineError, for_study
+from .hosts.process import engine_python
 from .measure.capacity import study_worst_case_lines
+from .measure import hostprobe
 from .measure.grid import planned_requests
 from .plan import ConfigPlan, plan_study
 from .preflight import preflight
@@ -41,7 +44,8 @@ from .report.index import write_index
 from .report.load import load_study_data
 from .report.render import notebook_to_html
 from .report.verdicts import write_study_verdicts
-from .runfolder import (CHECK_FILES, DESIGN_JSON, ENGINE_LOG, PUBLISHED_FILES, RECORDS, STUDY_JSON, RunFolder,
+from .runfolder import (CHECK_FILES, DESIGN_JSON, ENGINE_LOG, HOST_PROBE_JSON, PUBLISHED_FILES, RECORDS, STUDY_JSON,
+                        RunFolder,
                         read_json, reports_root, runs_root, write_design, write_json)
 from .schema import FORMAT_VERSION, Study
 from .schema.runfiles import DesignRecord
@@ -281,10 +285,28 @@ def _measure_on_gpus(study: Study, placed: placing.Placement, root: Path, *, not
     """Every configuration on the GPUs the placement gave its server (`lanes`); design.json says where each
     server ran and how long it took to start. Returns (the configurations that failed, those not started
     before the deadline)."""
+    probe_host(study, placed, root, resume=resume)
     failed, left, startup = measure_placed(study, placed, root, notebooks=notebooks, resume=resume, deadline=deadline)
     write_design(root, DesignRecord(interleaved=False, reason="placed on the machine's GPUs, one server per engine",
                                     placement={**placed.record(), "startup_s": startup}))
     return failed, left
+
+
+def probe_host(study: Study, placed: placing.Placement, root: Path, *, resume: bool) -> None:
+    """The host probe (`measure.hostprobe`: this CPU's eager kernel launch, with the first engine's Python) into
+    runs/<study>/host_probe.json before any server starts, so every configuration's prediction, stored before its
+    first request, scales the engine's CPU-side terms by this host (`analysis.hosts`). A resumed run keeps the
+    probe of its first start; a probe that cannot run is logged and the model takes the typical host."""
+    out = root / HOST_PROBE_JSON
+    if (resume and out.exists()) or not placed.servers():
+        return
+    result, why = hostprobe.probe(engine_python(placed.servers()[0].engine) or sys.executable)
+    if result is None:
+        log(f"{why}: predictions take the typical host of those seen")
+        out.unlink(missing_ok=True)
+        return
+    write_json(out, result)
+    log(f"host probe: one eager kernel launch takes {result['launch_eager_s'] * 1e6:.2f} us on this host")
 
 
 def _concat(frames: list[Any]) -> Any:

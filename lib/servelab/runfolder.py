@@ -44,6 +44,7 @@ QUALITY_JSON = "quality.json"  # the output check after the launch (measure.qual
 DESIGN_JSON = "design.json"  # beside the configurations: how they were measured (interleaved, budget, sampling)
 VERDICTS_JSON = "verdicts.json"  # beside the configurations: each change's verdict per level (analysis.verdicts)
 PREDICTION_JSON = "prediction.json"  # the performance model's prediction, written before the first request
+HOST_PROBE_JSON = "host_probe.json"  # beside the configurations: the GPU host's CPU probe (measure.hostprobe)
 PREDICTION_AFTER_JSON = "prediction-after.json"  # a later model's prediction of a published run, made after it
 ROUTING_JSON = "routing.json"  # the engine's own routing report: distinct experts per decode step (servelab routing)
 TUNE_JSON = "tune.json"  # beside the configurations: a `tune:` study's search, step by step (servelab.tune)

@@ -31,7 +31,7 @@ from .measure.runinfo import base_record, engine_gpu_devices, layout_record, mod
 from .measure.runner import RunResult, levels, run_workload
 from .models.reference import cpu_name, reference_answers
 from .plan import ConfigPlan
-from .runfolder import (ENGINE_JSON, HOST_JSON, PREDICTION_JSON, QUALITY_JSON, now_iso, read_engine, read_json,
+from .runfolder import (ENGINE_JSON, HOST_JSON, HOST_PROBE_JSON, PREDICTION_JSON, QUALITY_JSON, now_iso, read_engine, read_json,
                         runs_root, write_design, write_engine, write_json)
 from .schema.runfiles import DesignRecord
 
@@ -84,6 +84,8 @@ def _run_record(plan: ConfigPlan, h: dict[str, Any], rdir: Path, hardware: dict[
     gpus = engine_gpu_devices(eng.env)
     if gpus is not None:
         rec["gpus_used"] = gpus
+    if (Path(rdir).parent / HOST_PROBE_JSON).is_file():  # the GPU host's CPU, probed by the runner (pipeline.probe_host)
+        rec["host_probe"] = read_json(Path(rdir).parent / HOST_PROBE_JSON)
     if host.engine_on_this_machine(h) and not rec["client_host"].get("gpus"):
         # the engine runs on this CPU: measure its memory bandwidth and matmul rate for the roofline
         rec["hardware_measured"] = hardware or measure_cpu_bandwidth(seconds=1.0)

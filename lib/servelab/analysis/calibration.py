@@ -16,6 +16,8 @@ from typing import Any
 from ..tables import calibration_entries
 import numpy as np
 
+from .hosts import host_factor
+
 
 def calibrations(folder: Path | str | None = None) -> list[dict[str, Any]]:
     """Every calibration entry (`data/calibrations/*.yaml`), oldest first by measurement date."""
@@ -131,7 +133,8 @@ class Machine:
     of the same kind, scaled by the probes of both machines)."""
 
     def __init__(self, entry: Mapping[str, Any], *, own: bool = True, probe: Mapping[str, Any] | None = None,
-                 memory_bytes: float | None = None) -> None:
+                 memory_bytes: float | None = None, host_probe: Mapping[str, Any] | None = None,
+                 scale_host: float | None = None) -> None:
         self.entry, self.own = dict(entry), own
         #: the terms carried from another GPU's calibration (`analysis.transfer`), each with its rule and source
         self.transfer: list[dict[str, Any]] = list(entry.get("transfer") or [])
@@ -146,6 +149,10 @@ class Machine:
         if not own and probe and cal_probe:  # another CPU: its own copy bandwidth (the probe's matmul rate
             # varies three-fold with a neighbour's load, so the fixed costs stay the calibration's)
             self.scale_bw = float(probe["copy_bandwidth_Bps"]) / float(cal_probe["copy_bandwidth_Bps"])
+        #: a GPU's host: its CPU-side terms (floor, eager launches, request cost) over the calibration host's
+        #: (`analysis.hosts`: measured on this host, else the typical host seen); `scale_host` sets it (the band)
+        self.host = host_factor(self.entry, host_probe)
+        self.scale_host = float(self.host["factor"] if scale_host is None else scale_host)
 
     @property
     def label(self) -> str:
@@ -163,7 +170,7 @@ class Machine:
         if "request_s" not in r:
             return None, f"{engine}: no request cost calibrated (calibrate-hw --ttft-from)"
         host = f", the host of {self.transferred_from}" if self.transferred_from else ""
-        return float(r["request_s"]), f"{engine} request cost: {r.get('source', '')}{host}"
+        return float(r["request_s"]) * self.scale_host, f"{engine} request cost: {r.get('source', '')}{host}"
 
     def bandwidth(self, engine: str, batch: float) -> tuple[float, str]:
         eng = (self.entry.get("engines") or {}).get(engine) or {}
@@ -207,12 +214,12 @@ class Machine:
             if md == "graphs" and self.kind == "gpu":  # the CPU side's floor
                 floors = [float(c["floor_s"]) for c in costs.values() if isinstance(c, Mapping) and "floor_s" in c]
                 if floors:
-                    return max(floors), gpu, f"{eng} CUDA-graph floor and GPU costs ({', '.join(counts)} layers)", own
+                    return max(floors) * self.scale_host, gpu, f"{eng} CUDA-graph floor and GPU costs ({', '.join(counts)} layers)", own
             layers = [_layer_cost(costs, k) for k in counts]
             if None in layers:
                 continue
             step = max(float(c.get("step_s", 0.0)) for c in costs.values() if isinstance(c, Mapping) and "step_s" in c)
-            total = (step + sum(n * c for n, c in zip(counts.values(), layers))) * self.scale_fixed
+            total = (step + sum(n * c for n, c in zip(counts.values(), layers))) * self.scale_fixed * self.scale_host
             return total, gpu, f"{eng} {md} fixed costs ({', '.join(counts)} layers)", own
         return None, gpu, "no fixed costs calibrated for these layer kinds", False
 
@@ -233,12 +240,13 @@ class Machine:
             step = max(float(c.get("step_s", 0.0)) for c in costs.values() if isinstance(c, Mapping) and "step_s" in c)
             over = step + sum(n * layers[k] for k, n in counts.items() if k == "dense")
             serial = sum(n * layers[k] for k, n in counts.items() if k != "dense")
-            return over * self.scale_fixed, serial * self.scale_fixed, f"{eng} eager launch costs ({', '.join(counts)} layers)", own
+            f = self.scale_fixed * self.scale_host
+            return over * f, serial * f, f"{eng} eager launch costs ({', '.join(counts)} layers)", own
         return None, 0.0, "no eager costs calibrated for these layer kinds", False
 
 
 def gpu_machine(name: str | None, folder: Path | str | None = None,
-                memory_bytes: float | None = None) -> tuple[Machine | None, str]:
+                memory_bytes: float | None = None, host_probe: Mapping[str, Any] | None = None) -> tuple[Machine | None, str]:
     """The machine of a GPU by name: its own calibration entry; else (no entry, or one of micro-benchmarks
     only) the nearest calibrated GPU's terms carried to it by the datasheets (`analysis.transfer`), each
     labelled; else None and why (no datasheet row, or no calibrated GPU to carry from)."""
@@ -251,7 +259,7 @@ def gpu_machine(name: str | None, folder: Path | str | None = None,
                 and (transfer.hardware_row(str(c["machine"]["name"])) or {}).get("name") == target["name"]]
         entry, own = (same[-1], True) if same else (entry, False)
     if entry is not None and own and transfer.has_engine_costs(entry):
-        return Machine(completed(entry, folder), own=True, memory_bytes=memory_bytes), ""
+        return Machine(completed(entry, folder), own=True, memory_bytes=memory_bytes, host_probe=host_probe), ""
     if target is None:
         have = f" (have {entry['machine']['name']})" if entry is not None else ""
         return None, (f"no calibration entry for {name}{have} and no datasheet row to carry one to: run servelab "
@@ -263,7 +271,7 @@ def gpu_machine(name: str | None, folder: Path | str | None = None,
     source = completed(near[0], folder)  # the nearest entry's host terms, completed where it lacks some
     carried = transfer.transferred_entry(target, source, near[1], own_micro=micro,
                                          own_id=entry.get("id") if micro else None)
-    return Machine(carried, own=True, memory_bytes=memory_bytes or target.get("memory_bytes")), ""
+    return Machine(carried, own=True, memory_bytes=memory_bytes or target.get("memory_bytes"), host_probe=host_probe), ""
 
 
 def completed(entry: Mapping[str, Any], folder: Path | str | None = None) -> dict[str, Any]:
@@ -286,7 +294,7 @@ def machine_for(run: Mapping[str, Any], folder: Path | str | None = None) -> tup
     if gpus:
         mib = str(gpus[0].get("memory") or "").split()
         mem = float(mib[0]) * 2**20 if mib and mib[0].replace(".", "").isdigit() else None  # nvidia-smi "143771 MiB"
-        return gpu_machine(gpus[0].get("name"), folder, mem)
+        return gpu_machine(gpus[0].get("name"), folder, mem, run.get("host_probe"))
     probe = run.get("hardware_measured")
     if probe:
         entry, own = calibration_for("cpu", probe.get("cpu_model"), folder)

@@ -85,7 +85,9 @@ from .roofline import decode_weight_bytes, prefill_matmul_params
 # a captured graph or launched kernel by kernel, chunked, the GEMMs at the throughput of their work); a GPU without
 # a calibration of its own gets the nearest calibrated GPU's terms carried by the datasheets (analysis.transfer);
 # an uncertainty band on every estimate; dummy-weight routers that tie through a score-correction bias (ERNIE-4.5)
-MODEL_VERSION = "perfmodel-4"
+# 5: the host factor (analysis.hosts): the engine's CPU-side terms (floor, eager launches, request cost) scaled by the
+# host measured before the first request, else the typical host of those seen, with a band over them
+MODEL_VERSION = "perfmodel-5"
 FORMAT_VERSION = 1
 KINDS = ("dense", "moe", "mla")
 ESTIMATE, BOUND = "estimate", "bound"
@@ -388,6 +390,8 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
          "source": "; ".join(f"{t['id']}: {t['source']}" for t in paid) or "none applies (data/engine_terms.yaml)"},
         {"name": "MoE prefill term", "value": moe_pre, "source": (moe_pre or {}).get("source") or "not calibrated"},
         {"name": "request cost (s)", "value": req_s, "source": req_src},
+        {"name": "host factor (CPU-side terms x)", "value": m.scale_host,
+         "source": m.host["source"] or "the calibration's own host"},
         {"name": "prefill steps", "value": {k: t_pre_parts[k] for k in ("chunks", "how", "gpu_s", "cpu_s")},
          "source": f"{engine}: graphs up to {pre['graph_tokens']} tokens, chunks of {pre['chunk']} (engine profile)"},
         {"name": "model facts", "value": facts.get("architecture"),
@@ -428,8 +432,8 @@ def _band(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: Mac
     from .transfer import band_entries
 
     ends = []
-    for e in band_entries(m.entry):
-        mm = Machine(e, own=m.own, memory_bytes=m.memory_bytes)
+    for e, host_end in zip(band_entries(m.entry), m.host["range"]):
+        mm = Machine(e, own=m.own, memory_bytes=m.memory_bytes, scale_host=m.scale_host * host_end)
         ends.append(predict(facts, engine, args, mm, band=False, **kw))
     lo, hi = ends
     return {"c1_tpot_s": [lo["c1_tpot_s"], hi["c1_tpot_s"]],
@@ -439,7 +443,9 @@ def _band(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: Mac
                     + ("; ".join(f"{t['term']} +/-{t['range'] * 100:.0f} %" for t in m.transfer if t.get("range"))
                        or "no term transferred")
                     + "; the host's CUDA-graph floor over its calibration models' spread, its eager costs +/-10 %, "
-                      "its request cost over its residuals' quartiles"}
+                      "its request cost over its residuals' quartiles"
+                    + (f"; the host factor x{m.host['range'][0] * m.scale_host:.2f} to x{m.host['range'][1] * m.scale_host:.2f}"
+                       if m.host["range"] != (1.0, 1.0) else "")}
 
 
 def _capacity(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n_in: float, n_out: float, kv_bpt: float,
@@ -542,7 +548,9 @@ def predict_configuration(run: Mapping[str, Any], workload: Any, slo: Mapping[st
         out = {**base, "machine": {"calibration": m.transferred_from or m.entry.get("id"),
                                    "name": m.entry["machine"]["name"], "measured_at": m.entry.get("measured_at"),
                                    "own": m.own, "transferred_from": m.transferred_from,
-                                   "transfer": m.transfer or None},
+                                   "transfer": m.transfer or None,
+                                   "host": {"factor": m.scale_host, "how": m.host.get("how") or "calibration host",
+                                            "source": m.host["source"] or "the calibration's own host"}},
                "buckets": {label: predict(facts, engine, args, m, input_tokens=n_in, output_tokens=n_out,
                                           concurrency=conc, slo=slo, identical=ident, layout=layout, speculative=spec,
                                           waves=in_waves(workload), ties=ties, engine_terms=engine_terms)

@@ -100,6 +100,7 @@ def transferred_entry(target: Mapping[str, Any], source: Mapping[str, Any], sour
         "source": f"carried from {src_id} ({source['machine']['name']}) to {target['name']} by the datasheets "
                   f"(data/hardware.yaml, as of {target.get('as_of')})",
         "transferred_from": src_id, "engines": copy.deepcopy(source.get("engines") or {}),
+        "hosts_seen": copy.deepcopy(source.get("hosts_seen") or []),  # the host terms' hosts: the source's
     }
     transfer: list[dict[str, Any]] = []
     if own_micro:

@@ -264,6 +264,7 @@ class RunInfo(Open):
     model: ModelRecord | None = None
     gpus_used: list[dict[str, Any]] | None = None
     hardware_measured: dict[str, Any] | None = None
+    host_probe: dict[str, Any] | None = None  # a GPU host's CPU: its eager kernel launch (measure.hostprobe)
     prediction_file: str | None = None
     prediction: dict[str, Any] | None = None
     prediction_error: str | None = None
