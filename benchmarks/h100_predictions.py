@@ -80,6 +80,11 @@ def predict_all(params: Path) -> dict:
                "prefill_256": next((i["value"] for i in dec.get("inputs", []) if i["name"] == "prefill steps"), None),
                "prefill_2048": next((i["value"] for i in pre.get("inputs", []) if i["name"] == "prefill steps"), None),
                "bound_because": dec.get("bound_because"), "ttft_bound_because": dec.get("ttft_bound_because")}
+        for label, bp in b.items():  # a TTFT sweep (prompts of several lengths at c=1): each length's TTFT and band
+            if label not in ("in256-out256", "in2048-out8") and bp.get("ttft_c1_s") is not None:
+                n = label.split("-")[0][2:]
+                row[f"ttft_{n}_s"] = bp["ttft_c1_s"]
+                row["band"][f"ttft_{n}_s"] = (bp.get("band") or {}).get("ttft_c1_s")
         if row["router_ties"]:  # what a spread router (real weights) would give at 32 requests
             spread = predict_configuration(_run_record(study, c.id, ties_off=True), wl, study.slo.model_dump(), lengths,
                                            "now")["buckets"]
@@ -92,7 +97,7 @@ def predict_all(params: Path) -> dict:
     return {"format_version": 1, "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "model_commit": _git("rev-parse", "HEAD"), "model_tree_clean": _git("status", "--porcelain", "lib") == "",
             "model_version": MODEL_VERSION, "params": str(params.relative_to(ROOT)), "gpu": GPU, "engine": f"vllm {VERSION}",
-            "calibration": machine.get("transferred_from") or machine.get("calibration"),
+            "calibration": machine.get("transferred_from") or machine.get("calibration"), "host": machine.get("host"),
             "transfer": machine.get("transfer"), "configurations": out}
 
 
@@ -106,7 +111,7 @@ def compare(pred_file: Path, measured_file: Path) -> list[dict]:
             continue
         p = pred.get(cid) or {}
         for q, v in m.items():
-            if q not in QUANTITIES or v is None:
+            if not (q in QUANTITIES or (q.startswith("ttft_") and q.endswith("_s"))) or v is None:
                 continue
             key = q
             got = p.get(q)
@@ -153,7 +158,8 @@ def main() -> None:
                 return "-"
             return f"{v * 1e3:.2f}" + (f" ({bb[0] * 1e3:.2f}-{bb[1] * 1e3:.2f})" if bb else "")
         extra = f"; spread router c=32 {r['spread_router']['tpot_c32_s'] * 1e3:.2f}" if r.get("spread_router") else ""
-        print(f"{cid:20} TPOT c=1 {f('tpot_c1_s')}, c=32 {f('tpot_c32_s')}; TTFT 256 {f('ttft_256_s')}, "
+        sweep = "".join(f", {q[5:-2]} {f(q)}" for q in r if q.startswith("ttft_") and q not in ("ttft_256_s", "ttft_2048_s"))
+        print(f"{cid:20} TPOT c=1 {f('tpot_c1_s')}, c=32 {f('tpot_c32_s')}; TTFT 256 {f('ttft_256_s')}{sweep}, "
               f"2048 {f('ttft_2048_s')} ms ({r['kinds']['tpot']}/{r['kinds']['ttft']}){extra}")
 
 
