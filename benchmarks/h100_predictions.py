@@ -144,7 +144,7 @@ def main() -> None:
             print(f"{r['config']:14} {r['quantity']:12} measured {r['measured_s'] * 1e3:7.2f} ms  predicted "
                   f"{r['predicted_s'] * 1e3:7.2f} ms  {r['error_pct']:+5.0f} %{sp}")
         return
-    res = predict_all(Path(a.params))
+    res = predict_all(Path(a.params).resolve())
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
     print(f"model {res['model_commit'][:10]} ({res['model_version']}), calibration {res['calibration']} carried to "
