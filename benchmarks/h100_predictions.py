@@ -158,7 +158,7 @@ def main() -> None:
                 return "-"
             return f"{v * 1e3:.2f}" + (f" ({bb[0] * 1e3:.2f}-{bb[1] * 1e3:.2f})" if bb else "")
         extra = f"; spread router c=32 {r['spread_router']['tpot_c32_s'] * 1e3:.2f}" if r.get("spread_router") else ""
-        sweep = "".join(f", {q[5:-2]} {f(q)}" for q in r if q.startswith("ttft_") and q not in ("ttft_256_s", "ttft_2048_s"))
+        sweep = "".join(f", {q[5:-2]} {f(q)}" for q in r if q.startswith("ttft_") and q.endswith("_s") and q not in ("ttft_256_s", "ttft_2048_s"))
         print(f"{cid:20} TPOT c=1 {f('tpot_c1_s')}, c=32 {f('tpot_c32_s')}; TTFT 256 {f('ttft_256_s')}{sweep}, "
               f"2048 {f('ttft_2048_s')} ms ({r['kinds']['tpot']}/{r['kinds']['ttft']}){extra}")
 
