@@ -28,7 +28,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "lib"))
 
-GPU = {"name": "NVIDIA H100 80GB HBM3", "memory": "81559 MiB"}  # nvidia-smi's name and memory of an H100 SXM
+GPUS = {"h100": {"name": "NVIDIA H100 80GB HBM3", "memory": "81559 MiB"},  # nvidia-smi's name and memory
+        "h200": {"name": "NVIDIA H200", "memory": "143771 MiB"}}
+GPU = dict(GPUS["h100"])
 VERSION = "0.26.0"
 QUANTITIES = ("tpot_c1_s", "tpot_c32_s", "ttft_256_s", "ttft_2048_s")
 
@@ -129,8 +131,10 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / f"h100-predictions-{time.strftime('%Y-%m-%d')}.json"))
     ap.add_argument("--compare", nargs=2, metavar=("PREDICTIONS", "MEASURED"),
                     help="hold an earlier predictions file against measured figures; print the errors")
+    ap.add_argument("--gpu", choices=sorted(GPUS), default="h100", help="the GPU predicted for (nvidia-smi's name)")
     ap.add_argument("--smoke", type=Path, metavar="DIR", help="predict into DIR and compare the committed files")
     a = ap.parse_args()
+    GPU.update(GPUS[a.gpu])
     if a.smoke:
         a.out = str(a.smoke / "h100-predictions.json")
         res = ROOT / "benchmarks" / "results"
