@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "lib"))
 GPUS = {"h100": {"name": "NVIDIA H100 80GB HBM3", "memory": "81559 MiB"},  # nvidia-smi's name and memory
         "h200": {"name": "NVIDIA H200", "memory": "143771 MiB"}}
 GPU = dict(GPUS["h100"])
+HOST_PROBE: dict = {}  # --host-probe: the runner's probe of the host (measure.hostprobe), as a run record carries it
 VERSION = "0.26.0"
 QUANTITIES = ("tpot_c1_s", "tpot_c32_s", "ttft_256_s", "ttft_2048_s")
 
@@ -51,7 +52,7 @@ def _run_record(study, cid: str, ties_off: bool = False) -> dict:
     ep = eng.model_dump()
     if ties_off:
         ep["load_format"] = "auto"  # real weights: the router spreads
-    return {"study": study.study, "config": cid, "engine_params": ep, "gpus_used": [GPU],
+    return {"study": study.study, "config": cid, "engine_params": ep, "gpus_used": [GPU], "host_probe": HOST_PROBE or None,
             "model": {"facts": facts, "config": cfg}, "server": {"version": VERSION}, "preset": preset}
 
 
@@ -131,10 +132,15 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / f"h100-predictions-{time.strftime('%Y-%m-%d')}.json"))
     ap.add_argument("--compare", nargs=2, metavar=("PREDICTIONS", "MEASURED"),
                     help="hold an earlier predictions file against measured figures; print the errors")
+    ap.add_argument("--host-probe", type=float, metavar="SECONDS",
+                    help="predict for a host whose eager kernel launch took this long (the runner's probe); default: "
+                         "before you rent, the typical host of those seen")
     ap.add_argument("--gpu", choices=sorted(GPUS), default="h100", help="the GPU predicted for (nvidia-smi's name)")
     ap.add_argument("--smoke", type=Path, metavar="DIR", help="predict into DIR and compare the committed files")
     a = ap.parse_args()
     GPU.update(GPUS[a.gpu])
+    if a.host_probe:
+        HOST_PROBE["launch_eager_s"] = a.host_probe
     if a.smoke:
         a.out = str(a.smoke / "h100-predictions.json")
         res = ROOT / "benchmarks" / "results"

@@ -78,7 +78,7 @@ def test_a_host_missing_some_terms_gets_them_carried_and_scaled_by_what_it_measu
     fl = lambda e: max(c["floor_s"] for c in e["engines"]["vllm"]["graphs"].values())  # noqa: E731
     assert done["engines"]["vllm"]["request"]["request_s"] == pytest.approx(
         h200["engines"]["vllm"]["request"]["request_s"] * fl(h100) / fl(h200))
-    assert {t["term"] for t in done["transfer"]} == {"eager launch costs", "request cost"}
+    assert {t["term"] for t in done["transfer"]} == {"eager launch costs", "request cost", "GPU fixed time per layer"}
     m, _ = cal.gpu_machine("NVIDIA H100 80GB HBM3")  # its own entry, its own request cost, MoE eager carried
     assert m.transferred_from is None and m.entry.get("completed_from") == h200["id"]
     assert m.request("vllm")[0] == pytest.approx(m.scale_host * (h100_request := cal.calibration_for(
@@ -142,3 +142,22 @@ def test_a_prefill_past_the_captured_graphs_pays_the_launch_costs():
     tied = perfmodel.prefill_step(m, "vllm", "graphs", olmoe, 2048, graph_tokens=512, ties=True)
     spread = perfmodel.prefill_step(m, "vllm", "graphs", olmoe, 2048, graph_tokens=512)
     assert tied["memory_s"] < spread["memory_s"] / 4
+
+
+def test_an_entry_without_the_deeper_pass_gets_the_gpus_per_layer_time_carried_by_the_clocks():
+    """The H100's entry measured calibration models of 2 to 8 layers only (their time is the CPU side's floor): the
+    GPU's per-layer kernel time comes from the H200's deeper pass, by the boost clocks, listed and banded."""
+    h200 = cal.calibration_for("gpu", "NVIDIA H200")[0]
+    h100 = cal.calibration_for("gpu", "NVIDIA H100 80GB HBM3")[0]
+    assert "gpu_layer_s" not in h100["engines"]["vllm"]["graphs"]["moe"]
+    done = transfer.complete_entry(h100, h200)
+    clk = get_hardware("H200 SXM")["boost_clock_hz"] / get_hardware("H100 SXM")["boost_clock_hz"]
+    for k in ("dense", "moe", "mla"):
+        assert done["engines"]["vllm"]["graphs"][k]["gpu_layer_s"] == pytest.approx(
+            h200["engines"]["vllm"]["graphs"][k]["gpu_layer_s"] * clk)
+    row = next(t for t in done["transfer"] if t["term"] == "GPU fixed time per layer")
+    assert row["range"] == transfer.RANGE_CLOCK and row["value"] == pytest.approx(clk)
+    m, _ = cal.gpu_machine("NVIDIA H100 80GB HBM3")
+    counts = perfmodel.layer_counts(_facts("qwen3-30b-a3b"))
+    assert m.fixed("vllm", "graphs", counts)[1] == pytest.approx(
+        48 * h200["engines"]["vllm"]["graphs"]["moe"]["gpu_layer_s"] * clk, rel=0.05)

@@ -275,8 +275,9 @@ def gpu_machine(name: str | None, folder: Path | str | None = None,
 
 
 def completed(entry: Mapping[str, Any], folder: Path | str | None = None) -> dict[str, Any]:
-    """A GPU's own entry with the host terms it lacks (a request cost, eager costs of a layer kind) carried from the
-    nearest other calibrated GPU entry that has them, scaled by what both hosts measured (`analysis.transfer`)."""
+    """A GPU's own entry with the terms it lacks (a request cost, eager costs of a layer kind, the GPU's per-layer kernel
+    time) carried from the nearest other calibrated GPU entry that has them, scaled by what both machines measured or
+    by the clocks (`analysis.transfer.complete_entry`)."""
     from . import transfer
 
     row = transfer.hardware_row(str(entry["machine"]["name"]))

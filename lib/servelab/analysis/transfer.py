@@ -157,8 +157,9 @@ def _floor(eng: Mapping[str, Any]) -> float | None:
 def complete_entry(entry: Mapping[str, Any], source: Mapping[str, Any]) -> dict[str, Any]:
     """This GPU's own entry with the host terms it lacks carried from `source` (the nearest calibrated entry that has
     them), each scaled by what both hosts measured: an eager layer kind by the ratio of their dense eager costs (per
-    layer, per step), the request cost by the ratio of their CUDA-graph floors; each listed in `transfer` with its
-    rule and range. The entry unchanged (a copy) when it lacks nothing."""
+    layer, per step), the request cost by the ratio of their CUDA-graph floors; and the GPU's per-layer kernel time of
+    a layer kind this entry's shallow calibration models could not see, by the clocks; each listed in `transfer` with
+    its rule and range. The entry unchanged (a copy) when it lacks nothing."""
     out = copy.deepcopy(dict(entry))
     carried = []
     for name, src in (source.get("engines") or {}).items():
@@ -180,6 +181,22 @@ def complete_entry(entry: Mapping[str, Any], source: Mapping[str, Any]) -> dict[
                             "rule": f"{name}'s eager {', '.join(missing)} costs of {source.get('id')}'s host x this host's "
                                     f"measured dense eager costs over that host's ({f_layer:.2f} per layer, {f_step:.2f} "
                                     "per step)", "source": f"{source.get('id')}; {entry.get('id')}"})
+        sg, tg = src.get("graphs") or {}, eng.get("graphs") or {}
+        lacking = [k for k, c in tg.items() if isinstance(c, dict) and "gpu_layer_s" not in c
+                   and isinstance(sg.get(k), Mapping) and "gpu_layer_s" in sg[k]]
+        if lacking:  # no deeper calibration pass here: the GPU's per-layer kernel time carried by the clocks
+            rt, rs = hardware_row(str(entry["machine"]["name"])) or {}, hardware_row(str(source["machine"]["name"])) or {}
+            clk = (float(rs["boost_clock_hz"]) / float(rt["boost_clock_hz"])
+                   if rt.get("boost_clock_hz") and rs.get("boost_clock_hz") else 1.0)
+            for k in lacking:
+                tg[k] = {**tg[k], "gpu_layer_s": float(sg[k]["gpu_layer_s"]) * clk,
+                         "gpu_step_s": float(sg[k].get("gpu_step_s") or 0.0), "gpu_carried_from": source.get("id")}
+            carried.append({"term": "GPU fixed time per layer", "value": clk, "range": RANGE_CLOCK,
+                            "rule": f"{name}'s per-layer kernel time ({', '.join(lacking)}) of {source.get('id')}'s deeper "
+                                    f"calibration models x its boost clock over this GPU's "
+                                    f"({(rs.get('boost_clock_hz') or 0) / 1e6:.0f} / {(rt.get('boost_clock_hz') or 0) / 1e6:.0f} "
+                                    "MHz): this entry measured 2 to 8 layers only, whose time is the CPU side's floor",
+                            "source": f"{source.get('id')} CUDA-graph calibration models; data/hardware.yaml clocks"})
         if src.get("request") and not eng.get("request"):
             ft, fs = _floor(eng), _floor(src)
             f = ft / fs if ft and fs else 1.0
