@@ -80,16 +80,16 @@ def rows(now: bool = False, studies: tuple[str, ...] = ()) -> list[dict]:
     return out
 
 
-def write_after() -> list[str]:
-    """prediction-after.json beside every stored prediction.json of a GPU configuration in reports/*/data: today's
-    model on the same buckets, labelled as made after the measurement."""
+def write_after(studies: tuple[str, ...] = ()) -> list[str]:
+    """prediction-after.json beside every stored prediction.json of a GPU configuration in reports/*/data (`studies`:
+    only those): today's model on the same buckets, labelled as made after the measurement."""
     from servelab.analysis.perfmodel import MODEL_VERSION, predict_configuration
     from servelab.report import load_study_data
     from servelab.runfolder import PREDICTION_AFTER_JSON, write_json
 
     done = []
     for study_dir in sorted((ROOT / "reports").iterdir()):
-        if not (study_dir / "data" / "study.json").exists():
+        if not (study_dir / "data" / "study.json").exists() or (studies and study_dir.name not in studies):
             continue
         sd = load_study_data(study_dir)
         for cid in sd.config_ids:
@@ -104,8 +104,8 @@ def write_after() -> list[str]:
                                       "after the measurement")
             p.update(stored_before_measurement=False, made_after_measurement=True, stored_at=None,
                      note=(f"made after this run was measured, by {MODEL_VERSION} (benchmarks/prediction_errors.py "
-                           f"--after); its request cost was fitted on published TTFTs that include this study's "
-                           f"(in sample); the prediction stored before the run is prediction.json, unchanged"))
+                           f"--after); its terms may have been fitted on published measurements that include this "
+                           f"study's (in sample); the prediction stored before the run is prediction.json, unchanged"))
             write_json(rf.path / PREDICTION_AFTER_JSON, p)
             done.append(f"{study_dir.name}/{cid}")
     return done
@@ -120,10 +120,11 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "prediction_errors.json"))
     ap.add_argument("--now", action="store_true", help="predict everything with today's model (in sample)")
     ap.add_argument("--after", action="store_true", help="write prediction-after.json beside every stored prediction")
+    ap.add_argument("--studies", nargs="+", default=(), help="--after: only these published studies")
     ap.add_argument("--smoke", type=Path, metavar="DIR", help=f"only {' and '.join(SMOKE_STUDIES)}, into DIR")
     a = ap.parse_args()
     if a.after:
-        done = write_after()
+        done = write_after(tuple(a.studies))
         print(f"prediction-after.json written for {len(done)} configurations: {', '.join(done)}")
         return
     if a.smoke:

@@ -156,10 +156,12 @@ def prediction_frame(sd: StudyData) -> pd.DataFrame:
         m = measurements(rf.summary, rf.samples, sd.runs[cid], b["label"], fits.get(cid), rf.records, sd.study.slo)
         # the prediction stored before the run, and a later model's made after it (prediction-after.json), labelled
         after = prediction_for(sd.runs[cid], b, sd.study.slo, rf.prediction_after)[0] if rf.prediction_after else None
-        for p, source, version in ((pred, src, (rf.prediction or {}).get("model_version") if src == "stored" else None),
-                                   (after, "after", rf.prediction_after.get("model_version"))):
+        for p, source, version, whole in ((pred, src, (rf.prediction or {}).get("model_version") if src == "stored" else None,
+                                           rf.prediction if src == "stored" else None),
+                                          (after, "after", rf.prediction_after.get("model_version"), rf.prediction_after)):
             if p is None:
                 continue
+            host = ((whole or {}).get("machine") or {}).get("host") or {}  # perfmodel-5: the host factor it took
             err = errors(p, m)
             for q in QUANTITIES:
                 if q == "tpot_cmax_s" and (p.get(q) is None or m.get("cmax") != p.get("cmax")):
@@ -167,14 +169,25 @@ def prediction_frame(sd: StudyData) -> pd.DataFrame:
                 rows.append({"config": cid, "bucket": b["label"], "quantity": q, "predicted": p.get(q),
                              "measured": m.get(q), "error_pct": err.get(q), "source": source,
                              "kind": (p.get("kinds") or {}).get(q), "cmax": m.get("cmax"), "version": version,
-                             "capacity_source": m.get("capacity_source")})
+                             "capacity_source": m.get("capacity_source"),
+                             "host": (host.get("how"), host.get("factor")) if host.get("how") in HOST_WORDS else None})
     return pd.DataFrame(rows)
+
+
+#: the host factor a prediction took (analysis.hosts): measured on the host, or the typical host of those seen
+HOST_WORDS = {"probe": "capacity.host.probe", "hosts seen": "capacity.host.seen"}
 
 
 def _paren(*bits: Any) -> str:
     """" (a, b)" of the bits that are words, "" when none is."""
     words = [b for b in bits if isinstance(b, str) and b]
     return f" ({', '.join(words)})" if words else ""
+
+
+def _host(sd: StudyData, host: Any) -> str | None:
+    if not isinstance(host, tuple):
+        return None
+    return sd.w(HOST_WORDS[host[0]], f=f"{float(host[1]):.2f}")
 
 
 def prediction_section(sd: StudyData) -> tuple[str, Any, str]:
@@ -196,7 +209,7 @@ def prediction_section(sd: StudyData) -> tuple[str, Any, str]:
         bound = src == "grid_lower_bound"  # every grid level met the SLO: no error against a lower bound
         rows.append([labels.get(r["config"], r["config"]), sd.w(key, c=r.get("cmax") or ""), _sig(p),
                      ("≥ " if bound else "") + _sig(mv), math.nan if bound else r["error_pct"],
-                     sd.w(f"capacity.src.{r['source']}") + _paren(r.get("version"), kind)])
+                     sd.w(f"capacity.src.{r['source']}") + _paren(r.get("version"), kind, _host(sd, r.get("host")))])
     buckets = sorted(set(f["bucket"]))
     t = html.table(pd.DataFrame(rows, columns=cols), sd.w("capacity.t_predict", bucket=", ".join(buckets)),
                  formats={cols[4]: "{:+,.0f}"},
