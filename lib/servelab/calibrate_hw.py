@@ -389,10 +389,11 @@ def ttft_from(study_dirs: list[Path | str], add_to: str, engine: str = "vllm") -
     return entry
 
 
-def host_points(study_dir: Path | str, entry: dict[str, Any], engine: str = "vllm") -> list[dict[str, Any]]:
+def host_points(study_dir: Path | str, entry: dict[str, Any], engine: str = "vllm") -> tuple[list[dict[str, Any]], Any]:
     """A study's levels at concurrency 1 that the host factor moves (`analysis.hosts`): each configuration's
     median TTFT and median TPOT per bucket, with the model's figure as a function of the factor (`model`), for
-    the configurations `request_points` takes (`engine` with CUDA graphs on one GPU of the entry's kind)."""
+    the configurations `request_points` takes (`engine` with CUDA graphs on one GPU of the entry's kind); and the
+    study's data, loaded for them."""
     from .analysis.calibration import completed
 
     base = completed(entry)
@@ -421,7 +422,7 @@ def host_points(study_dir: Path | str, entry: dict[str, Any], engine: str = "vll
             if n_out > 2 and r.tpot_p50_s == r.tpot_p50_s:
                 pts.append({"config": cid, "bucket": r.bucket, "quantity": "c1_tpot_s", "measured_s": float(r.tpot_p50_s),
                             "model": lambda f, m=model: m(f, "c1_tpot_s")})
-    return pts
+    return pts, sd
 
 
 def hosts_from(study_dirs: list[Path | str], add_to: str, engine: str = "vllm") -> dict[str, Any]:
@@ -438,13 +439,12 @@ def hosts_from(study_dirs: list[Path | str], add_to: str, engine: str = "vllm") 
     base.pop("hosts_seen", None)
     rows = {h["study"]: h for h in entry.get("hosts_seen") or []}
     for study_dir in study_dirs:
-        pts = host_points(study_dir, base, engine)
+        pts, sd = host_points(study_dir, base, engine)
         try:
             fitted = fit_factor([(p["measured_s"], p["model"]) for p in pts])
         except ValueError as e:
             raise UserError(f"calibrate-hw --hosts-from {study_dir}: {e} of {engine} with CUDA graphs on "
                             f"{entry['machine']['name']} at c=1; found {len(pts)}") from None
-        sd = load_study_data(Path(study_dir))
         started = min(str(r.get("started_at", ""))[:10] for r in sd.runs.values())
         probes = [r["host_probe"]["launch_eager_s"] for r in sd.runs.values() if (r.get("host_probe") or {}).get("launch_eager_s")]
         name = Path(study_dir).name

@@ -45,8 +45,7 @@ from .report.load import load_study_data
 from .report.render import notebook_to_html
 from .report.verdicts import write_study_verdicts
 from .runfolder import (CHECK_FILES, DESIGN_JSON, ENGINE_LOG, HOST_PROBE_JSON, PUBLISHED_FILES, RECORDS, STUDY_JSON,
-                        RunFolder,
-                        read_json, reports_root, runs_root, write_design, write_json)
+                        RunFolder, read_json, reports_root, runs_root, write_design, write_json)
 from .schema import FORMAT_VERSION, Study
 from .schema.runfiles import DesignRecord
 from .paths import portable, portable_tree

@@ -91,7 +91,7 @@ def test_the_committed_hosts_seen_are_what_their_studies_give_again():
     e = _h100()
     row = next(h for h in e["hosts_seen"] if h["study"] == "h100-holdout")
     base = {k: v for k, v in e.items() if k != "hosts_seen"}
-    pts = host_points(ROOT / "reports" / "h100-holdout", base)
+    pts, _ = host_points(ROOT / "reports" / "h100-holdout", base)
     fit = hosts.fit_factor([(p["measured_s"], p["model"]) for p in pts])
     assert fit["factor"] == pytest.approx(row["factor"], rel=1e-3) and fit["n"] == row["n"] == len(row["levels"])
     assert all(math.isfinite(x) for x in fit["log_errors"] if x is not None)

@@ -50,7 +50,7 @@ def host_factor(entry: Mapping[str, Any], probe: Mapping[str, Any] | None = None
         return {"factor": 1.0, "range": (1.0, 1.0), "source": ""}
     fs = [float(h["factor"]) for h in seen]
     typ = math.exp(sum(math.log(f) for f in fs) / len(fs))
-    lo, hi = min(fs + [typ]), max(fs + [typ])
+    lo, hi = min(fs), max(fs)  # the geometric mean lies between them
     listed = ", ".join(f"{h.get('study')} x{float(h['factor']):.2f}" for h in seen)
     return {"factor": typ, "range": (lo / typ, hi / typ), "how": "hosts seen",
             "source": f"the typical host of the {len(fs)} measured since the calibration (geometric mean x{typ:.2f} of "

@@ -80,6 +80,14 @@ def _scaled(table: Mapping[str, Any], f: float) -> dict[str, float]:
     return {k: float(v) * f for k, v in table.items()}
 
 
+def clock_ratio(source_hw: Mapping[str, Any], target: Mapping[str, Any]) -> tuple[float, str]:
+    """(the source GPU's boost clock over the target's, 1 where either is unknown; "S / T MHz") : what a latency-bound
+    kernel's time is carried by."""
+    clk_s, clk_t = source_hw.get("boost_clock_hz"), target.get("boost_clock_hz")
+    return (float(clk_s) / float(clk_t) if clk_t and clk_s else 1.0,
+            f"{(clk_s or 0) / 1e6:.0f} / {(clk_t or 0) / 1e6:.0f} MHz")
+
+
 def transferred_entry(target: Mapping[str, Any], source: Mapping[str, Any], source_hw: Mapping[str, Any],
                       own_micro: Mapping[str, Any] | None = None, own_id: str | None = None) -> dict[str, Any]:
     """A calibration entry for the GPU of datasheet row `target`, carried from calibration entry `source`
@@ -89,8 +97,7 @@ def transferred_entry(target: Mapping[str, Any], source: Mapping[str, Any], sour
     bw_f = float(target["memory_bandwidth_Bps"]) / float(source_hw["memory_bandwidth_Bps"])
     fl_f = float(target["bf16_dense_flops"]) / float(source_hw["bf16_dense_flops"])
     fp8_f = (float(target.get("fp8_dense_flops") or 0) / float(source_hw.get("fp8_dense_flops") or 1)) or fl_f
-    clk_t, clk_s = target.get("boost_clock_hz"), source_hw.get("boost_clock_hz")
-    clk_f = float(clk_s) / float(clk_t) if clk_t and clk_s else 1.0
+    clk_f, clocks = clock_ratio(source_hw, target)
     bw_range = RANGE_BW_SAME_MEMORY if _mem_family(target) == _mem_family(source_hw) else RANGE_BW_OTHER_MEMORY
     micro_src = dict(source.get("micro") or {})
     out: dict[str, Any] = {
@@ -139,7 +146,7 @@ def transferred_entry(target: Mapping[str, Any], source: Mapping[str, Any], sour
     transfer += [
         {"term": "GPU fixed time per layer", "value": clk_f, "range": RANGE_CLOCK,
          "rule": f"{source['machine']['name']}'s per-layer kernel time (latency-bound kernels) x its boost clock over "
-                 f"{target['name']}'s ({(clk_s or 0) / 1e6:.0f} / {(clk_t or 0) / 1e6:.0f} MHz)",
+                 f"{target['name']}'s ({clocks})",
          "source": f"{src_id} CUDA-graph calibration models; data/hardware.yaml clocks"},
         {"term": "engine CPU side, eager launch costs, request cost", "value": None, "range": RANGE_HOST,
          "rule": f"the host of {src_id} (the nearest calibrated host): they depend on the host's CPU, not the GPU",
@@ -185,17 +192,15 @@ def complete_entry(entry: Mapping[str, Any], source: Mapping[str, Any]) -> dict[
         lacking = [k for k, c in tg.items() if isinstance(c, dict) and "gpu_layer_s" not in c
                    and isinstance(sg.get(k), Mapping) and "gpu_layer_s" in sg[k]]
         if lacking:  # no deeper calibration pass here: the GPU's per-layer kernel time carried by the clocks
-            rt, rs = hardware_row(str(entry["machine"]["name"])) or {}, hardware_row(str(source["machine"]["name"])) or {}
-            clk = (float(rs["boost_clock_hz"]) / float(rt["boost_clock_hz"])
-                   if rt.get("boost_clock_hz") and rs.get("boost_clock_hz") else 1.0)
+            clk, clocks = clock_ratio(hardware_row(str(source["machine"]["name"])) or {},
+                                      hardware_row(str(entry["machine"]["name"])) or {})
             for k in lacking:
                 tg[k] = {**tg[k], "gpu_layer_s": float(sg[k]["gpu_layer_s"]) * clk,
                          "gpu_step_s": float(sg[k].get("gpu_step_s") or 0.0), "gpu_carried_from": source.get("id")}
             carried.append({"term": "GPU fixed time per layer", "value": clk, "range": RANGE_CLOCK,
                             "rule": f"{name}'s per-layer kernel time ({', '.join(lacking)}) of {source.get('id')}'s deeper "
-                                    f"calibration models x its boost clock over this GPU's "
-                                    f"({(rs.get('boost_clock_hz') or 0) / 1e6:.0f} / {(rt.get('boost_clock_hz') or 0) / 1e6:.0f} "
-                                    "MHz): this entry measured 2 to 8 layers only, whose time is the CPU side's floor",
+                                    f"calibration models x its boost clock over this GPU's ({clocks}): this entry "
+                                    "measured 2 to 8 layers only, whose time is the CPU side's floor",
                             "source": f"{source.get('id')} CUDA-graph calibration models; data/hardware.yaml clocks"})
         if src.get("request") and not eng.get("request"):
             ft, fs = _floor(eng), _floor(src)

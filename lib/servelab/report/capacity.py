@@ -156,11 +156,11 @@ def prediction_frame(sd: StudyData) -> pd.DataFrame:
         m = measurements(rf.summary, rf.samples, sd.runs[cid], b["label"], fits.get(cid), rf.records, sd.study.slo)
         # the prediction stored before the run, and a later model's made after it (prediction-after.json), labelled
         after = prediction_for(sd.runs[cid], b, sd.study.slo, rf.prediction_after)[0] if rf.prediction_after else None
-        for p, source, version, whole in ((pred, src, (rf.prediction or {}).get("model_version") if src == "stored" else None,
-                                           rf.prediction if src == "stored" else None),
-                                          (after, "after", rf.prediction_after.get("model_version"), rf.prediction_after)):
+        for p, source, whole in ((pred, src, rf.prediction if src == "stored" else None),
+                                 (after, "after", rf.prediction_after)):
             if p is None:
                 continue
+            version = (whole or {}).get("model_version")
             host = ((whole or {}).get("machine") or {}).get("host") or {}  # perfmodel-5: the host factor it took
             err = errors(p, m)
             for q in QUANTITIES:
