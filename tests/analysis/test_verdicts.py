@@ -329,3 +329,22 @@ def test_the_sampler_goes_on_towards_the_finer_aim_once_every_comparison_is_at_t
     assert need == set() and "0 of 2 comparisons above 9 %" in note
     need, _ = verdicts.sampling_rule(cmps, groups, target=0.10)(0, table(0.002, 6))  # below both aims: done
     assert need == set()
+
+
+def test_configurations_measured_on_one_server_are_one_start_not_repeats_of_it():
+    """The GPU runner serves configurations of one engine from one server: an A/A pair there is two workloads on
+    one start, and says nothing of the variance between starts; only a second server of the setting does."""
+    groups = verdicts.setting_groups({"a": {"x": 1}, "a-ttft": {"x": 1}, "b": {"x": 1}, "c": {"x": 2}})
+    server = {"a": "a", "a-ttft": "a", "b": "b", "c": "c"}
+    assert verdicts.starts_of(groups, server) == [("a", "b"), ("a", "b"), ("a", "b"), ("c",)]
+    assert verdicts.starts_of(groups, {}) == [("a", "a-ttft", "b")] * 3 + [("c",)]  # no placement: each its start
+
+
+def test_a_published_gpu_study_whose_pairs_share_a_server_measures_no_variance_between_starts():
+    from paths import ROOT
+    from servelab.runfolder import read_json
+
+    v = read_json(ROOT / "reports" / "h100-host-holdout" / "data" / "verdicts.json")
+    assert v["between_starts"]["aggregate_output_tps"]["source"] != "repeats"
+    aa = [r for r in v["rows"] if r["aa"]]
+    assert aa  # the -ttft configurations are still A/A pairs of their baselines

@@ -110,6 +110,19 @@ def setting_groups(engine_params: Mapping[str, Mapping[str, Any]], workloads: Ma
     return out
 
 
+def starts_of(groups: Mapping[str, Sequence[str]], server_of: Mapping[str, str]) -> list[tuple[str, ...]]:
+    """The engine starts behind each group of one setting (`setting_groups`): configurations measured on one
+    server (`server_of`: the GPU runner's placement, one server per engine) are one start, not repeats of it, so
+    each server counts once (its first configuration); a configuration without a server is its own start."""
+    out = []
+    for g in groups.values():
+        seen: dict[str, str] = {}
+        for c in g:
+            seen.setdefault(server_of.get(c, c), c)
+        out.append(tuple(seen.values()))
+    return out
+
+
 def baselines(ids: Sequence[str], named: Mapping[str, str | None], same_model: Callable[[str, str], bool],
               levels: Mapping[str, set[Any]] | None = None) -> dict[str, str]:
     """Each configuration's baseline among `ids` (study order), the one rule while measuring and in the
@@ -581,7 +594,7 @@ def from_json(d: Mapping[str, Any]) -> pd.DataFrame:
     return rows
 
 
-__all__ = ["Between", "Comparison", "FASTER", "SLOWER", "NO_CHANGE", "UNDETERMINED", "METRICS", "PRIMARY",
+__all__ = ["Between", "Comparison", "starts_of", "FASTER", "SLOWER", "NO_CHANGE", "UNDETERMINED", "METRICS", "PRIMARY",
            "MDE_TARGET", "DECODE", "SAMPLED", "baselines", "between_starts", "keep_rounds", "lead_metric", "between_from_fits", "comparisons", "effect_of", "estimate", "fit_arrays", "open_starts", "fit_level", "from_json", "level_label",
            "log_rounds", "plan_for_target", "plan_from_design", "sampling_rule", "setting_groups", "settled", "to_json",
            "verdict_rows"]

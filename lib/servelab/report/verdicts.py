@@ -33,8 +33,9 @@ def study_verdicts(sd: StudyData) -> dict[str, Any]:
     target = float(d.mde_target or sd.study.design.mde_target_pct / 100.0)
     groups = verdicts.setting_groups({c: sd.engine_params(c) for c in sd.config_ids})
     cmps = verdicts.comparisons(baselines(sd), groups)
-    rows, betweens = verdicts.verdict_rows(sd.rounds, cmps, groups.values(), target=target, requests=_requests(sd),
-                                    given_sd_pct=sd.study.design.between_starts_sd_pct)
+    servers = {c: sid for sid, s in ((d.placement or {}).get("servers") or {}).items() for c in s.get("configs") or []}
+    rows, betweens = verdicts.verdict_rows(sd.rounds, cmps, verdicts.starts_of(groups, servers), target=target,
+                                           requests=_requests(sd), given_sd_pct=sd.study.design.between_starts_sd_pct)
     stopped = {x.label: x.stopped for x in d.levels}
     rows["stopped"] = [stopped.get(lv, "fixed") for lv in rows["level"]]
     out = verdicts.to_json(rows, betweens, target=target,
