@@ -69,7 +69,7 @@ def test_list_presets():
                           "granite-3.1-3b-a800m", "qwen3-8b", "smollm2-135m"]
     p = mm_presets
     calib = [p.calib_name(k, w, n) for k in p.CALIB_KINDS for w in p.CALIB_WIDTHS for n in p.CALIB_LAYERS]
-    assert names[14:] == calib and len(calib) == 36
+    assert names[14:] == calib and len(calib) == 48
     assert set(mm.PRESET_TOKENIZER_VOCAB_SIZE) == set(mm.PRESETS)
 
 

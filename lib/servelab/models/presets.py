@@ -468,8 +468,10 @@ PRESET_TOKENIZER_VOCAB_SIZE: dict[str, int] = {
 # step on them is its fixed cost per layer and per step; a second width on the CPU engine adds the
 # bytes that separate its bandwidth from those costs. Kinds: dense (grouped-query attention + an
 # MLP, Llama), moe (grouped-query attention + routed experts, Mixtral), mla (multi-head latent
-# attention + routed and shared experts, DeepSeek-V2). None is the shape of a studied model.
-CALIB_KINDS = ("dense", "moe", "mla")
+# attention + routed and shared experts, DeepSeek-V2), moe_shared (grouped-query attention + routed experts
+# and a gated shared expert, Qwen2-MoE: the shared expert's kernels are launched on top of the routed ones).
+# None is the shape of a studied model.
+CALIB_KINDS = ("dense", "moe", "mla", "moe_shared")
 CALIB_WIDTHS = (256, 1024)
 CALIB_LAYERS = (2, 4, 8, 16, 32, 64)  # the CPU calibration uses 2-8; the GPU adds 16-64 to leave its step floor
 
@@ -494,6 +496,12 @@ def calib_preset(kind: str, width: int, layers: int) -> dict[str, Any]:
                 "moe_intermediate_size": width, "n_routed_experts": 16, "n_shared_experts": 1,
                 "num_experts_per_tok": 4, "first_k_dense_replace": 0, "max_position_embeddings": 4096,
                 "vocab_size": 4096}
+    if kind == "moe_shared":
+        base = dict(PRESETS["qwen1.5-moe-a2.7b"])
+        return {**base, "hidden_size": width, "intermediate_size": width, "num_hidden_layers": layers,
+                "num_attention_heads": heads, "num_key_value_heads": max(1, heads // 2), "num_experts": 16,
+                "num_experts_per_tok": 4, "moe_intermediate_size": width, "shared_expert_intermediate_size": width,
+                "max_window_layers": layers, "max_position_embeddings": 4096, "vocab_size": 4096}
     raise KeyError(f"unknown calibration kind {kind!r}; known: {CALIB_KINDS}")
 
 
