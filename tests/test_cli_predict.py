@@ -135,3 +135,38 @@ def test_the_request_cost_fit_says_what_it_needs(tmp_path):
     assert no_entry.returncode == 2 and "needs --add-to" in no_entry.stderr
     none = _cli("calibrate-hw", "--ttft-from", "reports/local-cpu-kv", "--add-to", "nvidia-h200-2026-12-02")
     assert none.returncode == 2 and "three levels" in none.stderr and "Traceback" not in none.stderr
+
+
+def test_a_pass_from_another_host_adds_its_eager_kinds_on_this_hosts_scale(tmp_path):
+    """calibrate-hw --add-to with eager costs measured on another host of the GPU (its dense line differs): the
+    kinds the entry lacks are fitted on that pass and put on this host by the two dense lines; none of its points is
+    pooled, and a later merge keeps the scaled kinds as they are."""
+    import copy
+
+    import yaml
+
+    from servelab.calibrate_hw import merge
+    from servelab.tables import CALIBRATIONS
+
+    src = yaml.safe_load((CALIBRATIONS / "nvidia-h200-2026-12-02.yaml").read_text())
+    a = copy.deepcopy(src)
+    a["engines"]["vllm"]["eager"] = {"dense": src["engines"]["vllm"]["eager"]["dense"]}
+    b = copy.deepcopy(src)
+    b["engines"]["vllm"].pop("graphs")
+    for kind in ("dense", "moe"):  # the other host: twice as slow per layer and per step
+        c = b["engines"]["vllm"]["eager"][kind]
+        for p in c["points"]:
+            p["tpot_s"] *= 2.0
+        c["layer_s"], c["step_s"] = 2.0 * c["layer_s"], 2.0 * c["step_s"]  # as its own fit says, near enough
+    b["engines"]["vllm"]["eager"] = {k: b["engines"]["vllm"]["eager"][k] for k in ("dense", "moe")}
+    main, other = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    main.write_text(yaml.safe_dump(a))
+    other.write_text(yaml.safe_dump(b))
+    got = merge(main, other)["engines"]["vllm"]["eager"]
+    want = src["engines"]["vllm"]["eager"]
+    assert got["dense"]["layer_s"] == pytest.approx(want["dense"]["layer_s"], rel=1e-9)
+    assert got["moe"]["layer_s"] == pytest.approx(want["moe"]["layer_s"], rel=0.05)
+    assert got["moe"]["host_scaled"]["layer_x"] == pytest.approx(0.5)
+    again = tmp_path / "c.yaml"
+    again.write_text(main.read_text())
+    assert merge(main, again)["engines"]["vllm"]["eager"]["moe"]["layer_s"] == pytest.approx(got["moe"]["layer_s"])

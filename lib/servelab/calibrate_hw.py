@@ -188,18 +188,51 @@ def fit(points: list[dict[str, Any]], micro: dict[str, Any], engine: str,
     return out
 
 
+def _host_scaled_eager(a: dict[str, Any], b: dict[str, Any], eng: str, micro: dict[str, Any]) -> dict[str, Any]:
+    """The eager kinds of pass `b` that entry `a` lacks, put on `a`'s host when `b` ran on another one (its dense
+    eager points differ from `a`'s): fitted on `b`'s points, each kind's cost per layer and per step times `a`'s
+    dense eager cost over `b`'s (the rule `analysis.transfer` carries eager kinds by), with the factors and `b`'s
+    host probe recorded. {} when `b` measured no dense eager line or the same one (pooled as usual)."""
+    ea = ((a.get("engines") or {}).get(eng) or {}).get("eager") or {}
+    eb = ((b.get("engines") or {}).get(eng) or {}).get("eager") or {}
+    da, db = ea.get("dense") or {}, eb.get("dense") or {}
+    if not da.get("layer_s") or not db.get("layer_s") or da.get("points") == db.get("points"):
+        return {}
+    f_layer, f_step = float(da["layer_s"]) / float(db["layer_s"]), float(da["step_s"]) / float(db["step_s"])
+    pts = [{**p, "mode": "eager", "kind": k, "width": 256} for k, c in eb.items() if k not in ea and isinstance(c, dict)
+           for p in c.get("points", [])]
+    fitted = fit(pts, micro, eng).get("eager", {}) if pts else {}
+    probe = (b.get("micro") or {}).get("launch_eager_s")
+    return {k: {**c, "layer_s": c["layer_s"] * f_layer, "step_s": c["step_s"] * f_step,
+                "host_scaled": {"layer_x": f_layer, "step_x": f_step, "measured_at": str(b.get("measured_at", ""))[:10],
+                                "launch_eager_s": probe,
+                                "rule": "measured on another host of this GPU, x this entry's dense eager costs over "
+                                        "that host's (per layer, per step)"}}
+            for k, c in fitted.items()}
+
+
 def merge(main: Path, other: Path) -> dict[str, Any]:
     """One entry from two calibrations of the same machine (deeper models measured in a second
-    pass): the points of each engine, mode and kind pooled and fitted again; `other` removed."""
+    pass): the points of each engine, mode and kind pooled and fitted again; `other` removed. A second
+    pass of eager costs from another host (`_host_scaled_eager`) adds the kinds the entry lacks, put on
+    the entry's host, and pools none of its eager points."""
     a, b = yamlio.safe_load(main.read_text()), yamlio.safe_load(other.read_text())
     micro = {**a["micro"], "device": "cuda" if a["machine"]["kind"] == "gpu" else "cpu"}
+    other_host = False
     for eng, modes in (b.get("engines") or {}).items():
+        scaled = _host_scaled_eager(a, b, eng, micro)
+        if scaled:
+            b["engines"][eng].pop("eager", None)
+            other_host = True
+        # kinds put on this host from another one keep their scaled fit (their points are the other host's)
+        scaled = {**{k: c for k, c in ((a["engines"].get(eng) or {}).get("eager") or {}).items()
+                     if isinstance(c, dict) and c.get("host_scaled")}, **scaled}
         pts = []
         for src in (a, b):
             for mode, per in ((src.get("engines") or {}).get(eng) or {}).items():
                 if isinstance(per, dict):
                     for kind, c in per.items():
-                        if isinstance(c, dict):
+                        if isinstance(c, dict) and not (mode == "eager" and kind in scaled):
                             pts += [{**p, "mode": mode, "kind": kind, "width": 256} for p in c.get("points", [])]
         seen, uniq = set(), []
         for p in pts:
@@ -210,7 +243,10 @@ def merge(main: Path, other: Path) -> dict[str, Any]:
         known = a["engines"].get(eng) or {}
         kept = {k: known[k] for k in ("moe_prefill", "request") if known.get(k)}
         a["engines"][eng] = {"version": known.get("version"), **fit(uniq, micro, eng, known), **kept}
-    a["source"] += "; deeper calibration models: " + b["source"].split(": ", 1)[-1]
+        if scaled:
+            a["engines"][eng].setdefault("eager", {}).update(scaled)
+    what = "another host's eager costs" if other_host else "deeper calibration models"
+    a["source"] += f"; {what}: " + b["source"].split(": ", 1)[-1]
     main.write_text(yaml.safe_dump(a, sort_keys=False, width=120), encoding="utf-8")
     other.unlink()
     return a
@@ -324,20 +360,25 @@ def moe_prefill_from(study_dir: Path | str, add_to: str, engine: str = "vllm") -
     return entry
 
 
-def request_points(study_dirs: list[Path | str], entry: dict[str, Any], engine: str = "vllm") -> list[dict[str, Any]]:
+def request_points(study_dirs: list[Path | str], entry: dict[str, Any], engine: str = "vllm",
+                   launch_wait: float | None = None, loaded: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every concurrency-1 level of the studies' configurations that ran `engine` with CUDA graphs on one GPU
     of the entry's kind (no speculative decoding): its median TTFT and the model's prefill steps for its prompt
     (`perfmodel.prefill_step`, the entry's costs, the engine's graph size and chunk from the flags, the
-    router's ties under dummy weights), the difference being the request's fixed cost."""
+    router's ties under dummy weights), the difference being the request's fixed cost. `launch_wait`: the
+    share of the GPU's work a launched step waits on (default: the entry's); `loaded`: studies already loaded."""
     from .analysis.calibration import _norm, completed
 
     base = copy.deepcopy(entry)
-    (base.get("engines") or {}).get(engine, {}).pop("request", None)
+    old = (base.get("engines") or {}).get(engine, {}).pop("request", None) or {}
+    wait = old.get("launch_wait") if launch_wait is None else launch_wait
+    if wait:
+        base["engines"][engine]["request"] = {"launch_wait": wait}
     m = Machine(completed(base))  # eager costs of a layer kind this host did not measure: carried, scaled
     prof = engine_profile(engine)
     pts = []
     for study_dir in study_dirs:
-        sd = load_study_data(Path(study_dir))
+        sd = (loaded or {}).get(str(study_dir)) or load_study_data(Path(study_dir))
         s = sd.summary
         for cid in sd.config_ids:
             run = sd.runs[cid]
@@ -370,9 +411,13 @@ def ttft_from(study_dirs: list[Path | str], add_to: str, engine: str = "vllm") -
     if not target.is_file():
         raise UserError(f"calibrate-hw --ttft-from: no calibration entry {target}")
     entry = yamlio.safe_load(target.read_text())
-    pts = request_points(study_dirs, entry, engine)
+    loaded = {str(d): load_study_data(Path(d)) for d in study_dirs}
+    wait = terms.fit_launch_wait(lambda w: request_points(study_dirs, entry, engine, w, loaded))
+    pts = request_points(study_dirs, entry, engine, wait or 0.0, loaded)
     try:
         fitted = terms.fit_request_cost(pts)
+        if wait is not None:
+            fitted["launch_wait"] = wait
     except ValueError as e:
         raise UserError(f"calibrate-hw --ttft-from: {e}; found {len(pts)} levels of {engine} with CUDA graphs on "
                         f"{entry['machine']['name']} in {', '.join(str(d) for d in study_dirs)}") from None
@@ -385,7 +430,8 @@ def ttft_from(study_dirs: list[Path | str], add_to: str, engine: str = "vllm") -
         "source": f"median TTFT at c=1 less the model's prefill steps over {len(pts)} levels of {', '.join(studies)} "
                   f"(measured {dates[0] if dates else '?'} to {dates[-1] if dates else '?'}; calibrate-hw --ttft-from)"})
     progress_line(f"calibrate-hw: {engine} request cost {fitted['request_s'] * 1e3:.2f} ms (median of {fitted['n']} "
-                  f"levels' TTFT less the model's prefill) into {target}")
+                  f"levels' TTFT less the model's prefill), launched steps wait on {wait or 0.0:.2f} of the shorter "
+                  f"of their launches and the GPU's work, into {target}")
     return entry
 
 

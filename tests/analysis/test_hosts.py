@@ -31,7 +31,7 @@ def test_a_probe_on_the_host_scales_every_cpu_side_term_by_its_launch_time_over_
     counts = {"dense": 2, "moe": 30}
     assert slow.fixed("vllm", "graphs", counts)[0] == pytest.approx(2 * plain.fixed("vllm", "graphs", counts)[0])
     assert slow.request("vllm")[0] == pytest.approx(2 * plain.request("vllm")[0])
-    assert slow.eager_parts("vllm", {"dense": 32})[0] == pytest.approx(2 * plain.eager_parts("vllm", {"dense": 32})[0])
+    assert slow.eager_cpu("vllm", {"dense": 32})[0] == pytest.approx(2 * plain.eager_cpu("vllm", {"dense": 32})[0])
     # the GPU's own terms do not move
     assert slow.bandwidth("vllm", 1) == plain.bandwidth("vllm", 1) and slow.flops("bf16", 256) == plain.flops("bf16", 256)
     # a broken probe is bounded, not believed

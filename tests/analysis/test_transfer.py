@@ -64,13 +64,14 @@ def test_the_rules_ranges_hold_on_the_h100_measured_later():
 
 
 def test_a_host_missing_some_terms_gets_them_carried_and_scaled_by_what_it_measured():
-    """The H100's entry measured dense eager costs only: MoE and latent-attention eager costs come from the H200's
+    """An H100 entry that measured dense eager costs only: MoE and latent-attention eager costs come from the H200's
     host scaled by the two hosts' dense costs; a missing request cost by the ratio of their floors."""
     import copy
 
     h200 = cal.calibration_for("gpu", "NVIDIA H200")[0]
     h100 = copy.deepcopy(cal.calibration_for("gpu", "NVIDIA H100 80GB HBM3")[0])
     h100["engines"]["vllm"].pop("request", None)
+    h100["engines"]["vllm"]["eager"] = {"dense": h100["engines"]["vllm"]["eager"]["dense"]}
     done = transfer.complete_entry(h100, h200)
     e1, e2 = done["engines"]["vllm"]["eager"], h200["engines"]["vllm"]["eager"]
     ratio = e1["dense"]["layer_s"] / e2["dense"]["layer_s"]
@@ -118,6 +119,23 @@ def test_the_committed_request_cost_is_the_median_of_its_points(gpu):
         fit_request_cost(r["points"][:2])
 
 
+def test_the_launch_wait_is_what_gives_launched_levels_the_request_cost_of_those_in_a_graph():
+    """Levels prefilled inside a graph hold the request cost alone; the launch wait is the share of the shorter of
+    launches and GPU work that makes the launched levels' residuals agree with theirs."""
+    from servelab.analysis.perfmodel_terms import fit_launch_wait
+
+    true_wait, req = 0.4, 0.006
+    launched = [(0.030, 0.010), (0.020, 0.018), (0.050, 0.040)]  # (launches, GPU work) of three launched levels
+
+    def points_at(w):
+        pts = [{"how": "graph", "measured_s": req + t, "model_s": t} for t in (0.002, 0.004, 0.008)]
+        pts += [{"how": "launched", "measured_s": req + max(c, g) + true_wait * min(c, g),
+                 "model_s": max(c, g) + w * min(c, g)} for c, g in launched]
+        return pts
+    assert fit_launch_wait(points_at) == pytest.approx(true_wait)
+    assert fit_launch_wait(lambda w: [p for p in points_at(w) if p["how"] == "graph"]) is None
+
+
 def test_a_prefill_past_the_captured_graphs_pays_the_launch_costs():
     """vLLM captures graphs up to min(2 x max-num-seqs, 512) tokens: a 256-token prompt runs in one at the
     default, and without graphs at max-num-seqs 64, where a MoE layer's launches add to the GPU's work."""
@@ -132,10 +150,15 @@ def test_a_prefill_past_the_captured_graphs_pays_the_launch_costs():
     inside = perfmodel.prefill_step(m, "vllm", "graphs", olmoe, 256, graph_tokens=512)
     outside = perfmodel.prefill_step(m, "vllm", "graphs", olmoe, 256, graph_tokens=128)
     assert inside["how"] == "graph" and outside["how"] == "launched"
-    over, serial, _, own = m.eager_parts("vllm", perfmodel.layer_counts(olmoe))
-    # the host's terms at the typical host of those seen (analysis.hosts)
-    assert own and serial == pytest.approx(16 * m.entry["engines"]["vllm"]["eager"]["moe"]["layer_s"] * m.scale_host)
-    assert outside["total_s"] == pytest.approx(serial + max(over, outside["gpu_s"]))
+    cpu, _, own = m.eager_cpu("vllm", perfmodel.layer_counts(olmoe))
+    # the host's terms at the typical host of those seen (analysis.hosts); the launches run ahead of the GPU, and
+    # the H200's host waits on the GPU's work (its launch_wait, fitted with its request cost)
+    eager = m.entry["engines"]["vllm"]["eager"]
+    step = max(c["step_s"] for c in eager.values())
+    assert own and cpu == pytest.approx((step + 16 * eager["moe"]["layer_s"]) * m.scale_host)
+    wait = m.launch_wait("vllm")
+    assert 0.0 <= wait <= 1.0
+    assert outside["total_s"] == pytest.approx(max(cpu, outside["gpu_s"]) + wait * min(cpu, outside["gpu_s"]))
     long = perfmodel.prefill_step(m, "vllm", "graphs", olmoe, 20000, graph_tokens=512, chunk=8192)
     assert long["chunks"] == 3
     # dummy weights that tie the router: a prompt's tokens read one token's experts
@@ -145,14 +168,16 @@ def test_a_prefill_past_the_captured_graphs_pays_the_launch_costs():
 
 
 def test_an_entry_without_the_deeper_pass_gets_the_gpus_per_layer_time_carried_by_the_clocks():
-    """The H100's entry measured calibration models of 2 to 8 layers only (their time is the CPU side's floor): the
-    GPU's per-layer kernel time comes from the H200's deeper pass, by the boost clocks, listed and banded."""
+    """The H100's entry measured MoE and latent-attention calibration models of 2 to 8 layers only (their time is the
+    CPU side's floor): their GPU per-layer kernel time comes from the H200's deeper pass, by the boost clocks, listed
+    and banded; its dense layers' from its own deeper pass."""
     h200 = cal.calibration_for("gpu", "NVIDIA H200")[0]
     h100 = cal.calibration_for("gpu", "NVIDIA H100 80GB HBM3")[0]
     assert "gpu_layer_s" not in h100["engines"]["vllm"]["graphs"]["moe"]
     done = transfer.complete_entry(h100, h200)
     clk = get_hardware("H200 SXM")["boost_clock_hz"] / get_hardware("H100 SXM")["boost_clock_hz"]
-    for k in ("dense", "moe", "mla"):
+    assert "gpu_carried_from" not in done["engines"]["vllm"]["graphs"]["dense"]
+    for k in ("moe", "mla"):
         assert done["engines"]["vllm"]["graphs"][k]["gpu_layer_s"] == pytest.approx(
             h200["engines"]["vllm"]["graphs"][k]["gpu_layer_s"] * clk)
     row = next(t for t in done["transfer"] if t["term"] == "GPU fixed time per layer")

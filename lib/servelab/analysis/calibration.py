@@ -125,6 +125,8 @@ def _layer_cost(costs: Mapping[str, Any], kind: str, key: str = "layer_s") -> fl
         parts = [_layer_cost(costs, k, key) for k in ("mla", "dense", "moe")]
         return None if None in parts else max(0.0, parts[0] + parts[1] - parts[2])
     c = costs.get(kind)
+    if c is None and kind == "moe_shared":  # an entry without the kind: its routed experts' costs
+        c = costs.get("moe")
     return float(c[key]) if c and key in c else None
 
 
@@ -171,6 +173,13 @@ class Machine:
             return None, f"{engine}: no request cost calibrated (calibrate-hw --ttft-from)"
         host = f", the host of {self.transferred_from}" if self.transferred_from else ""
         return float(r["request_s"]) * self.scale_host, f"{engine} request cost: {r.get('source', '')}{host}"
+
+    def launch_wait(self, engine: str) -> float:
+        """The share of the GPU's work that a step launched without captured graphs waits on beyond the longer
+        of its launches and the GPU's work (0: the launches run ahead of the GPU; 1: they wait on it all),
+        fitted with the request cost (`perfmodel_terms.fit_request_cost`); 0 where not fitted."""
+        r = ((self.entry.get("engines") or {}).get(engine) or {}).get("request") or {}
+        return float(r.get("launch_wait") or 0.0)
 
     def bandwidth(self, engine: str, batch: float) -> tuple[float, str]:
         eng = (self.entry.get("engines") or {}).get(engine) or {}
@@ -223,12 +232,12 @@ class Machine:
             return total, gpu, f"{eng} {md} fixed costs ({', '.join(counts)} layers)", own
         return None, gpu, "no fixed costs calibrated for these layer kinds", False
 
-    def eager_parts(self, engine: str, counts: Mapping[str, int]) -> tuple[float | None, float, str, bool]:
+    def eager_cpu(self, engine: str, counts: Mapping[str, int]) -> tuple[float | None, str, bool]:
         """The engine's CPU side of a step that runs without captured graphs (its eager calibration: the
-        step's cost and each layer's kernel launches), split in two: (the part the GPU's work overlaps:
-        the step and the dense layers; the part it does not: MoE and latent-attention layers, whose launches
-        wait on the GPU in the published runs (docs/predictions.md); where from; whether the engine's own).
-        None when no eager costs cover these layer kinds."""
+        step's cost and each layer kind's kernel launches, on this host), where from, and whether the engine's
+        own. The launches run ahead of the GPU's work: such a step takes the longer of the two, plus the share
+        of the shorter one the host's launches wait on (`launch_wait`). None when no eager costs cover these
+        layer kinds."""
         engines = self.entry.get("engines") or {}
         for eng, own in ((engine, True), ("vllm", False)):
             costs = (engines.get(eng) or {}).get("eager")
@@ -238,11 +247,9 @@ class Machine:
             if None in layers.values():
                 continue
             step = max(float(c.get("step_s", 0.0)) for c in costs.values() if isinstance(c, Mapping) and "step_s" in c)
-            over = step + sum(n * layers[k] for k, n in counts.items() if k == "dense")
-            serial = sum(n * layers[k] for k, n in counts.items() if k != "dense")
-            f = self.scale_fixed * self.scale_host
-            return over * f, serial * f, f"{eng} eager launch costs ({', '.join(counts)} layers)", own
-        return None, 0.0, "no eager costs calibrated for these layer kinds", False
+            cpu = (step + sum(n * layers[k] for k, n in counts.items())) * self.scale_fixed * self.scale_host
+            return cpu, f"{eng} eager launch costs ({', '.join(counts)} layers)", own
+        return None, "no eager costs calibrated for these layer kinds", False
 
 
 def gpu_machine(name: str | None, folder: Path | str | None = None,

@@ -39,8 +39,9 @@ touched / BW, FLOPs / F) plus the per-layer fixed time; FLOPs = 2 * matmul param
 at n rows; a MoE layer's experts as one grouped GEMM of n * k rows); plus the engine's MoE prefill term per
 MoE layer when the calibration entry has one. The CPU side: a step the engine runs inside a captured graph
 (vLLM: up to min(2 x max-num-seqs, 512) tokens) pays the step's floor, the longer of it and the GPU; a larger
-one launches its kernels one by one at the eager calibration's cost per layer, MoE and latent-attention
-layers in series with the GPU's work, the rest overlapped. TTFT at c = 1 = the engine's request cost (HTTP,
+one launches its kernels one by one at the eager calibration's cost per layer of its kind (dense, MoE, MoE with
+shared experts, latent attention), ahead of the GPU: the longer of the two, plus the share of the shorter one
+the host waits on (`launch_wait`, fitted with the request cost). TTFT at c = 1 = the engine's request cost (HTTP,
 chat template, tokenization, scheduling, the token's way back: fitted on published TTFTs less the model's
 prefill, `calibrate-hw --ttft-from`) + the prefill. The KV-limited concurrency and the capacity at the SLO
 follow (`predict`). Every estimate carries a band: its uncertain terms at both ends (`analysis.transfer`).
@@ -87,7 +88,10 @@ from .roofline import decode_weight_bytes, prefill_matmul_params
 # an uncertainty band on every estimate; dummy-weight routers that tie through a score-correction bias (ERNIE-4.5)
 # 5: the host factor (analysis.hosts): the engine's CPU-side terms (floor, eager launches, request cost) scaled by the
 # host measured before the first request, else the typical host of those seen, with a band over them
-MODEL_VERSION = "perfmodel-5"
+# 6: a step without captured graphs takes the longer of its kernel launches and the GPU's work plus the share of the
+# shorter one the host waits on (fitted per entry with the request cost; before: MoE and latent-attention launches in
+# series with the GPU); MoE layers with shared experts launch at their own calibrated cost
+MODEL_VERSION = "perfmodel-6"
 FORMAT_VERSION = 1
 KINDS = ("dense", "moe", "mla")
 ESTIMATE, BOUND = "estimate", "bound"
@@ -97,12 +101,14 @@ ESTIMATE, BOUND = "estimate", "bound"
 
 def layer_counts(facts: Mapping[str, Any]) -> dict[str, int]:
     """How many layers of each calibrated kind the model has; a latent-attention layer with a
-    dense MLP counts as `mla_dense` (mla + dense - moe)."""
+    dense MLP counts as `mla_dense` (mla + dense - moe); a MoE layer with shared experts and
+    grouped-query attention as `moe_shared` (its costs are `moe`'s where an entry lacks the kind)."""
     n = int(facts["num_layers"])
     moe = int(facts.get("num_moe_layers", n if facts.get("num_experts") else 0))
     if facts.get("attention") == "mla" or facts.get("kv_lora_rank"):
         return {k: v for k, v in (("mla", moe), ("mla_dense", n - moe)) if v}
-    return {k: v for k, v in (("moe", moe), ("dense", n - moe)) if v}
+    kind = "moe_shared" if int(facts.get("num_shared_experts") or 0) > 0 else "moe"
+    return {k: v for k, v in ((kind, moe), ("dense", n - moe)) if v}
 
 
 def mode_of(engine: str, args: Mapping[str, Any]) -> str:
@@ -119,6 +125,12 @@ def _precision(facts: Mapping[str, Any]) -> str:
 def weight_bytes(facts: Mapping[str, Any], distinct_tokens: float) -> float:
     """Weight bytes one decode step reads for `distinct_tokens` distinct tokens (roofline's rule)."""
     return decode_weight_bytes(facts, max(1, int(round(distinct_tokens))))
+
+
+def launched_step(m: Machine, engine: str, cpu_s: float, gpu_s: float) -> float:
+    """A step launched kernel by kernel: the longer of its launches and the GPU's work, plus the share of the
+    shorter one the host waits on (`Machine.launch_wait`, fitted per calibration entry)."""
+    return max(cpu_s, gpu_s) + m.launch_wait(engine) * min(cpu_s, gpu_s)
 
 
 def step_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], *, batch: int, ctx: float,
@@ -146,9 +158,9 @@ def step_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], *, b
     if m.kind == "cpu":  # the CPU engine computes on the cores that also run its steps: everything adds up
         total = max(t_mem, t_cmp) + (cpu or 0.0) + gpu + extra_s + comm
     elif mode == "eager" or (mode == "graphs" and graph_tokens is not None and batch + prefill_tokens > graph_tokens):
-        over, serial, _, _ = m.eager_parts(engine, counts)  # eager, or a step too large for the captured graphs
-        total = (serial or 0.0) + max(over or cpu or 0.0, max(t_mem, t_cmp) + gpu + extra_s + comm)
-        cpu = (over or 0.0) + (serial or 0.0)
+        launches, _, _ = m.eager_cpu(engine, counts)  # eager, or a step too large for the captured graphs
+        cpu = launches if launches is not None else cpu
+        total = launched_step(m, engine, cpu or 0.0, max(t_mem, t_cmp) + gpu + extra_s + comm)
     else:  # the GPU runs its kernels while the CPU side prepares the next step: the longer of the two
         total = max(cpu or 0.0, max(t_mem, t_cmp) + gpu + extra_s + comm)
     return {"memory_s": t_mem, "compute_s": t_cmp, "cpu_s": cpu or 0.0, "gpu_fixed_s": gpu, "terms_s": extra_s,
@@ -225,8 +237,8 @@ def prefill_step(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n
       or its matmuls and attention (`prefill_compute_s`), plus the per-layer fixed time, the engine's MoE
       prefill term when calibrated, and the collectives;
     - the CPU side: inside a captured graph (`graph_tokens`: the engine's largest; None: always) the step's
-      floor, the longer of it and the GPU; outside, the eager launch costs: the MoE and latent-attention
-      layers' in series with the GPU's work, the rest overlapped by it (`Machine.eager_parts`).
+      floor; outside, the eager launch costs of every layer (`Machine.eager_cpu`); the step the longer of
+      the CPU side and the GPU (outside, plus the share of the shorter the launches wait on, `launched_step`).
     Returns the parts and `total_s`."""
     chunks = max(1, math.ceil(n / chunk)) if chunk else 1
     nc = n / chunks
@@ -246,10 +258,9 @@ def prefill_step(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n
     elif in_graph:
         step, cpu_s, how = max(cpu or 0.0, gpu_s), cpu or 0.0, "graph"
     else:
-        over, serial, _, _ = m.eager_parts(engine, counts)
-        if over is None:
-            over, serial = cpu or 0.0, 0.0
-        step, cpu_s, how = serial + max(over, gpu_s), over + serial, "launched"
+        launches, _, _ = m.eager_cpu(engine, counts)
+        cpu_s = launches if launches is not None else (cpu or 0.0)
+        step, how = launched_step(m, engine, cpu_s, gpu_s), "launched"
     return {"chunks": chunks, "memory_s": t_mem, "compute_s": t_cmp, "gpu_s": gpu_s, "cpu_s": cpu_s, "how": how,
             "total_s": chunks * step}
 
@@ -352,7 +363,7 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
          any(t["seconds"] != t["seconds"] for t in paid))) if cond]
     t_pre_parts = prefill_step(m, engine, mode, facts, n_in, n_gpus, par=par, **pre)
     t_pre = t_pre_parts["total_s"]
-    _, _, _, own_eager = m.eager_parts(engine, counts)
+    _, _, own_eager = m.eager_cpu(engine, counts)
     needs_eager = t_pre_parts["how"] == "launched"
     ttft_why = [w for w, cond in (
         (f"{req_src}", req_s is None),
@@ -592,5 +603,5 @@ def _roofline_bounds(run: Mapping[str, Any], slo: Mapping[str, Any] | None, leng
 
 __all__ = ["BOUND", "ESTIMATE", "GEMMS_PER_LAYER", "KINDS", "MODEL_VERSION", "distinct_experts", "expert_split",
            "gemm_rate", "identical_requests", "in_waves", "prefill_compute_s", "prefill_step",
-           "layer_counts", "mode_of", "predict", "predict_configuration", "prefill_time", "router_ties", "step_time",
+           "launched_step", "layer_counts", "mode_of", "predict", "predict_configuration", "prefill_time", "router_ties", "step_time",
            "tpot"]

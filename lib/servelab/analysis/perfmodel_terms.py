@@ -10,7 +10,7 @@ by `tables`; not for the model's arithmetic (`perfmodel`) nor for loading studie
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -126,9 +126,26 @@ def fit_request_cost(points: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     res = sorted(float(p["measured_s"]) - float(p["model_s"]) for p in points)
     if len(res) < 3:
         raise ValueError("a request cost needs TTFTs of three levels or more")
-    med = res[len(res) // 2] if len(res) % 2 else (res[len(res) // 2 - 1] + res[len(res) // 2]) / 2
+    med = float(np.median(res))
     return {"request_s": med, "residuals_s": [r - med for r in res], "n": len(res)}
 
 
-__all__ = ["DEFAULT_BACKEND", "applies", "attention_backend", "fit_moe_prefill", "fit_pool_term", "fit_request_cost",
+def fit_launch_wait(points_at: Callable[[float], Sequence[Mapping[str, Any]]],
+                    grid: Sequence[float] = tuple(i / 20 for i in range(21))) -> float | None:
+    """The share of the GPU's work a launched prefill step waits on (`perfmodel.launched_step`): the value whose
+    launched levels (`how` "launched") leave the same median residual (measured - model) as the levels prefilled
+    inside a captured graph, which the launches do not touch; `points_at(w)` gives the levels under wait w. None
+    with fewer than two levels of either kind (the engine's launches then run ahead of the GPU: 0)."""
+    def gap(w: float) -> float | None:
+        pts = points_at(w)
+        g = [float(p["measured_s"]) - float(p["model_s"]) for p in pts if p.get("how") == "graph"]
+        l_ = [float(p["measured_s"]) - float(p["model_s"]) for p in pts if p.get("how") == "launched"]
+        return float(np.median(l_) - np.median(g)) if len(g) >= 2 and len(l_) >= 2 else None
+    gaps = [(w, gap(w)) for w in grid]
+    if any(g is None for _, g in gaps):
+        return None
+    return min(gaps, key=lambda wg: abs(wg[1]))[0]
+
+
+__all__ = ["DEFAULT_BACKEND", "applies", "attention_backend", "fit_moe_prefill", "fit_pool_term", "fit_launch_wait", "fit_request_cost",
            "load_terms", "moe_prefill", "moe_prefill_seconds", "pool_bytes", "step_terms"]
