@@ -48,6 +48,7 @@ def _run_record(study, cid: str, ties_off: bool = False) -> dict:
     preset = eng.model["preset"] if isinstance(eng.model, dict) else eng.model.preset
     cfg = dict(PRESETS[preset])
     cfg["vocab_size"] = PRESET_TOKENIZER_VOCAB_SIZE[preset]  # the preset's directory: its tokenizer's vocabulary
+    cfg["pad_token_id"] = None  # the directory's is its tokenizer's (a config's default, e.g. Phi-3's, may not fit)
     facts = facts_from_config(cfg)
     ep = eng.model_dump()
     if ties_off:
