@@ -488,7 +488,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # gpt-oss-20b's shape (openai/gpt-oss-20b config.json) in bf16 (the published checkpoint's experts are
     # MXFP4): 24 layers alternating 128-token sliding-window and full attention with sinks, 64 query and 8 KV
     # heads of 64, 32 experts (2,880 wide, with biases) of which 4 per token; 20.9 B parameters, 3.6 B active.
-    # A family the model had never predicted (issue #59).
+    # A family the model had never predicted (issue #59). For `servelab predict`: vLLM serves gpt-oss's chat in its
+    # Harmony format, which needs the model's own special tokens, so a server of this preset's directory (a trained
+    # tokenizer) answers every chat request with HTTP 500 (reports/h100-eager-holdout).
     "gpt-oss-20b": {
         "architectures": ["GptOssForCausalLM"],
         "model_type": "gpt_oss",
