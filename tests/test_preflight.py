@@ -60,8 +60,8 @@ def test_unknown_preset_is_an_error_with_did_you_mean():
 
 
 def test_unknown_preset_without_a_close_one_lists_the_known():
-    ((_, reason),) = _problems(_study(engine={"model": {"preset": "gpt-17"}}))
-    assert "did you mean" not in reason and reason.startswith("unknown model preset 'gpt-17': known presets: ")
+    ((_, reason),) = _problems(_study(engine={"model": {"preset": "zzz-17"}}))
+    assert "did you mean" not in reason and reason.startswith("unknown model preset 'zzz-17': known presets: ")
 
 
 def test_missing_model_path_is_an_error_on_this_machine(tmp_path):

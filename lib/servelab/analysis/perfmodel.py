@@ -37,14 +37,13 @@ Prefill of n tokens (`prefill_step`), in chunks of the engine's batch budget: on
 touched / BW, FLOPs / F) plus the per-layer fixed time; FLOPs = 2 * matmul parameters * n + attention's
 2 * layers * heads * head_dim * n^2, each GEMM at the measured throughput of its work (a layer's mean GEMM
 at n rows; a MoE layer's experts as one grouped GEMM of n * k rows); plus the engine's MoE prefill term per
-MoE layer when the calibration entry has one. The CPU side: a step the engine runs inside a captured graph
-(vLLM: up to min(2 x max-num-seqs, 512) tokens) pays the step's floor, the longer of it and the GPU; a larger
-one launches its kernels one by one at the eager calibration's cost per layer of its kind (dense, MoE, MoE with
-shared experts, latent attention), ahead of the GPU: the longer of the two, plus the share of the shorter one
-the host waits on (`launch_wait`, fitted with the request cost). TTFT at c = 1 = the engine's request cost (HTTP,
-chat template, tokenization, scheduling, the token's way back: fitted on published TTFTs less the model's
-prefill, `calibrate-hw --ttft-from`) + the prefill. The KV-limited concurrency and the capacity at the SLO
-follow (`predict`). Every estimate carries a band: its uncertain terms at both ends (`analysis.transfer`).
+MoE layer when the calibration entry has one. The CPU side: a step inside a captured graph (vLLM: up to
+min(2 x max-num-seqs, 512) tokens) pays the step's floor, the longer of it and the GPU; a larger one launches its
+kernels at the eager cost per layer of each kind (dense, MoE, MoE with shared experts, latent attention) ahead of
+the GPU: the longer of the two plus the share of the shorter the host waits on (`launch_wait`). TTFT at c = 1 =
+the engine's request cost (HTTP, chat template, tokenization, scheduling, the token's way back: fitted with
+`launch_wait` on published TTFTs, `calibrate-hw --ttft-from`) + the prefill. The KV-limited concurrency and the
+capacity at the SLO follow (`predict`). Every estimate carries a band (`analysis.transfer`).
 
 A GPU without a calibration entry of its own takes the nearest calibrated GPU's terms carried by the
 datasheets (bandwidth and FLOP/s shares, per-layer kernel time by clock, the host's CPU-side terms as
@@ -88,9 +87,8 @@ from .roofline import decode_weight_bytes, prefill_matmul_params
 # an uncertainty band on every estimate; dummy-weight routers that tie through a score-correction bias (ERNIE-4.5)
 # 5: the host factor (analysis.hosts): the engine's CPU-side terms (floor, eager launches, request cost) scaled by the
 # host measured before the first request, else the typical host of those seen, with a band over them
-# 6: a step without captured graphs takes the longer of its kernel launches and the GPU's work plus the share of the
-# shorter one the host waits on (fitted per entry with the request cost; before: MoE and latent-attention launches in
-# series with the GPU); MoE layers with shared experts launch at their own calibrated cost
+# 6: a step without graphs: max(launches, GPU) + the share of the shorter the host waits on (fitted per entry; before:
+# MoE and latent-attention launches in series); MoE layers with shared experts launch at their own calibrated cost
 MODEL_VERSION = "perfmodel-6"
 FORMAT_VERSION = 1
 KINDS = ("dense", "moe", "mla")
@@ -100,9 +98,8 @@ ESTIMATE, BOUND = "estimate", "bound"
 # -- the model ----------------------------------------------------------------------------------
 
 def layer_counts(facts: Mapping[str, Any]) -> dict[str, int]:
-    """How many layers of each calibrated kind the model has; a latent-attention layer with a
-    dense MLP counts as `mla_dense` (mla + dense - moe); a MoE layer with shared experts and
-    grouped-query attention as `moe_shared` (its costs are `moe`'s where an entry lacks the kind)."""
+    """How many layers of each calibrated kind the model has; a latent-attention layer with a dense MLP counts as
+    `mla_dense` (mla + dense - moe), a GQA MoE layer with shared experts as `moe_shared` (else `moe`'s costs)."""
     n = int(facts["num_layers"])
     moe = int(facts.get("num_moe_layers", n if facts.get("num_experts") else 0))
     if facts.get("attention") == "mla" or facts.get("kv_lora_rank"):
@@ -128,8 +125,7 @@ def weight_bytes(facts: Mapping[str, Any], distinct_tokens: float) -> float:
 
 
 def launched_step(m: Machine, engine: str, cpu_s: float, gpu_s: float) -> float:
-    """A step launched kernel by kernel: the longer of its launches and the GPU's work, plus the share of the
-    shorter one the host waits on (`Machine.launch_wait`, fitted per calibration entry)."""
+    """A step launched kernel by kernel: max(launches, GPU) + the share of the shorter the host waits on."""
     return max(cpu_s, gpu_s) + m.launch_wait(engine) * min(cpu_s, gpu_s)
 
 
@@ -158,8 +154,7 @@ def step_time(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], *, b
     if m.kind == "cpu":  # the CPU engine computes on the cores that also run its steps: everything adds up
         total = max(t_mem, t_cmp) + (cpu or 0.0) + gpu + extra_s + comm
     elif mode == "eager" or (mode == "graphs" and graph_tokens is not None and batch + prefill_tokens > graph_tokens):
-        launches, _, _ = m.eager_cpu(engine, counts)  # eager, or a step too large for the captured graphs
-        cpu = launches if launches is not None else cpu
+        cpu = m.eager_cpu(engine, counts)[0] or cpu  # eager, or a step too large for the captured graphs
         total = launched_step(m, engine, cpu or 0.0, max(t_mem, t_cmp) + gpu + extra_s + comm)
     else:  # the GPU runs its kernels while the CPU side prepares the next step: the longer of the two
         total = max(cpu or 0.0, max(t_mem, t_cmp) + gpu + extra_s + comm)
@@ -236,9 +231,8 @@ def prefill_step(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n
     - the GPU: the weights its tokens touch over the bandwidth (`ties`: every token takes the same experts),
       or its matmuls and attention (`prefill_compute_s`), plus the per-layer fixed time, the engine's MoE
       prefill term when calibrated, and the collectives;
-    - the CPU side: inside a captured graph (`graph_tokens`: the engine's largest; None: always) the step's
-      floor; outside, the eager launch costs of every layer (`Machine.eager_cpu`); the step the longer of
-      the CPU side and the GPU (outside, plus the share of the shorter the launches wait on, `launched_step`).
+    - the CPU side: inside a captured graph (`graph_tokens`: the engine's largest; None: always) the step's floor,
+      the step the longer of it and the GPU; outside, every layer's eager launch costs (`launched_step`).
     Returns the parts and `total_s`."""
     chunks = max(1, math.ceil(n / chunk)) if chunk else 1
     nc = n / chunks
@@ -258,8 +252,7 @@ def prefill_step(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n
     elif in_graph:
         step, cpu_s, how = max(cpu or 0.0, gpu_s), cpu or 0.0, "graph"
     else:
-        launches, _, _ = m.eager_cpu(engine, counts)
-        cpu_s = launches if launches is not None else (cpu or 0.0)
+        cpu_s = m.eager_cpu(engine, counts)[0] or cpu or 0.0
         step, how = launched_step(m, engine, cpu_s, gpu_s), "launched"
     return {"chunks": chunks, "memory_s": t_mem, "compute_s": t_cmp, "gpu_s": gpu_s, "cpu_s": cpu_s, "how": how,
             "total_s": chunks * step}
