@@ -242,3 +242,13 @@ def test_cli_validate_checks_the_reduced_study_too(tmp_path, capsys):
     d["reduced"] = {"warmup_rounds": 0, "concurrency": [1]}  # no level with more than one in flight: no canary
     bad.write_text(yaml.safe_dump(d))
     assert main(["validate", str(bad)]) == 0
+
+
+def test_a_gpt_oss_preset_on_chat_is_warned_before_a_server_starts():
+    """vLLM renders gpt-oss's chat with the model's own Harmony tokens, which a preset's trained tokenizer lacks: every
+    chat request failed on a real H100 (HTTP 500). Validate says so; a Llama-shaped preset on chat is fine."""
+    warned = [p for p in _problems(_study(engine={"model": {"preset": "gpt-oss-20b"}}), "warning")
+              if p[0] == "engine.model.preset"]
+    assert len(warned) == 1 and "Harmony" in warned[0][1] and "HTTP 500" in warned[0][1]
+    assert not [p for p in _problems(_study(engine={"model": {"preset": "phi-4"}}), "warning")
+                if p[0] == "engine.model.preset"]

@@ -99,6 +99,7 @@ def _check(study: Study, eng: Any, wl: Any) -> list[Problem]:
     if eng.model is not None:
         model, probs = _model(eng.model, study)
         out += probs
+    out += _chat_tokens(eng, model, wl)
     ctx, ctx_key = _context_tokens(eng.args, model)
     out += _buckets(wl, ctx, ctx_key)
     out += _kv(eng.args, model, wl)
@@ -106,6 +107,20 @@ def _check(study: Study, eng: Any, wl: Any) -> list[Problem]:
     if isinstance(study.host, LocalHostParams):
         out += _port(eng.host, eng.port)
     return out
+
+
+# Model types whose chat the engine renders with the model's own special tokens (vLLM: gpt-oss's Harmony format),
+# which a preset's directory (a tokenizer trained for it) does not have
+CHAT_NEEDS_OWN_TOKENS = {"gpt_oss": "vLLM renders gpt-oss's chat in its Harmony format, with the model's own special tokens"}
+
+
+def _chat_tokens(eng: Any, model: _Model | None, wl: Any) -> list[Problem]:
+    why = CHAT_NEEDS_OWN_TOKENS.get(str(((model.config or {}) if model else {}).get("model_type")))
+    if not (why and model.key == "engine.model.preset" and getattr(wl, "api", None) == "chat"):
+        return []
+    return [Problem("warning", "engine.model.preset",
+                    f"{why}, which this preset's trained tokenizer lacks: every chat request fails (HTTP 500 "
+                    f"'<|end|>' on vLLM 0.26); serve the model's own directory (engine.model.path) for chat")]
 
 
 def _remote_host(study: Study) -> str | None:

@@ -107,3 +107,18 @@ def test_an_honest_published_run_is_not_flagged_and_the_known_tie_is():
     assert ph["flags"][0]["causes"][0]["cause"] == physics.TIES and "bf16 softmax" in ph["flags"][0]["causes"][0]["evidence"]
     local = physics_check(load_study_data(ROOT / "reports" / "local-cpu"))
     assert local["checked"] == 0 and local["not_checked"]
+
+
+def test_a_headline_figure_from_a_level_faster_than_physics_says_so():
+    """h100-eager-holdout's best goodput and its cost sentence come from Moonlight's 32-request level, whose
+    router ties under dummy weights: the headline names the flag beside both; an honest study's headline does not."""
+    from servelab.report import load_study_data
+    from servelab.report.progress import headline
+    from servelab.report.verdicts import physics_note
+
+    sd = load_study_data(ROOT / "reports" / "h100-eager-holdout")
+    assert physics_note(sd, "moonlight", "in256-out256", 32)
+    assert physics_note(sd, "moonlight", "in256-out256", 1) == "" and physics_note(sd, "phi4", "in256-out256", 32) == ""
+    lines = [x for x in headline(sd).splitlines() if "faster than physics allows" in x]
+    assert len(lines) == 2 and any("goodput" in x for x in lines) and any("per 1M output tokens" in x for x in lines)
+    assert "faster than physics allows" not in headline(load_study_data(ROOT / "reports" / "h200-llama8b-vllm"))

@@ -96,6 +96,15 @@ def cost_sentence(sd: StudyData) -> str:
                 m_usd=f"{r['managed_usd_per_m_output']:,.2f}", ratio=f"{ratio:,.1f}×")
 
 
+def peak_level(sd: StudyData) -> tuple[str, str, float] | None:
+    """(config, bucket, concurrency) of the level the headline's cost sentence prices, or None."""
+    t, kind = cost_rows(sd)
+    if kind != "instance" or t.empty or "concurrency" not in t:
+        return None
+    r = t.loc[t["aggregate_output_tps"].idxmax()]
+    return str(r["config"]), str(r["bucket"]), float(r["concurrency"])
+
+
 def cost_section(sd: StudyData) -> tuple[str, Any]:
     """(text, table): self-host vs managed at each configuration's best measured level."""
     t, kind = cost_rows(sd)

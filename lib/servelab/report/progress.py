@@ -31,7 +31,7 @@ from .accuracy import headline as accuracy_headline
 from .capacity import tune_value
 from .gpu import engine_comparison_table
 from .load import StudyData, baselines, engine_layout
-from .money import cost_sentence
+from .money import cost_sentence, peak_level as money_peak
 from .why import headline as why_headline
 from .fmt import _open_loop, in_flight, link, num, pct, quality, slo_parts  # noqa: F401  (re-exported)
 
@@ -301,9 +301,11 @@ def headline(sd: StudyData) -> str:
     g = goodput(s, sd.study.slo).dropna(subset=["goodput_concurrency"])
     if len(g):
         r = g.loc[g["aggregate_output_tps"].idxmax()]
+        flag = rv.physics_note(sd, r["config"], r["bucket"], r["goodput_concurrency"])
         out.append(sd.w("story.goodput", slo=slo_parts(sd), tps=num(r["aggregate_output_tps"], 0),
                         inflight=in_flight(sd, r["goodput_concurrency"], r["config"], r["bucket"]),
-                        label=lab.get(r["config"], r["config"]), bucket=r["bucket"]) + " " + link(sd, "saturation"))
+                        label=lab.get(r["config"], r["config"]), bucket=r["bucket"]) + " " + link(sd, "saturation")
+                   + (" " + flag if flag else ""))
     else:
         out.append(sd.w("headline.no_goodput", slo=slo_parts(sd)) + " " + link(sd, "saturation"))
     out.extend(x for x in _more(sd, s) if x)
@@ -375,8 +377,9 @@ def _engines_and_cost(sd: StudyData) -> list[str]:
         r = other[other["config"] == best]["aggregate_vs_reference"]
         out.append(sd.w("headline.engines", other=lab.get(best, best), ref=lab.get(ref, ref), n=len(r),
                         lo=pct((r.min() - 1) * 100), hi=pct((r.max() - 1) * 100)) + " " + link(sd, "gpu"))
-    cost = cost_sentence(sd)
-    out.append(cost and cost + " " + link(sd, "cost"))
+    cost, peak = cost_sentence(sd), money_peak(sd)
+    flag = rv.physics_note(sd, *peak) if cost and peak else ""
+    out.append(cost and cost + " " + link(sd, "cost") + (" " + flag if flag else ""))
     return out
 
 

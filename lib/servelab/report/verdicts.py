@@ -354,6 +354,16 @@ def physics_text(sd: StudyData) -> str:
     return sd.w("physics.head", n=len(flags)) + "\n\n" + "\n".join(f"- {i}" for i in items)
 
 
+def physics_note(sd: StudyData, config: str, bucket: str, concurrency: float) -> str:
+    """A sentence for a headline figure whose level ran faster than physics allows (verdicts.json `physics`): its
+    likely causes and that it is no speed this configuration would give; "" for a level not flagged."""
+    for f in (load(sd).get("physics") or {}).get("flags") or []:
+        if (f.get("config"), f.get("bucket")) == (config, bucket) and float(f.get("concurrency") or 0) == float(concurrency):
+            causes = sd.w("story.list_sep").join(sd.w(f"physics.cause.{c['cause']}") for c in f["causes"])
+            return sd.w("story.physics_flagged", causes=causes) + " " + link(sd, "verdicts")
+    return ""
+
+
 def to_target_text(sd: StudyData, plan: dict[str, Any]) -> str:
     """Where the MDE target was not met: how many change levels met it, the largest MDE, why (the
     variance between starts or too few rounds) and what measurement would reach it (verdicts.json
