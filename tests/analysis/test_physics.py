@@ -122,3 +122,21 @@ def test_a_headline_figure_from_a_level_faster_than_physics_says_so():
     lines = [x for x in headline(sd).splitlines() if "faster than physics allows" in x]
     assert len(lines) == 2 and any("goodput" in x for x in lines) and any("per 1M output tokens" in x for x in lines)
     assert "faster than physics allows" not in headline(load_study_data(ROOT / "reports" / "h200-llama8b-vllm"))
+
+
+def test_a_level_still_warming_up_is_named_and_a_steady_one_is_not():
+    """TTFTs that fall request by request by a quarter or more (h100-eager-holdout's first level after each server
+    started) are named; a level whose TTFTs wander is not, nor one with two requests."""
+    import pandas as pd
+
+    from servelab.analysis.stats import warming_levels
+    from servelab.report import load_study_data
+
+    def level(ttfts, cfg="a"):
+        return [{"config": cfg, "bucket": "in256-out8", "concurrency": 1, "ok": True, "warmup": False, "round": i,
+                 "seq": 0, "ttft_s": t} for i, t in enumerate(ttfts)]
+    recs = pd.DataFrame(level([0.107, 0.105, 0.073]) + level([0.050, 0.049, 0.051], "b") + level([0.09, 0.05], "c"))
+    assert [x["config"] for x in warming_levels(recs)] == ["a"]
+    sd = load_study_data(ROOT / "reports" / "h100-eager-holdout")
+    assert {(x["config"], x["bucket"]) for x in warming_levels(sd.records)} == {("moonlight", "in256-out256"),
+                                                                                ("phi4", "in256-out256")}

@@ -13,6 +13,7 @@ from typing import Any
 import pandas as pd
 
 from ..analysis import verdicts
+from ..analysis.stats import warming_levels
 from ..runfolder import VERDICTS_JSON, read_json, write_json
 from . import html
 from .fmt import link, minutes, num, pct
@@ -44,6 +45,7 @@ def study_verdicts(sd: StudyData) -> dict[str, Any]:
                     to_target=(verdicts.plan_from_design(d, groups, rows, betweens[verdicts.PRIMARY], target)
                                if verdicts.PRIMARY in betweens else None))
     out["physics"] = physics_check(sd)
+    out["warming"] = warming_levels(sd.records)
     return out
 
 
@@ -325,6 +327,9 @@ def verdicts_text(sd: StudyData) -> str:
     dist = disturbance_text(sd)
     if dist:  # its own paragraph (Markdown)
         out += "\n\n" + dist
+    warm = warming_text(sd)
+    if warm:  # its own paragraph (Markdown)
+        out += "\n\n" + warm
     plan = load(sd).get("to_target")
     if plan:  # its own paragraph (Markdown)
         out += "\n\n" + to_target_text(sd, plan)
@@ -352,6 +357,18 @@ def physics_text(sd: StudyData) -> str:
                           metric=sd.w(f"physics.metric.{f['metric']}"), measured=num(f["measured_s"] * 1e3, 2),
                           floor=num(f["floor_s"] * 1e3, 2), what=what, causes=causes))
     return sd.w("physics.head", n=len(flags)) + "\n\n" + "\n".join(f"- {i}" for i in items)
+
+
+def warming_text(sd: StudyData) -> str:
+    """The levels measured while the server was still warming up (verdicts.json `warming`), each with its TTFTs in
+    order; "" when none was."""
+    levels = load(sd).get("warming") or []
+    if not levels:
+        return ""
+    lab = sd.labels()
+    items = [sd.w("warming.item", config=lab.get(x["config"], x["config"]), bucket=x["bucket"],
+                  ttfts=", ".join(num(t * 1e3, 1) for t in x["ttft_s"])) for x in levels]
+    return sd.w("warming.head", n=len(levels)) + "\n\n" + "\n".join(f"- {i}" for i in items)
 
 
 def physics_note(sd: StudyData, config: str, bucket: str, concurrency: float) -> str:
