@@ -35,6 +35,7 @@ from .analysis import perfmodel_terms as terms
 from .analysis.calibration import (Machine, calibration_for, fit_collective, fit_engine_bandwidth, fit_fixed_costs,
                                    fit_graph_costs)
 from .analysis.perfmodel import weight_bytes
+from .analysis.transfer import dense_eager_ratio
 from .engines import get as engine_profile
 from .engines.flags import engine_args
 from .errors import UserError
@@ -198,7 +199,7 @@ def _host_scaled_eager(a: dict[str, Any], b: dict[str, Any], eng: str, micro: di
     da, db = ea.get("dense") or {}, eb.get("dense") or {}
     if not da.get("layer_s") or not db.get("layer_s") or da.get("points") == db.get("points"):
         return {}
-    f_layer, f_step = float(da["layer_s"]) / float(db["layer_s"]), float(da["step_s"]) / float(db["step_s"])
+    f_layer, f_step = dense_eager_ratio(ea, eb)
     pts = [{**p, "mode": "eager", "kind": k, "width": 256} for k, c in eb.items() if k not in ea and isinstance(c, dict)
            for p in c.get("points", [])]
     fitted = fit(pts, micro, eng).get("eager", {}) if pts else {}

@@ -120,8 +120,8 @@ WARMING_RATIO = 1.25  # a level's first measured TTFT over its last, all falling
 
 def warming_levels(records: pd.DataFrame, concurrency: int = 1) -> list[dict[str, Any]]:
     """Levels still warming up when measured: at `concurrency`, three or more successful measured requests whose TTFTs
-    fell request by request, the first at least `WARMING_RATIO` x the last (the first level after a server starts, its
-    shapes met for the first time); their medians overstate the warm server. Each: config, bucket, ttft_s in order."""
+    fell request by request, the first at least `WARMING_RATIO` x the last (as a server does just after it starts);
+    their medians overstate the warm server. Each: config, bucket, ttft_s in order."""
     if records is None or records.empty or "ttft_s" not in records:
         return []
     d = records[(records["concurrency"] == concurrency) & records["ok"].astype(bool) & ~records["warmup"].astype(bool)]

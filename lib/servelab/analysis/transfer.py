@@ -161,6 +161,14 @@ def _floor(eng: Mapping[str, Any]) -> float | None:
     return max(floors) if floors else None
 
 
+def dense_eager_ratio(target: Mapping[str, Any], source: Mapping[str, Any]) -> tuple[float, float]:
+    """(per layer, per step): one host's dense eager costs over another's (each an engine's `eager` costs), the rule
+    an eager layer kind is carried between hosts by; 1.0 where either did not measure it."""
+    t, s = target.get("dense") or {}, source.get("dense") or {}
+    return tuple(float(t[k]) / float(s[k]) if s.get(k) and t.get(k) else 1.0  # type: ignore[return-value]
+                 for k in ("layer_s", "step_s"))
+
+
 def complete_entry(entry: Mapping[str, Any], source: Mapping[str, Any]) -> dict[str, Any]:
     """This GPU's own entry with the host terms it lacks carried from `source` (the nearest calibrated entry that has
     them), each scaled by what both hosts measured: an eager layer kind by the ratio of their dense eager costs (per
@@ -176,9 +184,8 @@ def complete_entry(entry: Mapping[str, Any], source: Mapping[str, Any]) -> dict[
         if not isinstance(eng, dict) or not (eng.get("graphs") or eng.get("eager")):
             continue
         se, te = src.get("eager") or {}, eng.get("eager") or {}
-        sd, td = se.get("dense") or {}, te.get("dense") or {}
-        f_layer = float(td["layer_s"]) / float(sd["layer_s"]) if sd.get("layer_s") and td.get("layer_s") else 1.0
-        f_step = float(td["step_s"]) / float(sd["step_s"]) if sd.get("step_s") and td.get("step_s") else 1.0
+        td = te.get("dense") or {}
+        f_layer, f_step = dense_eager_ratio(te, se)
         missing = [k for k in se if k not in te and isinstance(se[k], Mapping)]
         if missing:
             eng["eager"] = {**te, **{k: {"layer_s": float(se[k]["layer_s"]) * f_layer, "step_s": float(se[k]["step_s"]) * f_step,
@@ -291,5 +298,5 @@ def gpu_names() -> list[str]:
 
 
 __all__ = ["RANGE_HOST", "RANGE_HOST_SCALED", "complete_entry", "RANGE_BW_OTHER_MEMORY", "RANGE_BW_SAME_MEMORY", "RANGE_CLOCK", "RANGE_EAGER", "RANGE_FLOPS",
-           "band_entries", "floor_range", "gpu_names", "hardware_row", "has_engine_costs", "nearest_calibrated",
+           "band_entries", "dense_eager_ratio", "floor_range", "gpu_names", "hardware_row", "has_engine_costs", "nearest_calibrated",
            "request_range", "transferred_entry"]

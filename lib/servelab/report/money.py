@@ -19,6 +19,7 @@ from ..prices import load_table, resolve_managed
 from ..summary import summarize
 from . import html
 from .load import StudyData, engine_gpus
+from .verdicts import physics_note
 
 
 def _best_levels(sd: StudyData) -> pd.DataFrame:
@@ -77,32 +78,25 @@ def cost_rows(sd: StudyData) -> tuple[pd.DataFrame, str]:
     return pd.concat(rows, ignore_index=True), "instance"
 
 
-def cost_sentence(sd: StudyData) -> str:
+def cost_sentence(sd: StudyData) -> tuple[str, str]:
     """The headline's cost sentence: the best configuration's $ per 1M output tokens against the
     managed API, with the published ratio beside it where the study reproduces a published one; ""
-    when nothing is priced (a local machine: the cost section says so)."""
+    when nothing is priced (a local machine: the cost section says so). And the physics flag of the
+    level it prices (`report.verdicts.physics_note`), "" when none."""
     t, kind = cost_rows(sd)
     if kind != "instance" or t.empty:
-        return ""
+        return "", ""
     r = t.loc[t["aggregate_output_tps"].idxmax()]
+    flag = physics_note(sd, str(r["config"]), str(r["bucket"]), float(r["concurrency"])) if "concurrency" in t else ""
     price = study_price(sd.study, use_api=False)
     if "managed_usd_per_m_output" not in t:  # priced, with no managed API named to hold it against
         return sd.w("headline.cost_unmanaged", label=sd.labels().get(r["config"], r["config"]),
                     usd=f"{r['usd_per_m_output']:,.2f}",
-                    instance=f"{price.instance_type} ({r['gpu_share'] or sd.w('cost.whole_instance')})")
+                    instance=f"{price.instance_type} ({r['gpu_share'] or sd.w('cost.whole_instance')})"), flag
     ratio = r["usd_per_m_output"] / r["managed_usd_per_m_output"] if r["managed_usd_per_m_output"] else math.nan
     return sd.w("headline.cost", label=sd.labels().get(r["config"], r["config"]), usd=f"{r['usd_per_m_output']:,.2f}",
                 instance=f"{price.instance_type} ({r['gpu_share'] or sd.w('cost.whole_instance')})", managed=r["managed"],
-                m_usd=f"{r['managed_usd_per_m_output']:,.2f}", ratio=f"{ratio:,.1f}×")
-
-
-def peak_level(sd: StudyData) -> tuple[str, str, float] | None:
-    """(config, bucket, concurrency) of the level the headline's cost sentence prices, or None."""
-    t, kind = cost_rows(sd)
-    if kind != "instance" or t.empty or "concurrency" not in t:
-        return None
-    r = t.loc[t["aggregate_output_tps"].idxmax()]
-    return str(r["config"]), str(r["bucket"]), float(r["concurrency"])
+                m_usd=f"{r['managed_usd_per_m_output']:,.2f}", ratio=f"{ratio:,.1f}×"), flag
 
 
 def cost_section(sd: StudyData) -> tuple[str, Any]:

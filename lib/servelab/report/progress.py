@@ -31,7 +31,7 @@ from .accuracy import headline as accuracy_headline
 from .capacity import tune_value
 from .gpu import engine_comparison_table
 from .load import StudyData, baselines, engine_layout
-from .money import cost_sentence, peak_level as money_peak
+from .money import cost_sentence
 from .why import headline as why_headline
 from .fmt import _open_loop, in_flight, link, num, pct, quality, slo_parts  # noqa: F401  (re-exported)
 
@@ -377,8 +377,7 @@ def _engines_and_cost(sd: StudyData) -> list[str]:
         r = other[other["config"] == best]["aggregate_vs_reference"]
         out.append(sd.w("headline.engines", other=lab.get(best, best), ref=lab.get(ref, ref), n=len(r),
                         lo=pct((r.min() - 1) * 100), hi=pct((r.max() - 1) * 100)) + " " + link(sd, "gpu"))
-    cost, peak = cost_sentence(sd), money_peak(sd)
-    flag = rv.physics_note(sd, *peak) if cost and peak else ""
+    cost, flag = cost_sentence(sd)
     out.append(cost and cost + " " + link(sd, "cost") + (" " + flag if flag else ""))
     return out
 
