@@ -47,6 +47,19 @@ def measured(df: pd.DataFrame) -> pd.DataFrame:
     return df[keep]
 
 
+WARMING_RATIO = 1.25  # a level's first measured TTFT over its last, all falling, that reads as still warming up
+WARMING_MIN_S = 0.005  # and by at least this much (less is what a client's first connection costs)
+
+
+def still_warming(ttfts: list[float]) -> bool:
+    """A level's TTFTs, in the order its requests ran, that read as a server still warming up (as one does just after
+    it starts): three or more, each shorter than the one before, the first at least `WARMING_RATIO` x the last and
+    `WARMING_MIN_S` longer."""
+    t = [x for x in ttfts if x == x]
+    return (len(t) >= 3 and all(a > b for a, b in zip(t, t[1:])) and t[0] >= WARMING_RATIO * t[-1]
+            and t[0] - t[-1] >= WARMING_MIN_S)
+
+
 def _attempts(df: pd.DataFrame) -> pd.DataFrame:
     """`attempt` as a column (0 where a record predates re-measured rounds)."""
     return df.assign(attempt=df["attempt"].fillna(0).astype(int) if "attempt" in df else 0)

@@ -132,3 +132,29 @@ def test_multiprocess_workers_merge_into_one_stream(refserver, tmp_path):
     assert sorted(r["seq"] for r in recs) == list(range(16))
     stats = read_jsonl(tmp_path / "r" / "client_stats.jsonl")
     assert all(st["workers"] == 2 and st["lag_samples"] > 0 for st in stats)
+
+
+def test_a_level_still_warming_up_is_measured_again_and_its_first_pass_kept_aside(refserver, tmp_path):
+    """A server's first requests after it starts take longer and longer less (as the h100-eager-holdout's Moonlight
+    level did: 107, 105, 73 ms after one warm-up request): that pass is measured once more; its records stay, marked,
+    and only the steady pass makes the result. A steady level is measured once."""
+    from servelab.summary import measured
+
+    import pandas as pd
+
+    s = refserver(ttft_s=0.01, itl_s=0.001, warming_s=(0.5, 0.25, 0.15, 0.05))
+    wl = _wl(buckets=[Bucket(input_tokens=20, output_tokens=4), Bucket(input_tokens=30, output_tokens=4)],
+             concurrency=[1], warmup_rounds=1, rounds=3, requests_per_round=1)
+    res = _run(s, wl, tmp_path)
+    recs = read_jsonl(tmp_path / "r" / "records.jsonl")
+    first = [r for r in recs if r["level"] == 0]
+    assert len(first) == 1 + 3 + 3 and res.status == "complete"
+    aside = [r for r in first if r.get("disturbed")]
+    assert [r["round"] for r in aside] == [1, 2, 3] and all("still warming up" in r["disturbed"] for r in aside)
+    assert [r.get("attempt", 0) for r in first if not r["warmup"] and not r.get("disturbed")] == [1, 1, 1]
+    kept = measured(pd.DataFrame(recs))
+    assert kept[kept["level"] == 0]["ttft_s"].max() < 0.05  # the steady pass only
+    assert len([r for r in recs if r["level"] == 1]) == 4  # steady: one pass
+    lines = read_jsonl(tmp_path / "r" / "levels.jsonl")
+    assert len(lines[0]["warming_ttft_s"]) == 3 and "warming_ttft_s" not in lines[1]
+    assert res.summary.set_index("bucket").loc["in20-out4", "sent"] == 3  # the result: the steady pass

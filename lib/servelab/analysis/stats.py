@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..summary import measured, still_warming
+
 
 def _get(obj: Any, key: str, default: Any = None) -> Any:
     """``obj[key]`` for mappings, ``obj.key`` otherwise (pydantic Slo, dataclasses)."""
@@ -115,22 +117,18 @@ def fit_ttft(prompt_tokens: Sequence[float] | np.ndarray, ttft_s: Sequence[float
     return out
 
 
-WARMING_RATIO = 1.25  # a level's first measured TTFT over its last, all falling, that reads as still warming up
-
-
 def warming_levels(records: pd.DataFrame, concurrency: int = 1) -> list[dict[str, Any]]:
-    """Levels still warming up when measured: at `concurrency`, three or more successful measured requests whose TTFTs
-    fell request by request, the first at least `WARMING_RATIO` x the last (as a server does just after it starts);
-    their medians overstate the warm server. Each: config, bucket, ttft_s in order."""
+    """Levels still warming up when measured (`summary.still_warming`): at `concurrency`, the successful measured
+    requests (a re-measured level's first pass left out) of each level in the order they ran; their medians overstate
+    the warm server. Each: config, bucket, ttft_s in order."""
     if records is None or records.empty or "ttft_s" not in records:
         return []
-    d = records[(records["concurrency"] == concurrency) & records["ok"].astype(bool) & ~records["warmup"].astype(bool)]
-    d = d[d["ttft_s"].notna()]
+    d = measured(records)
+    d = d[(d["concurrency"] == concurrency) & d["ok"].astype(bool) & d["ttft_s"].notna()]
     out = []
     keys = ["config", "bucket"] + [k for k in ("rate_rps",) if k in d]
     for key, g in d.groupby(keys, sort=False):
-        cfg, bucket = key[0], key[1]
         t = [float(x) for x in g.sort_values([k for k in ("round", "seq") if k in g])["ttft_s"]]
-        if len(t) >= 3 and all(a > b for a, b in zip(t, t[1:])) and t[0] >= WARMING_RATIO * t[-1]:
-            out.append({"config": str(cfg), "bucket": str(bucket), "ttft_s": t})
+        if still_warming(t):
+            out.append({"config": str(key[0]), "bucket": str(key[1]), "ttft_s": t})
     return out

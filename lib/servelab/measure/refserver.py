@@ -45,6 +45,8 @@ class Behaviour:
     # answer(prompt, requests already running) -> the answer's words, instead of " tok" filler: a test's
     # stand-in for a model whose answers may depend on the load; streams token ids when asked
     answer: Callable[[str, int], str] | None = None
+    # request n (1-based) waits warming_s[n - 1] more for its first token: a server just after it started
+    warming_s: tuple[float, ...] = ()
 
 
 @dataclass
@@ -260,6 +262,9 @@ class RefServer:
             await self._slots.acquire()  # queued: the TTFT clock has started on the client
         self.stats.running += 1
         self.stats.prompt_tokens_total += p_tok
+        n = self.stats.requests
+        if n <= len(self.b.warming_s):
+            await asyncio.sleep(self.b.warming_s[n - 1])
         try:
             if answer is not None:
                 return await self._stream_answer(writer, chat, *answer, p_tok, include_usage)

@@ -28,10 +28,12 @@ from tqdm.auto import tqdm
 
 from ..log import progress_line
 from ..hosts.base import Server
-from ..runfolder import CLIENT_STATS, GPU_METRICS, LEVELS, RECORDS, SERVER_METRICS, JsonlWriter, RunFolder, now_iso
+from ..runfolder import (CLIENT_STATS, GPU_METRICS, LEVELS, RECORDS, SERVER_METRICS, JsonlWriter, RunFolder,
+                         mark_records, now_iso)
 from .runfiles import ResumeState, finalize, open_run_folder
 from ..schema import Workload
 from ..schema.runfiles import RequestOutcome, RequestRecord
+from ..summary import still_warming
 from . import client
 from ..errors import ServelabError
 from .grid import Level, cache_counters, arrival_offsets, levels, make_sources, requests_per_round
@@ -106,6 +108,7 @@ class LevelRunner:
         self.stopped_early: list[str] = []  # levels the failure budget ended (the run goes on: "partial")
         self.samplers: list[Any] = []
         self.workers: list[dict[str, Any]] = []  # the pool's workers (run.json `workers`)
+        self.marks: dict[tuple[int, int, int], str] = {}  # (level, round, attempt) measured again -> why
 
     # -- signals --------------------------------------------------------------------------
     def on_signal(self, sig: signal.Signals) -> None:
@@ -314,12 +317,35 @@ class LevelRunner:
                  + (f" ({st.verdict})" if st.verdict != "complete" else ""))
 
     async def _level(self, li: int, lv: Level) -> None:
+        """A level's warm-up and measured rounds; measured once more when it was still warming up
+        (`warming_again`)."""
         st = await self.level_begin(li, lv)
-        for rnd in range(self.wl.warmup_rounds + self.wl.rounds):
-            await self.level_round(st, rnd)
+        wl, got = self.wl, []
+        for rnd in range(wl.warmup_rounds + wl.rounds):
+            got += await self.level_round(st, rnd)
             if st.verdict != "complete":
                 break
-        await self.level_end(st)
+        again = self.warming_again(lv, got) if st.verdict == "complete" else []
+        if again:
+            reason = "still warming up: TTFT " + " > ".join(f"{t * 1e3:.0f}" for t in again) + " ms; measured again"
+            self.marks.update({(li, rnd, 0): reason for rnd in range(wl.warmup_rounds, wl.warmup_rounds + wl.rounds)})
+            self.log(f"{self.config_id}: level {lv.label} {reason}")
+            for rnd in range(wl.warmup_rounds, wl.warmup_rounds + wl.rounds):
+                await self.level_round(st, rnd, attempt=1)
+                if st.verdict != "complete":
+                    break
+        await self.level_end(st, **({"warming_ttft_s": again} if again else {}))
+
+    def warming_again(self, lv: Level, got: list[RequestRecord]) -> list[float]:
+        """The measured TTFTs of a one-request-at-a-time level, in order, when they read as a server
+        still warming up (`summary.still_warming`: a level right after the server started, with too few
+        warm-up rounds); [] otherwise. Such a level is measured once more, its first pass kept in the run
+        folder and left out of every result (its records' `disturbed` says why)."""
+        if lv.concurrency != 1 or lv.rate_rps or lv.bucket.trace is not None:
+            return []
+        done = [r for r in sorted(got, key=lambda r: r.seq) if not r.warmup and r.ok and r.ttft_s is not None]
+        t = [float(r.ttft_s) for r in done]
+        return t if len(done) == len([r for r in got if not r.warmup]) and still_warming(t) else []
 
     async def _counters(self) -> Any:
         """One /metrics scrape through the engine's mapping (None when the server has none)."""
@@ -483,6 +509,8 @@ def finish_run(p: Prepared, status: str, message: str) -> RunResult:
     """run.json's closing write (`finalize`) with what the caller measured beside the run."""
     if p.runner.workers:
         p.record["workers"] = p.runner.workers
+    if p.runner.marks:  # a first pass measured again says so (nothing is deleted)
+        mark_records(p.rf / RECORDS, p.runner.marks)
     if p.before_final:
         p.before_final(p.record)
     summ = finalize(p.rf, p.record, status=status, message=message, measured_from=p.started)

@@ -165,6 +165,7 @@ class LevelSummary(Open):
     imported: bool | None = None
     disturbed: list[dict[str, Any]] | None = None  # the level's disturbed rounds (measure.interleave)
     remeasured: int | None = None  # rounds measured again at this level
+    warming_ttft_s: list[float] | None = None  # a first pass still warming up, measured again (`measure.runner`)
 
 
 # -- engine.json ----------------------------------------------------------------------------------
