@@ -137,6 +137,16 @@ def test_the_request_cost_fit_says_what_it_needs(tmp_path):
     assert none.returncode == 2 and "three levels" in none.stderr and "Traceback" not in none.stderr
 
 
+def test_the_latent_attention_fit_says_what_it_needs():
+    """calibrate-hw --mla-prefill-from without --add-to, one line; studies without a latent-attention and a dense shape
+    prefilled inside CUDA graphs on the entry's GPU (the H200's studies have no such pair), one line naming them."""
+    no_entry = _cli("calibrate-hw", "--mla-prefill-from", "reports/h100-host-holdout")
+    assert no_entry.returncode == 2 and "needs --add-to" in no_entry.stderr
+    none = _cli("calibrate-hw", "--mla-prefill-from", "reports/h200-perfmodel", "--add-to", "nvidia-h200-2026-12-02")
+    assert none.returncode == 2 and "latent-attention model and two of a dense one" in none.stderr
+    assert "Traceback" not in none.stderr
+
+
 def test_a_pass_from_another_host_adds_its_eager_kinds_on_this_hosts_scale(tmp_path):
     """calibrate-hw --add-to with eager costs measured on another host of the GPU (its dense line differs): the
     kinds the entry lacks are fitted on that pass and put on this host by the two dense lines; none of its points is

@@ -26,26 +26,22 @@ def _csv(s: str) -> list[str]:
 
 
 def cmd_calibrate_hw(a: argparse.Namespace) -> int:
-    from .calibrate_hw import calibrate_collectives, calibrate_hw, hosts_from, moe_prefill_from, ttft_from
+    from . import calibrate_fit
+    from .calibrate_hw import calibrate_collectives, calibrate_hw
 
     if a.collectives:
         calibrate_collectives(a.add_to)
         return 0
-    if a.ttft_from:
-        if not a.add_to:
-            raise UserError("calibrate-hw --ttft-from STUDY_DIR ... needs --add-to ID (the entry it goes into)")
-        ttft_from(a.ttft_from, a.add_to, a.engine)
-        return 0
-    if a.hosts_from:
-        if not a.add_to:
-            raise UserError("calibrate-hw --hosts-from STUDY_DIR ... needs --add-to ID (the entry it goes into)")
-        hosts_from(a.hosts_from, a.add_to, a.engine)
-        return 0
-    if a.moe_prefill_from:
-        if not a.add_to:
-            raise UserError("calibrate-hw --moe-prefill-from STUDY_DIR needs --add-to ID (the entry it goes into)")
-        moe_prefill_from(a.moe_prefill_from, a.add_to, a.engine)
-        return 0
+    fits = (("ttft_from", "--ttft-from STUDY_DIR ...", calibrate_fit.ttft_from),
+            ("hosts_from", "--hosts-from STUDY_DIR ...", calibrate_fit.hosts_from),
+            ("moe_prefill_from", "--moe-prefill-from STUDY_DIR", calibrate_fit.moe_prefill_from),
+            ("mla_prefill_from", "--mla-prefill-from STUDY_DIR ...", calibrate_fit.mla_prefill_from))
+    for attr, usage, fit in fits:  # terms fitted on published studies: they measure nothing
+        if getattr(a, attr):
+            if not a.add_to:
+                raise UserError(f"calibrate-hw {usage} needs --add-to ID (the entry it goes into)")
+            fit(getattr(a, attr), a.add_to, a.engine)
+            return 0
 
     return calibrate_hw(engine=a.engine, kinds=_csv(a.kinds) if a.kinds else None,
                         widths=[int(x) for x in _csv(a.widths)] if a.widths else None,
@@ -322,6 +318,10 @@ def add_parser(sub: Any) -> None:
                    help="fit the engine's fixed cost of a request (HTTP, template, tokenization, scheduling) from "
                         "published studies' TTFTs at c=1 less the model's prefill, into the entry --add-to names; "
                         "measures nothing")
+    c.add_argument("--mla-prefill-from", metavar="STUDY_DIR", nargs="+",
+                   help="fit latent attention's host cost per layer inside a CUDA graph's prefill (vLLM runs each "
+                        "layer's attention between the graph's pieces) from published studies' TTFTs at c=1 of a "
+                        "latent-attention and a dense shape, into the entry --add-to names; measures nothing")
     c.add_argument("--hosts-from", metavar="STUDY_DIR", nargs="+",
                    help="fit each published study's host factor (its engine's CPU-side time over the calibration "
                         "host's, from its c=1 TTFTs and TPOTs) into the entry --add-to names (hosts_seen: before you "

@@ -85,7 +85,7 @@ def test_a_studys_factor_is_recovered_from_levels_the_host_dominates_and_gpu_bou
 
 def test_the_committed_hosts_seen_are_what_their_studies_give_again():
     """calibrate-hw --hosts-from replayed on the committed studies' levels: each row's factor again."""
-    from servelab.calibrate_hw import host_points
+    from servelab.calibrate_fit import host_points
     from paths import ROOT
 
     e = _h100()

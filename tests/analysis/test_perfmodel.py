@@ -145,6 +145,8 @@ def test_a_router_with_a_score_correction_bias_ties_under_dummy_weights_on_any_v
     assert perfmodel.router_ties({**run, "engine_params": {"kind": "vllm", "load_format": "auto"}}) is None
     dsv3 = {**run, "model": {"config": {**P["deepseek-v2-lite"], "topk_method": "noaux_tc"}}}
     assert "score-correction bias" in perfmodel.router_ties(dsv3)
+    glm = {**run, "model": {"config": dict(P["glm-4.7-flash"])}}  # GLM's gate carries the bias in vLLM (glm4_moe.py)
+    assert "score-correction bias" in perfmodel.router_ties(glm)
     assert perfmodel.router_ties({**run, "model": {"config": dict(P["olmoe-1b-7b"])}}) is None
 
 

@@ -135,3 +135,53 @@ def test_a_moe_prefill_reads_every_touched_expert_and_runs_small_expert_gemms():
     assert p["ttft_c1_s"] > req + q["weight_bytes"] * 0.9 / 4.8e12  # at least the touched experts' bytes at the datasheet
     lo, hi = p["band"]["ttft_c1_s"]
     assert lo < p["ttft_c1_s"] < hi
+
+
+def test_latent_attentions_launches_in_a_graphs_prefill_are_fitted_per_layer_and_added_to_mla_only():
+    """perfmodel-7: vLLM runs each layer's attention between a captured graph's pieces, so a latent-attention prefill
+    inside a graph pays its attention's launches per layer beyond the floor; a dense level in the same study gives
+    that study's request cost. Constructed levels recover the per-layer cost; the term moves an MLA prefill in a
+    graph by layers x cost and leaves a dense one and a launched one as they were."""
+    r0, floor, per = 6e-3, 1.5e-3, 2e-4
+    pts = ([{"how": "graph", "measured_s": r0 + 4e-3 + d, "model_s": 4e-3, "cpu_s": floor, "mla_layers": 0,
+             "dense": True} for d in (-1e-4, 1e-4)]
+           + [{"how": "graph", "measured_s": r0 + floor + 27 * per, "model_s": floor, "cpu_s": floor, "mla_layers": 27,
+               "tokens": n} for n in (32, 128)])
+    f = terms.fit_graph_prefill(pts)
+    assert f["request_s"] == pytest.approx(r0) and [p["layer_s"] for p in f["points"]] == pytest.approx([per, per])
+    with pytest.raises(ValueError):
+        terms.fit_graph_prefill([p for p in pts if p["mla_layers"]])
+    m = _h200()
+    entry = {**m.entry, "engines": {**m.entry["engines"], "vllm": {**m.entry["engines"]["vllm"],
+                                                                  "mla_graph_prefill": {"layer_s": per}}}}
+    ds, llama = _ds(), facts_from_config(PRESETS["llama-3.1-8b"], vocab_size=32000)
+    before = perfmodel.prefill_step(m, "vllm", "graphs", ds, 32, graph_tokens=512, ties=True)
+    after = perfmodel.prefill_step(cal.Machine(entry), "vllm", "graphs", ds, 32, graph_tokens=512, ties=True)
+    assert after["cpu_s"] - before["cpu_s"] == pytest.approx(27 * per * m.scale_host)
+    assert after["total_s"] == pytest.approx(max(after["cpu_s"], after["gpu_s"]))
+    for facts, n in ((llama, 32), (ds, 2048)):  # dense in a graph; latent attention launched: as before
+        assert perfmodel.prefill_time(cal.Machine(entry), "vllm", "graphs", facts, n, graph_tokens=512) == \
+            perfmodel.prefill_time(m, "vllm", "graphs", facts, n, graph_tokens=512)
+
+
+def test_the_h100s_latent_attention_term_is_its_fit_on_the_two_published_studies():
+    """The committed entry's `mla_graph_prefill` is what `calibrate-hw --mla-prefill-from` gives on the published
+    h100-host-holdout (DeepSeek-V2-Lite beside Llama-2-7B) and h100-eager-holdout (Moonlight beside Phi-4): each
+    study's own request cost from its dense levels, put on the entry's host by the ratio of request costs."""
+    import copy
+
+    from servelab import yamlio
+    from servelab.calibrate_fit import request_points
+
+    entry = yamlio.safe_load((ROOT / "lib/servelab/data/calibrations/nvidia-h100-2026-12-06.yaml").read_text())
+    stored = entry["engines"]["vllm"]["mla_graph_prefill"]
+    base = copy.deepcopy(entry)
+    base["engines"]["vllm"].pop("mla_graph_prefill")
+    req = base["engines"]["vllm"]["request"]["request_s"]
+    got = []
+    for study in ("h100-host-holdout", "h100-eager-holdout"):
+        f = terms.fit_graph_prefill([p for p in request_points([ROOT / "reports" / study], base) if p["how"] == "graph"])
+        got += [p["layer_s"] * req / f["request_s"] for p in f["points"]]
+    assert len(got) == stored["n"] == 4
+    assert stored["layer_s"] == pytest.approx(sorted(got)[1] / 2 + sorted(got)[2] / 2, rel=1e-6)
+    assert 1e-4 < stored["layer_s"] < 3e-4  # a few hundred microseconds of launches a layer, as the hosts' eager costs

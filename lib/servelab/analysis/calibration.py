@@ -181,6 +181,13 @@ class Machine:
         r = ((self.entry.get("engines") or {}).get(engine) or {}).get("request") or {}
         return float(r.get("launch_wait") or 0.0)
 
+    def graph_prefill_cpu(self, engine: str, counts: Mapping[str, int]) -> float:
+        """The host's launches of a prefill step inside captured graphs beyond the graph's floor: each latent-attention
+        layer's attention, run between the graph's pieces (`calibrate-hw --mla-prefill-from`); 0 where not fitted."""
+        per = float((((self.entry.get("engines") or {}).get(engine) or {}).get("mla_graph_prefill") or {}).get("layer_s")
+                    or 0.0)
+        return per * (counts.get("mla", 0) + counts.get("mla_dense", 0)) * self.scale_host
+
     def bandwidth(self, engine: str, batch: float) -> tuple[float, str]:
         eng = (self.entry.get("engines") or {}).get(engine) or {}
         if eng.get("bandwidth_Bps"):

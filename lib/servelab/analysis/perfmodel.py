@@ -38,7 +38,8 @@ touched / BW, FLOPs / F) plus the per-layer fixed time; FLOPs = 2 * matmul param
 2 * layers * heads * head_dim * n^2, each GEMM at the measured throughput of its work (a layer's mean GEMM
 at n rows; a MoE layer's experts as one grouped GEMM of n * k rows); plus the engine's MoE prefill term per
 MoE layer when the calibration entry has one. The CPU side: a step inside a captured graph (vLLM: up to
-min(2 x max-num-seqs, 512) tokens) pays the step's floor, the longer of it and the GPU; a larger one launches its
+min(2 x max-num-seqs, 512) tokens) pays the step's floor (+ latent attention's launches between the graph's pieces,
+`calibrate-hw --mla-prefill-from`), the longer of it and the GPU; a larger one launches its
 kernels at the eager cost per layer of each kind (dense, MoE, MoE with shared experts, latent attention) ahead of
 the GPU: the longer of the two plus the share of the shorter the host waits on (`launch_wait`). TTFT at c = 1 =
 the engine's request cost (HTTP, chat template, tokenization, scheduling, the token's way back: fitted with
@@ -78,18 +79,12 @@ from .kv import flag_kv_tokens, kv_block
 from .perfmodel_parallel import Parallel, distinct_experts, parallel_for, replicas_tpot
 from .roofline import decode_weight_bytes, prefill_matmul_params
 
-# 2: prefills in waves (closed loops of one forced length); 3: model facts from the library (any architecture
-# transformers builds; sliding-window layers read at most their window), engine terms (data/engine_terms.yaml),
-# MoE prefill counted per expert GEMM (and its calibrated term when the entry has one)
-# 4: TTFT as an estimate (the engine's request cost, calibrated from published TTFTs, plus its prefill steps: inside
-# a captured graph or launched kernel by kernel, chunked, the GEMMs at the throughput of their work); a GPU without
-# a calibration of its own gets the nearest calibrated GPU's terms carried by the datasheets (analysis.transfer);
-# an uncertainty band on every estimate; dummy-weight routers that tie through a score-correction bias (ERNIE-4.5)
-# 5: the host factor (analysis.hosts): the engine's CPU-side terms (floor, eager launches, request cost) scaled by the
-# host measured before the first request, else the typical host of those seen, with a band over them
-# 6: a step without graphs: max(launches, GPU) + the share of the shorter the host waits on (fitted per entry; before:
-# MoE and latent-attention launches in series); MoE layers with shared experts launch at their own calibrated cost
-MODEL_VERSION = "perfmodel-6"
+# 2: prefills in waves; 3: facts of any architecture, engine terms, MoE prefill per expert GEMM; 4: TTFT as an
+# estimate (request cost + prefill steps, in a graph or launched), terms carried to uncalibrated GPUs, bands, ties
+# through a score-correction bias; 5: the host factor (analysis.hosts); 6: a step without graphs: max(launches, GPU) +
+# the share the host waits on, MoE layers with shared experts at their own cost; 7: latent attention's launches inside
+# a graph's prefill (vLLM runs attention between the graph's pieces: calibrate-hw --mla-prefill-from)
+MODEL_VERSION = "perfmodel-7"
 FORMAT_VERSION = 1
 KINDS = ("dense", "moe", "mla")
 ESTIMATE, BOUND = "estimate", "bound"
@@ -231,8 +226,9 @@ def prefill_step(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n
     - the GPU: the weights its tokens touch over the bandwidth (`ties`: every token takes the same experts),
       or its matmuls and attention (`prefill_compute_s`), plus the per-layer fixed time, the engine's MoE
       prefill term when calibrated, and the collectives;
-    - the CPU side: inside a captured graph (`graph_tokens`: the engine's largest; None: always) the step's floor,
-      the step the longer of it and the GPU; outside, every layer's eager launch costs (`launched_step`).
+    - the CPU side: inside a captured graph (`graph_tokens`: the engine's largest; None: always) the step's floor and
+      latent attention's launches, the step the longer of it and the GPU; outside, each layer's eager launch costs
+      (`launched_step`).
     Returns the parts and `total_s`."""
     chunks = max(1, math.ceil(n / chunk)) if chunk else 1
     nc = n / chunks
@@ -250,7 +246,8 @@ def prefill_step(m: Machine, engine: str, mode: str, facts: Mapping[str, Any], n
     if m.kind == "cpu":
         step, cpu_s, how = max(t_mem, t_cmp) + (cpu or 0.0) + gpu + t_moe + comm, cpu or 0.0, "cpu"
     elif in_graph:
-        step, cpu_s, how = max(cpu or 0.0, gpu_s), cpu or 0.0, "graph"
+        cpu_s = (cpu or 0.0) + m.graph_prefill_cpu(engine, counts)
+        step, how = max(cpu_s, gpu_s), "graph"
     else:
         cpu_s = m.eager_cpu(engine, counts)[0] or cpu or 0.0
         step, how = launched_step(m, engine, cpu_s, gpu_s), "launched"

@@ -130,6 +130,25 @@ def fit_request_cost(points: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {"request_s": med, "residuals_s": [r - med for r in res], "n": len(res)}
 
 
+def fit_graph_prefill(points: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The host's cost per latent-attention layer of a prefill step inside captured graphs, beyond the graph's floor:
+    vLLM captures a step that prefills as pieces and runs each layer's attention between them, launched from the
+    host, and latent attention's prefill launches many kernels (the latent KV's up-projection, the split, the rope
+    part's concatenation, the attention). From one study's TTFTs at concurrency 1 prefilled in a graph (`points`
+    with measured_s, model_s, the step's floor cpu_s, `mla_layers` and `dense`): its request cost r0 is the median
+    residual (measured - model) of the levels with neither latent attention nor experts; each latent-attention
+    level's cost per layer is (measured - r0 - floor) / layers. Raises ValueError with fewer than two of either."""
+    base = [float(p["measured_s"]) - float(p["model_s"]) for p in points if not p.get("mla_layers") and p.get("dense")]
+    mla = [p for p in points if p.get("mla_layers")]
+    if len(base) < 2 or len(mla) < 2:
+        raise ValueError("two levels of a latent-attention model and two of a dense one, prefilled in a graph")
+    r0 = float(np.median(base))
+    return {"request_s": r0, "points": [
+        {**{k: p[k] for k in ("study", "config", "bucket", "tokens", "measured_s", "started_at") if k in p},
+         "layer_s": max(0.0, (float(p["measured_s"]) - r0 - float(p["cpu_s"])) / float(p["mla_layers"]))}
+        for p in mla]}
+
+
 def fit_launch_wait(points_at: Callable[[float], Sequence[Mapping[str, Any]]],
                     grid: Sequence[float] = tuple(i / 20 for i in range(21))) -> float | None:
     """The share of the GPU's work a launched prefill step waits on (`perfmodel.launched_step`): the value whose
@@ -147,5 +166,5 @@ def fit_launch_wait(points_at: Callable[[float], Sequence[Mapping[str, Any]]],
     return min(gaps, key=lambda wg: abs(wg[1]))[0]
 
 
-__all__ = ["DEFAULT_BACKEND", "applies", "attention_backend", "fit_moe_prefill", "fit_pool_term", "fit_launch_wait", "fit_request_cost",
+__all__ = ["DEFAULT_BACKEND", "applies", "attention_backend", "fit_graph_prefill", "fit_moe_prefill", "fit_pool_term", "fit_launch_wait", "fit_request_cost",
            "load_terms", "moe_prefill", "moe_prefill_seconds", "pool_bytes", "step_terms"]

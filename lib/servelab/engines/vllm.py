@@ -275,7 +275,8 @@ class VllmProfile(EngineProfile):
 
     def dummy_router_ties(self, config: Mapping[str, Any], version: str) -> str | None:
         """A router that adds a per-expert score-correction bias before its top-k (ERNIE-4.5's
-        `moe_statics`, DeepSeek-V3's `noaux_tc`: vLLM passes `e_score_correction_bias` to its fused MoE)
+        `moe_statics`, DeepSeek-V3's `noaux_tc`, GLM-4.5's and GLM-4.7-Flash's gate: vLLM passes
+        `e_score_correction_bias` to its fused MoE)
         ties under dummy weights on any version: the loader draws every floating tensor, the bias too,
         from U(-1e-3, 1e-3) (vllm/model_executor/model_loader/weight_utils.py), the router's logits are
         ~1e-5, so the bias alone ranks the experts and every token takes the same k.
@@ -286,7 +287,7 @@ class VllmProfile(EngineProfile):
         top-k ties to the same experts for every token (read in vLLM 0.26.0's grouped_topk_router.py; vLLM
         0.32 sends one-group routing to the fp32 top-k kernel instead). Qwen3 and Mixtral route through
         that fp32 kernel in 0.26 too, so their tokens spread."""
-        if config.get("model_type") == "ernie4_5_moe" or (
+        if config.get("model_type") in ("ernie4_5_moe", "glm4_moe", "glm4_moe_lite") or (
                 config.get("model_type") in ("deepseek_v2", "deepseek_v3") and config.get("topk_method") == "noaux_tc"):
             return (f"vLLM {version or ''} adds {config.get('model_type')}'s per-expert score-correction bias before its "
                     "top-k; with dummy weights the bias (U(-1e-3, 1e-3)) outweighs the router's logits and every token "

@@ -477,6 +477,21 @@ PRESETS: dict[str, dict[str, Any]] = {
         "initializer_range": 0.02, "tie_word_embeddings": False, "use_cache": True, "torch_dtype": "bfloat16",
         "vocab_size": 201088,
     },
+    # GLM-4.7-Flash's shape (zai-org/GLM-4.7-Flash config.json, transformers' Glm4MoeLiteConfig defaults): 47 layers
+    # of latent attention (query rank 768, KV rank 512, 20 heads of 192 + 64 rope / 256 value), the first dense, then
+    # 64 routed experts of which 4 and one shared; a sigmoid router that picks through a per-expert bias, so it ties
+    # under dummy weights; 31 B parameters. A latent-attention family the model had never predicted (issue #59).
+    "glm-4.7-flash": {
+        "architectures": ["Glm4MoeLiteForCausalLM"], "model_type": "glm4_moe_lite", "hidden_act": "silu",
+        "hidden_size": 2048, "intermediate_size": 10240, "moe_intermediate_size": 1536, "num_hidden_layers": 47,
+        "num_attention_heads": 20, "num_key_value_heads": 20, "n_shared_experts": 1, "n_routed_experts": 64,
+        "num_experts_per_tok": 4, "routed_scaling_factor": 1.8, "kv_lora_rank": 512, "q_lora_rank": 768,
+        "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256, "n_group": 1, "topk_group": 1,
+        "first_k_dense_replace": 1, "norm_topk_prob": True, "attention_bias": False, "attention_dropout": 0.0,
+        "max_position_embeddings": 202752, "rope_theta": 1000000.0, "rope_interleave": True, "rms_norm_eps": 1e-5,
+        "initializer_range": 0.02, "use_cache": True, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "vocab_size": 154880,
+    },
     # Phi-4's shape (microsoft/phi-4 config.json): 40 dense layers, 40 query and 10 KV heads of 128 with a fused
     # QKV projection, a 17,920-wide MLP; 14.7 B parameters. A dense family the model had never predicted (issue #59).
     "phi-4": {
@@ -510,6 +525,7 @@ PRESET_TOKENIZER_VOCAB_SIZE: dict[str, int] = {
     "moonlight-16b-a3b": 32000,
     "gpt-oss-20b": 32000,
     "phi-4": 32000,
+    "glm-4.7-flash": 32000,
 }
 
 # Calibration models (`servelab calibrate-hw`, analysis.perfmodel): one per layer kind, width and
