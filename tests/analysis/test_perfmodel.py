@@ -147,6 +147,8 @@ def test_a_router_with_a_score_correction_bias_ties_under_dummy_weights_on_any_v
     assert "score-correction bias" in perfmodel.router_ties(dsv3)
     glm = {**run, "model": {"config": dict(P["glm-4.7-flash"])}}  # GLM's gate carries the bias in vLLM (glm4_moe.py)
     assert "score-correction bias" in perfmodel.router_ties(glm)
+    gptoss = {**run, "model": {"config": dict(P["gpt-oss-20b"])}}  # a router with a bias (vLLM's gpt_oss.py)
+    assert "router bias" in perfmodel.router_ties(gptoss)
     assert perfmodel.router_ties({**run, "model": {"config": dict(P["olmoe-1b-7b"])}}) is None
 
 
