@@ -122,7 +122,8 @@ def request_points(study_dirs: list[Path | str], entry: dict[str, Any], engine: 
                 n = float(r.prompt_tokens)
                 if not (n > 0 and float(r.ttft_p50_s) > 0):  # no successful request at this level
                     continue
-                step = perfmodel.prefill_step(m, engine, "graphs", facts, n, graph_tokens=prof.graph_prefill_tokens(args),
+                graph = prof.graph_prefill_tokens(args, facts.get("model_type"))
+                step = perfmodel.prefill_step(m, engine, "graphs", facts, n, graph_tokens=graph,
                                               chunk=prof.prefill_chunk_tokens(args, m.memory_bytes), ties=ties)
                 pts.append({"study": Path(study_dir).name, "config": cid, "bucket": r.bucket, "tokens": n,
                             "measured_s": float(r.ttft_p50_s), "model_s": step["total_s"], "how": step["how"],

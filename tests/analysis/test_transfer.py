@@ -145,6 +145,9 @@ def test_a_prefill_past_the_captured_graphs_pays_the_launch_costs():
     prof = engines.get("vllm")
     assert prof.graph_prefill_tokens({}) == 512 and prof.graph_prefill_tokens({"max-num-seqs": 64}) == 128
     assert prof.graph_prefill_tokens({"enforce-eager": True}) == 0
+    # vLLM sets gpt-oss's to 1,024 unless the flags set it (h100-mla-holdout's engine log)
+    assert prof.graph_prefill_tokens({"max-num-seqs": 64}, "gpt_oss") == 1024
+    assert prof.graph_prefill_tokens({"compilation-config": {"max_cudagraph_capture_size": 256}}, "gpt_oss") == 256
     assert prof.prefill_chunk_tokens({}, 80e9) == 8192 and prof.prefill_chunk_tokens({}, 48e9) == 2048
     olmoe = _facts("olmoe-1b-7b")
     inside = perfmodel.prefill_step(m, "vllm", "graphs", olmoe, 256, graph_tokens=512)

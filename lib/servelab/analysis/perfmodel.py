@@ -335,7 +335,7 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
             if engine_terms else [])
     extra = sum(t["seconds"] for t in paid if t["seconds"] == t["seconds"])
     moe_pre = terms.moe_prefill(m.entry, engine) if facts.get("num_experts") else None
-    pre = {"graph_tokens": prof.graph_prefill_tokens(args) if m.kind == "gpu" else None,
+    pre = {"graph_tokens": prof.graph_prefill_tokens(args, facts.get("model_type")) if m.kind == "gpu" else None,
            "chunk": prof.prefill_chunk_tokens(args, m.memory_bytes) if m.kind == "gpu" else None,
            "ties": bool(ties)}
     req_s, req_src = m.request(engine)

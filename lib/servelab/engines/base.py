@@ -198,9 +198,9 @@ class EngineProfile:
         weights are dummy, or None (`analysis.perfmodel.router_ties`)."""
         return None
 
-    def graph_prefill_tokens(self, args: Mapping[str, Any]) -> int:
-        """The most tokens one forward step runs inside a captured graph with these flags (0: none); a
-        longer prefill launches its kernels one by one (`analysis.perfmodel.prefill_step`)."""
+    def graph_prefill_tokens(self, args: Mapping[str, Any], model_type: str | None = None) -> int:
+        """The most tokens one forward step runs inside a captured graph with these flags for a model of
+        `model_type` (0: none); a longer prefill launches its kernels one by one (`analysis.perfmodel.prefill_step`)."""
         return 0
 
     def loaded_weight_bytes(self, log_text: str) -> float | None:

@@ -329,12 +329,14 @@ class VllmProfile(EngineProfile):
     def compiles_at_startup(self, args: dict[str, Any]) -> bool:
         return not flag_on(args, "enforce-eager")
 
-    def graph_prefill_tokens(self, args: Mapping[str, Any]) -> int:
+    def graph_prefill_tokens(self, args: Mapping[str, Any], model_type: str | None = None) -> int:
         """vLLM captures (piecewise) CUDA graphs for steps of up to max_cudagraph_capture_size tokens:
         the largest of compilation-config's cudagraph_capture_sizes when given, its
         max_cudagraph_capture_size, else min(2 x max-num-seqs, 512) (vllm/config/vllm.py; max-num-seqs
-        defaults to 256 or more, so 512 unless it is set below 256). A prefill of more tokens runs without
-        graphs. None with enforce-eager or cudagraph_mode NONE / FULL_DECODE_ONLY."""
+        defaults to 256 or more, so 512 unless it is set below 256), except gpt-oss, which vLLM sets to
+        1,024 (GptOssForCausalLMConfig in vllm/model_executor/models/config.py; h100-mla-holdout's engine
+        log). A prefill of more tokens runs without graphs. None with enforce-eager or cudagraph_mode NONE /
+        FULL_DECODE_ONLY."""
         if flag_on(args, "enforce-eager"):
             return 0
         cc = compilation_config(dict(args))
@@ -345,6 +347,8 @@ class VllmProfile(EngineProfile):
             return max(sizes)
         if isinstance(cc.get("max_cudagraph_capture_size"), int):
             return int(cc["max_cudagraph_capture_size"])
+        if model_type == "gpt_oss":
+            return 1024
         seqs = get_flag(args, "max-num-seqs")
         return min(2 * int(seqs), 512) if isinstance(seqs, int) and not isinstance(seqs, bool) else 512
 
