@@ -463,7 +463,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # heads of 64, 32 experts (2,880 wide, with biases) of which 4 per token; 20.9 B parameters, 3.6 B active.
     # A family the model had never predicted (issue #59). For `servelab predict`: vLLM serves gpt-oss's chat in its
     # Harmony format, which needs the model's own special tokens, so a server of this preset's directory (a trained
-    # tokenizer) answers every chat request with HTTP 500 (reports/h100-eager-holdout).
+    # tokenizer) answers every chat request with HTTP 500 (reports/h100-eager-holdout); the completions API serves it
+    # (reports/h100-mla-holdout).
     "gpt-oss-20b": {
         "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "attention_bias": True,
         "attention_dropout": 0.0, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2880,
