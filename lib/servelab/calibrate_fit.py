@@ -25,6 +25,14 @@ from .report import load_study_data
 from .tables import CALIBRATIONS
 
 
+def _entry(add_to: str, flag: str) -> tuple[Path, dict[str, Any]]:
+    """The calibration entry a fit goes into: its file and its contents (a UserError naming `flag` when none)."""
+    target = CALIBRATIONS / f"{add_to}.yaml"
+    if not target.is_file():
+        raise UserError(f"calibrate-hw {flag}: no calibration entry {target}")
+    return target, yamlio.safe_load(target.read_text())
+
+
 def _store_term(entry: dict[str, Any], engine: str, term: str, target: Path, record: dict[str, Any]) -> None:
     """A fitted term into the calibration entry's `engines.<engine>` and the entry back to its file."""
     entry.setdefault("engines", {}).setdefault(engine, {})[term] = record
@@ -39,10 +47,7 @@ def moe_prefill_from(study_dir: Path | str, add_to: str, engine: str = "vllm") -
     measured TTFT less the model's prefill without the term) less the dense shape's residual at the
     same bucket is what the MoE layers cost beyond the model; fitted per MoE layer against tokens."""
 
-    target = CALIBRATIONS / f"{add_to}.yaml"
-    if not target.is_file():
-        raise UserError(f"calibrate-hw --moe-prefill-from: no calibration entry {target}")
-    entry = yamlio.safe_load(target.read_text())
+    target, entry = _entry(add_to, "--moe-prefill-from")
     base = copy.deepcopy(entry)
     (base.get("engines") or {}).get(engine, {}).pop("moe_prefill", None)
     m = Machine(base)
@@ -137,10 +142,7 @@ def ttft_from(study_dirs: list[Path | str], add_to: str, engine: str = "vllm") -
     """The engine's fixed cost of a request (`perfmodel_terms.fit_request_cost`) from published TTFTs at
     concurrency 1 (`request_points`), stored in calibration entry `add_to` as `engines.<engine>.request` with its
     points, studies and dates; the model then gives TTFT as an estimate (its request cost + its prefill)."""
-    target = CALIBRATIONS / f"{add_to}.yaml"
-    if not target.is_file():
-        raise UserError(f"calibrate-hw --ttft-from: no calibration entry {target}")
-    entry = yamlio.safe_load(target.read_text())
+    target, entry = _entry(add_to, "--ttft-from")
     loaded = {str(d): load_study_data(Path(d)) for d in study_dirs}
     wait = terms.fit_launch_wait(lambda w: request_points(study_dirs, entry, engine, w, loaded))
     pts = request_points(study_dirs, entry, engine, wait or 0.0, loaded)
@@ -172,10 +174,7 @@ def mla_prefill_from(study_dirs: list[Path | str], add_to: str, engine: str = "v
     graph without latent attention or experts) and the graph's floor, per layer; each study's values put on the entry's
     host by the ratio of the entry's request cost to the study's. Stored in calibration entry `add_to` as
     `engines.<engine>.mla_graph_prefill` with its points, studies and dates."""
-    target = CALIBRATIONS / f"{add_to}.yaml"
-    if not target.is_file():
-        raise UserError(f"calibrate-hw --mla-prefill-from: no calibration entry {target}")
-    entry = yamlio.safe_load(target.read_text())
+    target, entry = _entry(add_to, "--mla-prefill-from")
     base = copy.deepcopy(entry)
     (base.get("engines") or {}).get(engine, {}).pop("mla_graph_prefill", None)
     req = (((base.get("engines") or {}).get(engine) or {}).get("request") or {}).get("request_s")
@@ -249,10 +248,7 @@ def hosts_from(study_dirs: list[Path | str], add_to: str, engine: str = "vllm") 
     row of the same study); before you rent, the model takes their geometric mean and the band spans them."""
     from .analysis.hosts import fit_factor
 
-    target = CALIBRATIONS / f"{add_to}.yaml"
-    if not target.is_file():
-        raise UserError(f"calibrate-hw --hosts-from: no calibration entry {target}")
-    entry = yamlio.safe_load(target.read_text())
+    target, entry = _entry(add_to, "--hosts-from")
     base = copy.deepcopy(entry)
     base.pop("hosts_seen", None)
     rows = {h["study"]: h for h in entry.get("hosts_seen") or []}
