@@ -165,3 +165,8 @@ def test_a_hold_out_run_flags_both_tied_routers_and_a_rule_learnt_after_it_names
     row = s[(s["config"] == "gptoss") & (s["bucket"] == "in2048-out8") & (s["concurrency"] == 1)].iloc[0]
     assert row["sent"] == 3 and row["ttft_p50_s"] < aside["ttft_s"].median()
     assert warming_levels(r) == []
+    from servelab.analysis.stats import warming_measured_again
+
+    again = warming_measured_again(r)
+    assert [(x["config"], x["bucket"]) for x in again] == [("gptoss", "in2048-out8")]
+    assert len(again[0]["first_ttft_s"]) == len(again[0]["ttft_s"]) == 3

@@ -158,3 +158,14 @@ def test_a_level_still_warming_up_is_measured_again_and_its_first_pass_kept_asid
     lines = read_jsonl(tmp_path / "r" / "levels.jsonl")
     assert len(lines[0]["warming_ttft_s"]) == 3 and "warming_ttft_s" not in lines[1]
     assert res.summary.set_index("bucket").loc["in20-out4", "sent"] == 3  # the result: the steady pass
+
+
+def test_without_warm_up_rounds_a_falling_level_is_kept_as_measured(refserver, tmp_path):
+    """warmup_rounds 0 asks for a cold server's figures: the same falling TTFTs are not measured again."""
+    s = refserver(ttft_s=0.01, itl_s=0.001, warming_s=(0.25, 0.15, 0.05))
+    wl = _wl(buckets=[Bucket(input_tokens=20, output_tokens=4)], concurrency=[1], warmup_rounds=0, rounds=3,
+             requests_per_round=1)
+    _run(s, wl, tmp_path)
+    recs = read_jsonl(tmp_path / "r" / "records.jsonl")
+    assert len(recs) == 3 and not any(r.get("disturbed") for r in recs)
+    assert "warming_ttft_s" not in read_jsonl(tmp_path / "r" / "levels.jsonl")[0]

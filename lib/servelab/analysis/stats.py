@@ -132,3 +132,20 @@ def warming_levels(records: pd.DataFrame, concurrency: int = 1) -> list[dict[str
         if still_warming(t):
             out.append({"config": str(key[0]), "bucket": str(key[1]), "ttft_s": t})
     return out
+
+
+def warming_measured_again(records: pd.DataFrame) -> list[dict[str, Any]]:
+    """Levels the runner measured once more because their first pass was still warming up (`measure.runner`: those
+    records' `disturbed` says so): config, bucket, the first pass's TTFTs in order and the second's."""
+    if records is None or records.empty or "disturbed" not in records or "ttft_s" not in records:
+        return []
+    first = records["disturbed"].fillna("").astype(str).str.startswith("still warming up")
+    out = []
+    for (cfg, bucket), g in records[first].groupby(["config", "bucket"], sort=False):
+        again = measured(records)
+        again = again[(again["config"] == cfg) & (again["bucket"] == bucket) & (again["concurrency"] == 1)]
+        order = [k for k in ("round", "seq") if k in g]
+        out.append({"config": str(cfg), "bucket": str(bucket),
+                    "first_ttft_s": [float(x) for x in g.sort_values(order)["ttft_s"]],
+                    "ttft_s": [float(x) for x in again.sort_values(order)["ttft_s"]]})
+    return out

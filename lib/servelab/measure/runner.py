@@ -338,11 +338,11 @@ class LevelRunner:
 
     def warming_again(self, lv: Level, got: list[RequestRecord]) -> list[float]:
         """The measured TTFTs of a one-request-at-a-time level, in order, when they read as a server
-        still warming up (`summary.still_warming`: a level right after the server started, with too few
-        warm-up rounds); [] otherwise. Such a level is measured once more, its first pass kept in the run
+        still warming up after the level's warm-up rounds (`summary.still_warming`: a level right after the
+        server started, or the first of a new prompt length); [] otherwise, and without warm-up rounds. Such a level is measured once more, its first pass kept in the run
         folder and left out of every result (its records' `disturbed` says why)."""
-        if lv.concurrency != 1 or lv.rate_rps or lv.bucket.trace is not None:
-            return []
+        if lv.concurrency != 1 or lv.rate_rps or lv.bucket.trace is not None or self.wl.warmup_rounds < 1:
+            return []  # without warm-up rounds the user asked for a cold server's figures
         done = [r for r in sorted(got, key=lambda r: r.seq) if not r.warmup and r.ok and r.ttft_s is not None]
         t = [float(r.ttft_s) for r in done]
         return t if len(done) == len([r for r in got if not r.warmup]) and still_warming(t) else []

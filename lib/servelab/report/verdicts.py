@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from ..analysis import verdicts
-from ..analysis.stats import warming_levels
+from ..analysis.stats import warming_levels, warming_measured_again
 from ..runfolder import VERDICTS_JSON, read_json, write_json
 from . import html
 from .fmt import link, minutes, num, pct
@@ -46,6 +46,9 @@ def study_verdicts(sd: StudyData) -> dict[str, Any]:
                                if verdicts.PRIMARY in betweens else None))
     out["physics"] = physics_check(sd)
     out["warming"] = warming_levels(sd.records)
+    again = warming_measured_again(sd.records)
+    if again:  # only where a run measured a level again (older pages' files unchanged)
+        out["warming_measured_again"] = again
     return out
 
 
@@ -361,14 +364,22 @@ def physics_text(sd: StudyData) -> str:
 
 def warming_text(sd: StudyData) -> str:
     """The levels measured while the server was still warming up (verdicts.json `warming`), each with its TTFTs in
-    order; "" when none was."""
-    levels = load(sd).get("warming") or []
-    if not levels:
-        return ""
+    order, and those the runner measured again for it (`warming_measured_again`); "" when neither."""
+    v = load(sd)
     lab = sd.labels()
-    items = [sd.w("warming.item", config=lab.get(x["config"], x["config"]), bucket=x["bucket"],
-                  ttfts=", ".join(num(t * 1e3, 1) for t in x["ttft_s"])) for x in levels]
-    return sd.w("warming.head", n=len(levels)) + "\n\n" + "\n".join(f"- {i}" for i in items)
+
+    def ms(ts: list[float]) -> str:
+        return ", ".join(num(t * 1e3, 1) for t in ts)
+    parts = []
+    if v.get("warming"):
+        items = [sd.w("warming.item", config=lab.get(x["config"], x["config"]), bucket=x["bucket"], ttfts=ms(x["ttft_s"]))
+                 for x in v["warming"]]
+        parts.append(sd.w("warming.head", n=len(items)) + "\n\n" + "\n".join(f"- {i}" for i in items))
+    if v.get("warming_measured_again"):
+        items = [sd.w("warming.again_item", config=lab.get(x["config"], x["config"]), bucket=x["bucket"],
+                      first=ms(x["first_ttft_s"]), again=ms(x["ttft_s"])) for x in v["warming_measured_again"]]
+        parts.append(sd.w("warming.again_head", n=len(items)) + "\n\n" + "\n".join(f"- {i}" for i in items))
+    return "\n\n".join(parts)
 
 
 def physics_note(sd: StudyData, config: str, bucket: str, concurrency: float) -> str:
