@@ -61,7 +61,9 @@ def test_stream_without_usage_is_counted_with_the_tokenizer_not_failed(refserver
     client = [r for r in recs if r["output_tokens_source"] == "client"]
     assert len(client) == (18 if usage_off else s.stats.faults["no_usage"]) and (usage_off or len(client) == 6)
     assert {r["output_tokens_source"] for r in recs} == ({"client"} if usage_off else {"client", "server"})
-    assert all(r["output_tokens"] == 10 and r["decode_tps"] > 0 for r in recs)
+    assert all(r["output_tokens"] == 10 for r in recs)
+    # a rate wherever the stream took time after its first token (a loaded client may read every chunk at once: none)
+    assert all(r["decode_tps"] > 0 if r["e2e_s"] > r["ttft_s"] else r["decode_tps"] is None for r in recs)
     assert all("output_text" not in r for r in recs)  # the text is counted, never written
     assert res.summary.iloc[0]["ok"] == 18 and res.summary.iloc[0]["failures"] == ""
 
