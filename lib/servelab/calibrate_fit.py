@@ -123,17 +123,17 @@ def request_points(study_dirs: list[Path | str], entry: dict[str, Any], engine: 
                 continue
             g = s[(s["config"] == cid) & (s["concurrency"] == 1) & (s["rate_rps"] <= 0)]
             ties = bool(perfmodel.router_ties(run))
+            graph, chunk = prof.graph_prefill_tokens(args, facts.get("model_type")), prof.prefill_chunk_tokens(
+                args, m.memory_bytes)
+            mla = mla_layers(facts)
             for r in g.itertuples():
                 n = float(r.prompt_tokens)
                 if not (n > 0 and float(r.ttft_p50_s) > 0):  # no successful request at this level
                     continue
-                graph = prof.graph_prefill_tokens(args, facts.get("model_type"))
-                step = perfmodel.prefill_step(m, engine, "graphs", facts, n, graph_tokens=graph,
-                                              chunk=prof.prefill_chunk_tokens(args, m.memory_bytes), ties=ties)
+                step = perfmodel.prefill_step(m, engine, "graphs", facts, n, graph_tokens=graph, chunk=chunk, ties=ties)
                 pts.append({"study": Path(study_dir).name, "config": cid, "bucket": r.bucket, "tokens": n,
                             "measured_s": float(r.ttft_p50_s), "model_s": step["total_s"], "how": step["how"],
-                            "cpu_s": step["cpu_s"], "mla_layers": mla_layers(facts),
-                            "dense": not facts.get("num_experts") and not mla_layers(facts),
+                            "cpu_s": step["cpu_s"], "mla_layers": mla, "dense": not facts.get("num_experts") and not mla,
                             "started_at": str(run.get("started_at", ""))[:10]})
     return pts
 

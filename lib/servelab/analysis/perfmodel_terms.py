@@ -138,7 +138,7 @@ def fit_graph_prefill(points: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     with measured_s, model_s, the step's floor cpu_s, `mla_layers` and `dense`): its request cost r0 is the median
     residual (measured - model) of the levels with neither latent attention nor experts; each latent-attention
     level's cost per layer is (measured - r0 - floor) / layers. Raises ValueError with fewer than two of either."""
-    base = [float(p["measured_s"]) - float(p["model_s"]) for p in points if not p.get("mla_layers") and p.get("dense")]
+    base = [float(p["measured_s"]) - float(p["model_s"]) for p in points if p.get("dense")]
     mla = [p for p in points if p.get("mla_layers")]
     if len(base) < 2 or len(mla) < 2:
         raise ValueError("two levels of a latent-attention model and two of a dense one, prefilled in a graph")

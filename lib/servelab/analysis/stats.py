@@ -140,10 +140,10 @@ def warming_measured_again(records: pd.DataFrame) -> list[dict[str, Any]]:
     if records is None or records.empty or "disturbed" not in records or "ttft_s" not in records:
         return []
     first = records["disturbed"].fillna("").astype(str).str.startswith("still warming up")
+    kept = measured(records)
     out = []
     for (cfg, bucket), g in records[first].groupby(["config", "bucket"], sort=False):
-        again = measured(records)
-        again = again[(again["config"] == cfg) & (again["bucket"] == bucket) & (again["concurrency"] == 1)]
+        again = kept[(kept["config"] == cfg) & (kept["bucket"] == bucket) & (kept["concurrency"] == 1)]
         order = [k for k in ("round", "seq") if k in g]
         out.append({"config": str(cfg), "bucket": str(bucket),
                     "first_ttft_s": [float(x) for x in g.sort_values(order)["ttft_s"]],

@@ -328,9 +328,10 @@ class LevelRunner:
         again = self.warming_again(lv, got) if st.verdict == "complete" else []
         if again:
             reason = "still warming up: TTFT " + " > ".join(f"{t * 1e3:.0f}" for t in again) + " ms; measured again"
-            self.marks.update({(li, rnd, 0): reason for rnd in range(wl.warmup_rounds, wl.warmup_rounds + wl.rounds)})
+            measured_rounds = range(wl.warmup_rounds, wl.warmup_rounds + wl.rounds)
+            self.marks.update({(li, rnd, 0): reason for rnd in measured_rounds})
             self.log(f"{self.config_id}: level {lv.label} {reason}")
-            for rnd in range(wl.warmup_rounds, wl.warmup_rounds + wl.rounds):
+            for rnd in measured_rounds:
                 await self.level_round(st, rnd, attempt=1)
                 if st.verdict != "complete":
                     break
@@ -339,8 +340,9 @@ class LevelRunner:
     def warming_again(self, lv: Level, got: list[RequestRecord]) -> list[float]:
         """The measured TTFTs of a one-request-at-a-time level, in order, when they read as a server
         still warming up after the level's warm-up rounds (`summary.still_warming`: a level right after the
-        server started, or the first of a new prompt length); [] otherwise, and without warm-up rounds. Such a level is measured once more, its first pass kept in the run
-        folder and left out of every result (its records' `disturbed` says why)."""
+        server started, or the first of a new prompt length); [] otherwise, and without warm-up rounds. Such a
+        level is measured once more, its first pass kept in the run folder and left out of every result (its
+        records' `disturbed` says why)."""
         if lv.concurrency != 1 or lv.rate_rps or lv.bucket.trace is not None or self.wl.warmup_rounds < 1:
             return []  # without warm-up rounds the user asked for a cold server's figures
         done = [r for r in sorted(got, key=lambda r: r.seq) if not r.warmup and r.ok and r.ttft_s is not None]
