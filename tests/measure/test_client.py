@@ -116,20 +116,22 @@ async def _send_many(url: str, n: int, max_tokens: int, timeout_s: float = 20.0,
 
 @pytest.mark.parametrize("api", ["chat", "completions"])
 def test_timing_matches_injected_delays(refserver, api):
-    """TTFT within 50 ms and ITL median within 25 % of what the reference server injects.
+    """TTFT never under, and at most 150 ms over, what the reference server injects; ITL median within 25 %.
 
-    Loose enough for a loaded 2-core CI machine; the tight figures (1 ms, 2 %) are measured by
-    `servelab calibrate` in benchmarks/, not asserted here."""
+    The lower bound is exact: no client can see a token before it is sent. The upper one is loose
+    for a loaded 2-core CI machine, where the server's thread and the client share the cores with
+    other tests (a CI run saw 283 ms for 200 injected); the tight figures (1 ms, 2 %) are measured
+    by `servelab calibrate` in benchmarks/, not asserted here."""
     s = refserver(ttft_s=0.200, itl_s=0.020)
     rs = asyncio.run(_send_many(s.url, 4, 30, api=api))
     assert all(r.ok for r in rs), [r.error_detail for r in rs]
     for r in rs:
         assert r.output_tokens == 30
         assert r.prompt_tokens == 3 + (5 if api == "chat" else 0)
-        assert 0.200 <= r.ttft_s < 0.250
+        assert 0.200 <= r.ttft_s < 0.350
         gaps = [b - a for a, b in zip(r.chunk_times_s, r.chunk_times_s[1:])]
         assert statistics.median(gaps) == pytest.approx(0.020, rel=0.25)
-        assert r.e2e_s == pytest.approx(0.200 + 29 * 0.020, abs=0.05)
+        assert 0.200 + 29 * 0.020 <= r.e2e_s < 0.200 + 29 * 0.020 + 0.150
         assert r.decode_tps == pytest.approx(1 / 0.020, rel=0.25)
 
 
