@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -158,6 +159,28 @@ def test_a_level_still_warming_up_is_measured_again_and_its_first_pass_kept_asid
     lines = read_jsonl(tmp_path / "r" / "levels.jsonl")
     assert len(lines[0]["warming_ttft_s"]) == 3 and "warming_ttft_s" not in lines[1]
     assert res.summary.set_index("bucket").loc["in20-out4", "sent"] == 3  # the result: the steady pass
+
+
+def test_a_run_killed_after_a_level_measured_again_is_marked_when_closed(refserver, tmp_path):
+    """The marks come from the level's line, not the runner's memory: a run killed after that line (its
+    records unmarked) gets them when the pipeline closes the folder (`runfiles.finalize`), once."""
+    from servelab.measure.runfiles import finalize
+    from servelab.runfolder import RunFolder
+
+    s = refserver(ttft_s=0.01, itl_s=0.001, warming_s=(0.5, 0.25, 0.15, 0.05))
+    wl = _wl(buckets=[Bucket(input_tokens=20, output_tokens=4)], concurrency=[1], warmup_rounds=1, rounds=3,
+             requests_per_round=1)
+    _run(s, wl, tmp_path)
+    path = tmp_path / "r" / "records.jsonl"
+    marked = [r["disturbed"] for r in read_jsonl(path) if r.get("disturbed")]
+    assert len(marked) == 3
+    path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "disturbed"}) + "\n"
+                            for r in read_jsonl(path)))  # as SIGKILL left it
+    rf = RunFolder(tmp_path / "r")
+    for _ in range(2):
+        summ = finalize(rf, dict(rf.run), status="partial", message="stopped by SIGKILL")
+        assert [r["disturbed"] for r in read_jsonl(path) if r.get("disturbed")] == marked
+        assert summ.set_index("bucket").loc["in20-out4", "sent"] == 3
 
 
 def test_without_warm_up_rounds_a_falling_level_is_kept_as_measured(refserver, tmp_path):

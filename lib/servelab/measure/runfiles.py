@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RunFolderExists
-from ..runfolder import CLIENT_STATS, LEVELS, RECORDS, JsonlWriter, RunFolder, now_iso, read_jsonl
+from ..runfolder import CLIENT_STATS, LEVELS, RECORDS, JsonlWriter, RunFolder, mark_records, now_iso, read_jsonl
 
 # A level is flagged as client-limited when the client's event loop lagged this much (p99)
 # or the client process used this share of one CPU core (see `client_limited`).
@@ -62,11 +62,30 @@ def open_run_folder(run_dir: Path, resume: bool) -> tuple[RunFolder, ResumeState
     return rf, state
 
 
+def warming_reason(ttfts: list[float]) -> str:
+    """Why a level's first pass was measured again (`runner.LevelRunner.warming_again`)."""
+    return "still warming up: TTFT " + " > ".join(f"{t * 1e3:.0f}" for t in ttfts) + " ms; measured again"
+
+
+def warming_marks(run_dir: Path) -> dict[tuple[int, int, int], str]:
+    """(level, round, 0) -> reason for the first pass of every level whose line says it was measured
+    again (`warming_ttft_s`): its measured records, not its warm-up. Read from the folder, so a run
+    killed between the level's line and its closing write is marked when it is closed or resumed."""
+    again = {int(x["level"]): warming_reason(x["warming_ttft_s"]) for x in read_jsonl(run_dir / LEVELS)
+             if x.get("warming_ttft_s")}
+    if not again:
+        return {}
+    return {(int(r["level"]), int(r["round"]), 0): again[int(r["level"])] for r in read_jsonl(run_dir / RECORDS)
+            if r.get("level") in again and not r.get("warmup") and not r.get("attempt")}
+
+
 def finalize(rf: RunFolder, record: dict[str, Any], *, status: str, message: str,
              measured_from: str | None = None) -> Any:
     """Write run.json's closing fields from what the folder holds (status, reason, record count,
-    headline, client-limited levels); returns the summary. Also used by the pipeline when a
-    stage process died before it could write them itself."""
+    headline, client-limited levels; a first pass measured again marked in its records, nothing
+    deleted); returns the summary. Also used by the pipeline when a stage process died before it
+    could write them itself."""
+    mark_records(rf.path / RECORDS, warming_marks(rf.path))
     rf.invalidate()
     summ = rf.summary
     record.update({"status": status, "message": message, "finished_at": now_iso(), "records": len(rf.records),

@@ -29,8 +29,8 @@ from tqdm.auto import tqdm
 from ..log import progress_line
 from ..hosts.base import Server
 from ..runfolder import (CLIENT_STATS, GPU_METRICS, LEVELS, RECORDS, SERVER_METRICS, JsonlWriter, RunFolder,
-                         mark_records, now_iso)
-from .runfiles import ResumeState, finalize, open_run_folder
+                         now_iso)
+from .runfiles import ResumeState, finalize, open_run_folder, warming_reason
 from ..schema import Workload
 from ..schema.runfiles import RequestOutcome, RequestRecord
 from ..summary import still_warming
@@ -108,7 +108,6 @@ class LevelRunner:
         self.stopped_early: list[str] = []  # levels the failure budget ended (the run goes on: "partial")
         self.samplers: list[Any] = []
         self.workers: list[dict[str, Any]] = []  # the pool's workers (run.json `workers`)
-        self.marks: dict[tuple[int, int, int], str] = {}  # (level, round, attempt) measured again -> why
 
     # -- signals --------------------------------------------------------------------------
     def on_signal(self, sig: signal.Signals) -> None:
@@ -326,12 +325,9 @@ class LevelRunner:
             if st.verdict != "complete":
                 break
         again = self.warming_again(lv, got) if st.verdict == "complete" else []
-        if again:
-            reason = "still warming up: TTFT " + " > ".join(f"{t * 1e3:.0f}" for t in again) + " ms; measured again"
-            measured_rounds = range(wl.warmup_rounds, wl.warmup_rounds + wl.rounds)
-            self.marks.update({(li, rnd, 0): reason for rnd in measured_rounds})
-            self.log(f"{self.config_id}: level {lv.label} {reason}")
-            for rnd in measured_rounds:
+        if again:  # the first pass's records are marked from the level's line when the run folder closes
+            self.log(f"{self.config_id}: level {lv.label} {warming_reason(again)}")
+            for rnd in range(wl.warmup_rounds, wl.warmup_rounds + wl.rounds):
                 await self.level_round(st, rnd, attempt=1)
                 if st.verdict != "complete":
                     break
@@ -511,8 +507,6 @@ def finish_run(p: Prepared, status: str, message: str) -> RunResult:
     """run.json's closing write (`finalize`) with what the caller measured beside the run."""
     if p.runner.workers:
         p.record["workers"] = p.runner.workers
-    if p.runner.marks:  # a first pass measured again says so (nothing is deleted)
-        mark_records(p.rf / RECORDS, p.runner.marks)
     if p.before_final:
         p.before_final(p.record)
     summ = finalize(p.rf, p.record, status=status, message=message, measured_from=p.started)
