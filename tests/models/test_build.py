@@ -64,13 +64,13 @@ def meta_model_param_counts(cfg: dict) -> tuple[int, object]:
 
 def test_list_presets():
     names = mm.list_presets()
-    assert names[:18] == ["cpu-tiny", "llama-3.1-8b", "llama-2-7b", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite",
+    assert names[:19] == ["cpu-tiny", "llama-3.1-8b", "llama-2-7b", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v2-lite",
                           "qwen1.5-moe-a2.7b", "olmoe-1b-7b", "qwen2.5-32b", "gemma-2-27b", "ernie-4.5-21b-a3b",
                           "granite-3.1-3b-a800m", "qwen3-8b", "moonlight-16b-a3b", "gpt-oss-20b", "glm-4.7-flash", "phi-4",
-                          "smollm2-135m"]
+                          "mistral-nemo-12b", "smollm2-135m"]
     p = mm_presets
     calib = [p.calib_name(k, w, n) for k in p.CALIB_KINDS for w in p.CALIB_WIDTHS for n in p.CALIB_LAYERS]
-    assert names[18:] == calib and len(calib) == 48
+    assert names[19:] == calib and len(calib) == 48
     assert set(mm.PRESET_TOKENIZER_VOCAB_SIZE) == set(mm.PRESETS)
 
 

@@ -504,6 +504,15 @@ PRESETS: dict[str, dict[str, Any]] = {
         "initializer_range": 0.02, "tie_word_embeddings": False, "use_cache": True, "torch_dtype": "bfloat16",
         "vocab_size": 100352,
     },
+    # Mistral-NeMo-12B's shape (mistralai/Mistral-Nemo-Base-2407 config.json): 40 dense layers, 32 query and 8 KV
+    # heads of 128 (narrower than 5,120 / 32), a 14,336-wide MLP; 12.2 B parameters. A dense family never predicted.
+    "mistral-nemo-12b": {
+        "architectures": ["MistralForCausalLM"], "model_type": "mistral", "attention_dropout": 0.0, "head_dim": 128,
+        "hidden_act": "silu", "hidden_size": 5120, "intermediate_size": 14336, "max_position_embeddings": 1024000,
+        "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "rms_norm_eps": 1e-5,
+        "rope_theta": 1000000.0, "sliding_window": None, "initializer_range": 0.02, "tie_word_embeddings": False,
+        "use_cache": True, "torch_dtype": "bfloat16", "vocab_size": 131072,
+    },
 }
 
 # Trained tokenizer vocabulary per preset (special tokens included). Large
@@ -526,6 +535,7 @@ PRESET_TOKENIZER_VOCAB_SIZE: dict[str, int] = {
     "moonlight-16b-a3b": 32000,
     "gpt-oss-20b": 32000,
     "phi-4": 32000,
+    "mistral-nemo-12b": 32000,
     "glm-4.7-flash": 32000,
 }
 
