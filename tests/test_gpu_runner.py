@@ -109,7 +109,10 @@ def test_each_engine_is_served_once_on_its_gpu_and_every_configuration_measured(
         assert RunFolder(root / c).run["host_probe"]["launch_eager_s"] == 7e-6
 
 
-def test_stop_after_leaves_the_rest_to_resume(gpu_study, tmp_path, capfd):
+def test_stop_after_leaves_the_rest_to_resume(gpu_study, tmp_path, capfd, monkeypatch):
+    """... and a study measured on a GPU host is published from a machine without one: --resume with every
+    configuration complete starts nothing."""
+    from servelab import pipeline
     params, _ = gpu_study
     r = _run(capfd, params, "--stop-after", "0.01")
     assert r.returncode == 1 and "continue with --resume" in r.stderr
@@ -121,6 +124,14 @@ def test_stop_after_leaves_the_rest_to_resume(gpu_study, tmp_path, capfd):
     r = _run(capfd, params, "--resume")
     assert r.returncode == 0 and "configuration a: complete, skipped (--resume)" in r.stderr
     assert RunFolder(root / "c").run["status"] == "complete"
+    monkeypatch.setenv("SERVELAB_GPUS", "[]")  # the laptop the runs were copied to
+    rendered = []
+    monkeypatch.setattr(pipeline, "render", lambda study_id, **kw: rendered.append((study_id, kw["pub"])))
+    capfd.readouterr()
+    assert main(["run", str(params), "--resume"]) == 0, capfd.readouterr().err[-3000:]
+    assert "nothing to start, publishing" in capfd.readouterr().err
+    pub = tmp_path / "reports" / "gpu-runner"
+    assert rendered == [("gpu-runner", pub)] and all((pub / "data" / c / "records.jsonl").exists() for c in "abc")
 
 
 def test_a_deadline_passed_while_a_server_starts_still_measures_it_and_publishes_what_was_measured(
