@@ -60,6 +60,20 @@ def still_warming(ttfts: list[float]) -> bool:
             and t[0] - t[-1] >= WARMING_MIN_S)
 
 
+def speed_step(ttfts: list[float]) -> int | None:
+    """Where a level's TTFTs, in the order its requests ran, changed speed partway through (a host or GPU slowed
+    down or sped up, as h100-mla-holdout's 128-token level did: 19.6, 19.4, then 29-32 ms): the index k that splits
+    them into two runs of two or more requests, every one of one run at least `WARMING_RATIO` x and `WARMING_MIN_S`
+    longer than every one of the other; None where there is no such step. A median across it is neither speed."""
+    t = [x for x in ttfts if x == x]
+    for k in range(2, len(t) - 1):
+        a, b = t[:k], t[k:]
+        for lo, hi in ((a, b), (b, a)):
+            if min(hi) >= WARMING_RATIO * max(lo) and min(hi) - max(lo) >= WARMING_MIN_S:
+                return k
+    return None
+
+
 def _attempts(df: pd.DataFrame) -> pd.DataFrame:
     """`attempt` as a column (0 where a record predates re-measured rounds)."""
     return df.assign(attempt=df["attempt"].fillna(0).astype(int) if "attempt" in df else 0)

@@ -170,3 +170,34 @@ def test_a_hold_out_run_flags_both_tied_routers_and_a_rule_learnt_after_it_names
     again = warming_measured_again(r)
     assert [(x["config"], x["bucket"]) for x in again] == [("gptoss", "in2048-out8")]
     assert len(again[0]["first_ttft_s"]) == len(again[0]["ttft_s"]) == 3
+
+
+def test_a_level_that_changed_speed_partway_is_named_and_a_noisy_one_is_not():
+    """h100-mla-holdout's GLM-4.7-Flash 128-token level ran 19.6, 19.4, then 29.2, 31.6, 31.4 ms (the host or GPU
+    changed speed): named, with the two speeds; the same on constructed levels, either way. A noisy level
+    (gpt-oss's 29.1, 16.6, 31.9 ms), a single slow request, a level still warming up (named as that) and one of
+    several prompt lengths are not; nor any other level of the hold-outs recorded on the H100."""
+    import pandas as pd
+
+    from servelab.analysis.stats import stepped_levels
+    from servelab.report import load_study_data
+    from servelab.summary import speed_step
+
+    assert speed_step([0.0196, 0.0194, 0.0292, 0.0316, 0.0314]) == 2
+    assert speed_step([0.030, 0.031, 0.030, 0.020, 0.021]) == 3  # faster after
+    for steady in ([0.0291, 0.0166, 0.0319], [0.020, 0.020, 0.021, 0.020, 0.040], [0.020, 0.040, 0.020, 0.040],
+                   [0.020, 0.021, 0.024, 0.026], [0.0196, 0.0194, 0.0292]):
+        assert speed_step(steady) is None, steady
+
+    def level(ttfts, cfg, prompts=None):
+        return [{"config": cfg, "bucket": "b", "concurrency": 1, "ok": True, "warmup": False, "round": i, "seq": 0,
+                 "ttft_s": t, "prompt_tokens": (prompts or [128] * len(ttfts))[i]} for i, t in enumerate(ttfts)]
+    recs = pd.DataFrame(level([0.020, 0.020, 0.030, 0.031], "step") + level([0.09, 0.07, 0.05, 0.04], "warming")
+                        + level([0.020, 0.020, 0.030, 0.031], "lengths", [100, 100, 160, 160]))
+    (x,) = stepped_levels(recs)
+    assert x["config"] == "step" and x["before_s"] == pytest.approx(0.020) and x["after_s"] == pytest.approx(0.0305)
+    (x,) = stepped_levels(load_study_data(ROOT / "reports" / "h100-mla-holdout").records)
+    assert (x["config"], x["bucket"]) == ("glm47flash-ttft", "in128-out8")
+    assert x["before_s"] == pytest.approx(0.0195, abs=3e-4) and x["after_s"] == pytest.approx(0.0314, abs=3e-4)
+    for study in ("h100-holdout", "h100-host-holdout", "h100-eager-holdout", "h100-graph-holdout"):
+        assert stepped_levels(load_study_data(ROOT / "reports" / study).records) == [], study

@@ -4,13 +4,13 @@ unique values, Student-t quantiles (scipy) and the OLS fit of TTFT against promp
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from ..summary import measured, still_warming
+from ..summary import measured, speed_step, still_warming
 
 
 def _get(obj: Any, key: str, default: Any = None) -> Any:
@@ -117,20 +117,37 @@ def fit_ttft(prompt_tokens: Sequence[float] | np.ndarray, ttft_s: Sequence[float
     return out
 
 
-def warming_levels(records: pd.DataFrame, concurrency: int = 1) -> list[dict[str, Any]]:
-    """Levels still warming up when measured (`summary.still_warming`): at `concurrency`, the successful measured
-    requests (a re-measured level's first pass left out) of each level in the order they ran; their medians overstate
-    the warm server. Each: config, bucket, ttft_s in order."""
+def _level_ttfts(records: pd.DataFrame, concurrency: int) -> Iterator[tuple[str, str, list[float], bool]]:
+    """(config, bucket, TTFTs in the order they ran, whether its prompts were of one length within 10 %) of each
+    level at `concurrency`: its successful measured requests (a re-measured level's first pass left out)."""
     if records is None or records.empty or "ttft_s" not in records:
-        return []
+        return
     d = measured(records)
     d = d[(d["concurrency"] == concurrency) & d["ok"].astype(bool) & d["ttft_s"].notna()]
-    out = []
     keys = ["config", "bucket"] + [k for k in ("rate_rps",) if k in d]
     for key, g in d.groupby(keys, sort=False):
-        t = [float(x) for x in g.sort_values([k for k in ("round", "seq") if k in g])["ttft_s"]]
-        if still_warming(t):
-            out.append({"config": str(key[0]), "bucket": str(key[1]), "ttft_s": t})
+        n = g["prompt_tokens"].dropna() if "prompt_tokens" in g else pd.Series(dtype=float)
+        yield (str(key[0]), str(key[1]), [float(x) for x in g.sort_values([k for k in ("round", "seq") if k in g])["ttft_s"]],
+               n.empty or n.max() <= 1.1 * n.min())
+
+
+def warming_levels(records: pd.DataFrame, concurrency: int = 1) -> list[dict[str, Any]]:
+    """Levels still warming up when measured (`summary.still_warming`) at `concurrency`; their medians overstate
+    the warm server. Each: config, bucket, ttft_s in order."""
+    return [{"config": c, "bucket": b, "ttft_s": t} for c, b, t, _ in _level_ttfts(records, concurrency)
+            if still_warming(t)]
+
+
+def stepped_levels(records: pd.DataFrame, concurrency: int = 1) -> list[dict[str, Any]]:
+    """Levels of one prompt length whose speed changed partway through (`summary.speed_step`) at `concurrency`,
+    those still warming up left to `warming_levels`: a median across the step is neither speed. Each: config,
+    bucket, ttft_s in order, and the medians before and after the step."""
+    out = []
+    for c, b, t, one_length in _level_ttfts(records, concurrency):
+        k = speed_step(t) if one_length else None
+        if k is not None and not still_warming(t):
+            out.append({"config": c, "bucket": b, "ttft_s": t, "before_s": float(np.median(t[:k])),
+                        "after_s": float(np.median(t[k:]))})
     return out
 
 

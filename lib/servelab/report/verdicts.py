@@ -13,7 +13,7 @@ from typing import Any
 import pandas as pd
 
 from ..analysis import verdicts
-from ..analysis.stats import warming_levels, warming_measured_again
+from ..analysis.stats import stepped_levels, warming_levels, warming_measured_again
 from ..runfolder import VERDICTS_JSON, read_json, write_json
 from . import html
 from .fmt import link, minutes, num, pct
@@ -49,6 +49,9 @@ def study_verdicts(sd: StudyData) -> dict[str, Any]:
     again = warming_measured_again(sd.records)
     if again:  # only where a run measured a level again (older pages' files unchanged)
         out["warming_measured_again"] = again
+    stepped = stepped_levels(sd.records)
+    if stepped:  # only where a level changed speed (older pages' files unchanged)
+        out["speed_step"] = stepped
     return out
 
 
@@ -364,7 +367,8 @@ def physics_text(sd: StudyData) -> str:
 
 def warming_text(sd: StudyData) -> str:
     """The levels measured while the server was still warming up (verdicts.json `warming`), each with its TTFTs in
-    order, and those the runner measured again for it (`warming_measured_again`); "" when neither."""
+    order, those the runner measured again for it (`warming_measured_again`), and those whose speed changed partway
+    through (`speed_step`); "" when none."""
     v = load(sd)
     lab = sd.labels()
 
@@ -379,6 +383,11 @@ def warming_text(sd: StudyData) -> str:
         items = [sd.w("warming.again_item", config=lab.get(x["config"], x["config"]), bucket=x["bucket"],
                       first=ms(x["first_ttft_s"]), again=ms(x["ttft_s"])) for x in v["warming_measured_again"]]
         parts.append(sd.w("warming.again_head", n=len(items)) + "\n\n" + "\n".join(f"- {i}" for i in items))
+    if v.get("speed_step"):
+        items = [sd.w("warming.step_item", config=lab.get(x["config"], x["config"]), bucket=x["bucket"],
+                      ttfts=ms(x["ttft_s"]), before=num(x["before_s"] * 1e3, 1), after=num(x["after_s"] * 1e3, 1))
+                 for x in v["speed_step"]]
+        parts.append(sd.w("warming.step_head", n=len(items)) + "\n\n" + "\n".join(f"- {i}" for i in items))
     return "\n\n".join(parts)
 
 
