@@ -28,7 +28,12 @@ def test_every_gpu_and_lever_is_ranked_by_cost_per_million_output_tokens():
     gpus = {c.gpu for c in ch}
     assert gpus == {"H200 SXM", "H100 SXM", "RTX PRO 6000 Blackwell Server Edition", "L40S"}
     priced = [c for c in ch if c.usd_per_m_output == c.usd_per_m_output]
-    assert priced and all(a.usd_per_m_output <= b.usd_per_m_output for a, b in zip(priced, priced[1:]))
+    # estimates first, then bounds (at best: a cheaper bound is no reason to rent), each by cost
+    kinds = [c.kind for c in priced]
+    assert kinds == sorted(kinds, key=lambda k: k != "estimate") and "estimate" in kinds and "bound" in kinds
+    for kind in ("estimate", "bound"):
+        same = [c for c in priced if c.kind == kind]
+        assert all(a.usd_per_m_output <= b.usd_per_m_output for a, b in zip(same, same[1:]))
     assert all(math.isnan(c.usd_per_m_output) for c in ch[len(priced):])  # no price (L40S) or no capacity: last
     top = priced[0]
     # the arithmetic: a GPU-hour's price over the output tokens of an hour at the capacity

@@ -150,8 +150,11 @@ def compare(facts: dict[str, Any], *, engine: str = "vllm", input_tokens: int, o
                                           if x not in same.no_effect)
                     continue
                 out.append(ch)
-    return sorted(out, key=lambda x: (not (x.usd_per_m_output == x.usd_per_m_output), x.usd_per_m_output
-                                      if x.usd_per_m_output == x.usd_per_m_output else 0.0, -x.output_tps))
+    # priced first; of those, estimates before bounds: a bound is what the GPU could do at best (no all-reduce, no
+    # calibration), so a cheaper bound is no reason to rent before a dearer estimate; then by cost
+    return sorted(out, key=lambda x: (not (x.usd_per_m_output == x.usd_per_m_output), x.kind != "estimate",
+                                      x.usd_per_m_output if x.usd_per_m_output == x.usd_per_m_output else 0.0,
+                                      -x.output_tps))
 
 
 def study_for(choices: Sequence[Choice], *, model: dict[str, Any], load_format: str | None, input_tokens: int,

@@ -223,7 +223,13 @@ def compare_gpus(a: argparse.Namespace, name: str, facts: dict[str, Any], cfg: d
           f"{a.ttft_slo:g} s, TPOT <= {a.tpot_slo * 1000:g} ms; {a.engine}, levers {', '.join(levers())} and TP")
     print(f"{'rank':>4}  {'GPU':38} {'set-up':44} {'req/s':>7} {'c':>5} {'out tok/s':>9} {'TPOT ms':>7} "
           f"{'$/GPU-h':>7} {'$/M out':>8}  kind")
-    for i, c in enumerate(ch[:a.top], 1):
+    shown = list(enumerate(ch, 1))[:a.top]
+    best_bounds = [(i, c) for i, c in list(enumerate(ch, 1))[a.top:] if c.kind != "estimate"
+                   and c.usd_per_m_output == c.usd_per_m_output][:3]  # ranked after the estimates: still shown
+    for i, c in shown + ([(0, None)] if best_bounds else []) + best_bounds:
+        if c is None:
+            print("   ...")
+            continue
         print(f"{i:>4}  {c.gpu:38} {c.label():44} {_fmt(c.capacity_rps):>7} {str(c.concurrency):>5} "
               f"{_fmt(c.output_tps):>9} {_fmt(c.tpot_s, 1000):>7} {_fmt(c.usd_per_gpu_hour):>7} "
               f"{_fmt(c.usd_per_m_output):>8}  {c.kind}")
@@ -233,8 +239,9 @@ def compare_gpus(a: argparse.Namespace, name: str, facts: dict[str, Any], cfg: d
     same = sorted({x for c in ch[:a.top] for x in c.no_effect})
     if same:
         print(f"  no predicted effect (ranked once, at the default): {', '.join(same)}")
-    print("  estimates carry the model's band (servelab predict --model --gpu); a TP > 1 row is a bound until the "
-          "all-reduce is calibrated; speculative decoding is not costed")
+    print("  estimates carry the model's band (servelab predict --model --gpu) and rank before bounds, which say what a "
+          "set-up could do at best (a TP > 1 row is a bound until the all-reduce is calibrated); speculative decoding "
+          "is not costed")
     top = [c for c in ch if c.usd_per_m_output == c.usd_per_m_output][:3]
     model, load_format = _model_ref(a.model, facts, cfg)
     out_dir = Path(a.write_studies)
