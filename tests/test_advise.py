@@ -60,3 +60,17 @@ def test_the_confirming_study_validates_and_says_its_wall_time(tmp_path):
     assert study.host.kind == "local" and len(study.configurations) == int(m.group(3))
     assert "device" not in open(m.group(2)).read()  # no device block: placement is left to its default
     assert float(m.group(4)) > 0 and float(m.group(6).replace(",", "")) > 0
+
+
+def test_no_set_up_is_ranked_past_the_engines_own_limit_on_running_requests():
+    """vLLM runs at most max-num-seqs requests at once, 1,024 by default on a GPU of 70 GiB or more and 256 below
+    (vllm/engine/arg_utils.py, get_batch_defaults): no row's concurrency passes it, however much KV cache two GPUs
+    hold (a Mistral-NeMo-12B TP=2 bound on two H100s was ranked at 1,553 requests before)."""
+    from servelab import engines
+
+    prof = engines.get("vllm")
+    assert prof.default_max_running(80e9) == 1024 and prof.default_max_running(48e9) == 256
+    slo = {"ttft_p95_s": 1.0, "tpot_p95_s": 0.05}
+    ch = advise.compare(_facts("llama-3.1-8b"), input_tokens=256, output_tokens=256, slo=slo)
+    assert max(c.concurrency for c in ch) > 256 and all(c.concurrency <= 1024 for c in ch)
+    assert all(c.concurrency <= 256 for c in ch if c.gpu == "L40S")  # 48 GB

@@ -368,7 +368,8 @@ def predict(facts: Mapping[str, Any], engine: str, args: Mapping[str, Any], m: M
                                                             n_gpus, waves, extra, par, pre)) for c in cs}
     per_request = n_in + n_out
     c_kv = kv_tok / per_request if kv_tok == kv_tok else math.nan
-    seqs = get_flag(args, "max-num-seqs") or get_flag(args, "max-running-requests")
+    seqs = get_flag(args, "max-num-seqs") or get_flag(args, "max-running-requests") or (
+        prof.default_max_running(m.memory_bytes) if m.kind == "gpu" else None)  # the engine's default on this GPU
     limits = {"kv": math.floor(c_kv) if c_kv == c_kv else 4096, "max-num-seqs": int(seqs) if seqs else 4096}  # a replica's
     if reps > 1:  # every replica its own KV pool
         kv_tok, c_kv = kv_tok * reps, c_kv * reps

@@ -211,6 +211,11 @@ class EngineProfile:
         """The most prompt tokens one step prefills (chunked prefill's budget), or None when not modelled."""
         return None
 
+    def default_max_running(self, memory_bytes: float | None) -> int | None:
+        """The most requests the engine runs at once on a GPU of `memory_bytes` when no flag sets it, or None
+        when not modelled (its KV cache is then the only limit)."""
+        return None
+
     def gpu_memory(self, args: Mapping[str, Any], total_bytes: float, weight_bytes: float | None,
                    kv_bytes_per_token: float | None) -> tuple[float | None, str]:
         """Bytes each GPU of one engine holds with these flags on a GPU of `total_bytes` (`weight_bytes`: the

@@ -366,6 +366,11 @@ class VllmProfile(EngineProfile):
         except (TypeError, ValueError):
             return None
 
+    def default_max_running(self, memory_bytes: float | None) -> int | None:
+        """vLLM's max-num-seqs for the API server: 1,024 on a GPU of 70 GiB or more (H100, H200), 256 below
+        (vllm/engine/arg_utils.py, get_batch_defaults)."""
+        return 1024 if (memory_bytes or 0) >= 70 * 2**30 else 256
+
     def layout(self, args: dict[str, Any]) -> Layout:
         """vLLM's experts with --enable-expert-parallel: split over every GPU of the TP x DP ranks."""
         lay = super().layout(args)
