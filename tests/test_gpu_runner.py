@@ -219,3 +219,26 @@ def test_a_stop_signal_stops_every_server_and_keeps_what_was_measured(gpu_study,
     run = RunFolder(root / "a").run
     assert run.get("status") == "partial", rest
     assert run["status"] == "partial" and "SIGTERM" in run["message"] and len(RunFolder(root / "a").records) > 0
+
+
+def test_a_run_the_stop_ended_failed_or_partial_is_closed_with_the_stop_as_its_reason(tmp_path):
+    """The stop signal stops the servers first; a lane's run then ends on refused requests, partial or failed,
+    and sometimes after the main thread's closing write (a slow lane): whichever writes last, the run is partial,
+    says the stop, and keeps its records for --resume. A run the stop did not touch keeps its status."""
+    from servelab.execute import close_partial
+    from servelab.runfolder import RunFolder
+
+    published = ROOT / "reports" / "local-cpu-kv" / "data" / "roomy" / "records.jsonl"
+    line = next(ln for ln in published.read_text().splitlines() if not json.loads(ln)["warmup"])
+    for status in ("failed", "partial", "running"):
+        rdir = tmp_path / status
+        rdir.mkdir()
+        (rdir / "records.jsonl").write_text(line + "\n")  # one measured request, as published
+        (rdir / "run.json").write_text(json.dumps({"status": status, "message": "server gone"}))
+        close_partial(rdir, "SIGTERM", over_partial=status != "running")
+        run = RunFolder(rdir).run
+        assert run["status"] == "partial" and "stopped by SIGTERM" in run["message"] and run["records"] == 1, status
+    (tmp_path / "complete").mkdir()
+    (tmp_path / "complete" / "run.json").write_text(json.dumps({"status": "complete", "message": ""}))
+    close_partial(tmp_path / "complete", "SIGTERM", over_partial=True)
+    assert RunFolder(tmp_path / "complete").run["status"] == "complete"

@@ -143,9 +143,10 @@ def execute_notebook(name: str, out_dir: Path, parameters: dict[str, Any], *, ou
 def close_partial(rdir: Path, reason: str, *, over_partial: bool = False) -> None:
     """A stage process died with the run still 'running' (a signal reached only us): write the
     summary and a partial run.json with the reason from the records on disk. `over_partial`: also where the
-    run ended partial for a reason the stop caused (its server stopped by it: the stop is the reason)."""
+    run ended partial or failed for a reason the stop caused (its server stopped by it, the client's requests then
+    refused: the stop is the reason, and what was measured is kept for --resume)."""
     rf = RunFolder(rdir)
-    if rf.run.get("status") == "running" or (over_partial and rf.run.get("status") == "partial"):
+    if rf.run.get("status") == "running" or (over_partial and rf.run.get("status") in ("partial", "failed")):
         finalize(rf, dict(rf.run), status="partial", message=f"stopped by {reason}; "
                  f"{len(rf.records)} records kept in {rf / RECORDS} (continue with --resume)")
 

@@ -122,6 +122,7 @@ class Runner:
     failed: list[str] = field(default_factory=list)
     left: list[str] = field(default_factory=list)
     measuring: set[str] = field(default_factory=set)  # the configurations being measured now
+    stop_reason: str = ""  # the stop signal's (or Ctrl-C's), once one came
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -145,7 +146,7 @@ class Runner:
                         t.join(0.5)  # the main thread stays free for a stop signal
         except KeyboardInterrupt as e:
             self._stop.set()
-            reason = e.name if isinstance(e, Stopped) else "the user (Ctrl-C)"
+            reason = self.stop_reason = e.name if isinstance(e, Stopped) else "the user (Ctrl-C)"
             self.stop_all()  # the servers first: a lane's measurement ends at once and writes what it measured
             for t in threads:
                 t.join(10)
@@ -289,6 +290,8 @@ class Runner:
             save_answers(rdir, answers)
             if not self._stop.is_set():
                 self.measuring.discard(cid)
+            elif self.stop_reason:  # a lane slower than the stop's wait for it: its own closing write names the stop
+                close_partial(rdir, self.stop_reason, over_partial=True)
         if cid in self.failed:
             return
         self._peers(cid, base, model)
