@@ -168,7 +168,8 @@ def test_stream_without_usage_keeps_its_text_and_is_counted_on_the_client(refser
     d = client.count_on_client(r, lambda text: len(text.split()))
     assert d.ok and d.error_kind is None and d.output_tokens == 12
     assert d.output_tokens_source == "client" and d.output_text is None
-    assert d.e2e_s == pytest.approx(r.end_s - r.start_s) and d.e2e_s == pytest.approx(0.05 + 11 * 0.01, abs=0.05)
+    # its own end-to-end time, never under what the server injects (a loaded CI machine adds to it: 305 ms once)
+    assert d.e2e_s == pytest.approx(r.end_s - r.start_s) and 0.05 + 11 * 0.01 <= d.e2e_s < 0.05 + 11 * 0.01 + 0.5
     assert d.decode_tps == pytest.approx(11 / (d.e2e_s - d.ttft_s))  # recomputed from the count
     assert d.start_s == r.start_s and d.end_s == pytest.approx(r.end_s)
 
