@@ -24,12 +24,13 @@ def _run(srv, tmp_path, name):
 def test_first_token_on_any_channel_and_first_content_token(refserver, tmp_path):
     recs = _run(refserver(ttft_s=0.05, itl_s=0.02, reasoning_tokens=4), tmp_path, "r")
     assert recs["ok"].all()
-    assert recs["ttft_s"].median() == pytest.approx(0.05, abs=0.015)
+    # never under what the server injects; over it by what a loaded CI machine adds (up to 100 ms)
+    assert 0.05 <= recs["ttft_s"].median() < 0.05 + 0.1
     # token 5 (the first content token) is due at ttft + 4 x itl
-    assert recs["content_ttft_s"].median() == pytest.approx(0.05 + 4 * 0.02, abs=0.015)
+    assert 0.05 + 4 * 0.02 <= recs["content_ttft_s"].median() < 0.05 + 4 * 0.02 + 0.1
     assert recs["reasoning_chunks"].tolist() == [4, 4, 4] and recs["reasoning_tokens"].tolist() == [4, 4, 4]
     s = summarize(recs)
-    assert s["content_ttft_p50_s"].iloc[0] - s["ttft_p50_s"].iloc[0] == pytest.approx(0.08, abs=0.01)
+    assert s["content_ttft_p50_s"].iloc[0] - s["ttft_p50_s"].iloc[0] == pytest.approx(0.08, abs=0.03)
     assert s["reasoning_tokens_p50"].iloc[0] == 4
 
 
