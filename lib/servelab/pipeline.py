@@ -186,7 +186,8 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
     if report and (pub / "index.html").exists() and not (force or ours):
         raise PublishedReportExists(f"{pub}/index.html is published: pass --force to replace it")
     if ours and all(done(study, runs_root() / study.study, c) for c in configs):  # measured on another machine
-        log(f"every configuration of {study.study} is measured (--resume): nothing to start, publishing")
+        log(f"every configuration of {study.study} is measured (--resume): nothing to start"
+            + (", publishing" if report else ""))
         return _conclude(study, runs_root() / study.study, configs, [], [], publish_it=report, force=True)
     host = for_study(study)  # once per run: every configuration and the guard share it
     host.check()
