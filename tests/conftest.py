@@ -22,6 +22,19 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     session.config.stash[_TOKEN] = (leftovers.mark_session(), set(psutil.pids()))
 
 
+# The files that take longest (a fresh clone's CI, 2026-12-06), started first: xdist hands a worker one file at a
+# time in collection order, and the README's (its `servelab report --all` alone ~300 s) started after the analysis
+# and benchmark files ended that pass about a minute after every other worker had finished.
+LONGEST_FIRST = ("tests/e2e/test_readme.py", "tests/test_bench.py", "tests/benchmarks/test_smoke_p_to_z.py",
+                 "tests/measure/test_capacity.py", "tests/analysis/test_verdicts.py", "tests/measure/test_ray_pool.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Longest files first (`LONGEST_FIRST`), the rest in their order: the same tests, a shorter parallel pass."""
+    rank = {f: i for i, f in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda it: rank.get(it.nodeid.split("::")[0], len(rank)))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """After every fixture's teardown: fail the session if a process it started is still alive."""
     token, before = session.config.stash[_TOKEN]
