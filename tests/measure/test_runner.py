@@ -31,8 +31,11 @@ def test_every_request_recorded_with_levels_and_warmup(refserver, tmp_path):
     s = refserver(ttft_s=0.01, itl_s=0.002)
     res = _run(s, _wl(), tmp_path)
     recs = read_jsonl(tmp_path / "r" / "records.jsonl")
-    # 2 buckets x (c=1: 3 rounds x 2 req + c=3: 3 rounds x 6 req) = 48
-    assert res.status == "complete" and len(recs) == 48 == res.records
+    # 2 buckets x (c=1: 3 rounds x 2 req + c=3: 3 rounds x 6 req) = 48, and a c=1 level's first pass where its
+    # TTFTs read as still warming up and it was measured again (a loaded CI machine: 29 > 15 > 12 > 12 ms once)
+    again = sum(len(x.get("warming_ttft_s") or []) for x in read_jsonl(tmp_path / "r" / "levels.jsonl"))
+    assert again == sum(bool(r.get("disturbed")) for r in recs)
+    assert res.status == "complete" and len(recs) == 48 + again == res.records
     assert sum(r["warmup"] for r in recs) == 2 * (2 + 6)
     assert all(r["ok"] for r in recs)
     assert {r["prompt_tokens"] for r in recs} == {20, 50}  # calibrated exactly through /tokenize
@@ -42,7 +45,7 @@ def test_every_request_recorded_with_levels_and_warmup(refserver, tmp_path):
     summ = res.summary
     assert len(summ) == 4 and set(summ["sent"]) == {4, 12} and (summ["success_rate"] == 1).all()
     run = read_json(tmp_path / "r" / "run.json")
-    assert run["status"] == "complete" and run["records"] == 48
+    assert run["status"] == "complete" and run["records"] == 48 + again
     assert run["calibration"]["in20-out8"]["tokens"] == 20
     assert run["servelab"]["commit"] and run["client_host"]["cpu_count"]
     assert (tmp_path / "r" / "server_metrics.jsonl").stat().st_size > 0
@@ -106,7 +109,8 @@ def test_client_stats_per_round(refserver, tmp_path):
     s = refserver(ttft_s=0.01, itl_s=0.002)
     _run(s, _wl(), tmp_path)
     stats = read_jsonl(tmp_path / "r" / "client_stats.jsonl")
-    assert len(stats) == 2 * 2 * 3  # buckets x levels x (warmup + rounds)
+    again = sum(bool(x.get("warming_ttft_s")) for x in read_jsonl(tmp_path / "r" / "levels.jsonl"))
+    assert len(stats) == 2 * 2 * 3 + 2 * again  # buckets x levels x (warmup + rounds), + a level measured again
     assert all(st["lag_samples"] > 0 and 0 <= st["cpu_frac"] < 4 and st["loop_lag_p99_s"] >= 0 for st in stats)
 
 
@@ -192,3 +196,22 @@ def test_without_warm_up_rounds_a_falling_level_is_kept_as_measured(refserver, t
     recs = read_jsonl(tmp_path / "r" / "records.jsonl")
     assert len(recs) == 3 and not any(r.get("disturbed") for r in recs)
     assert "warming_ttft_s" not in read_jsonl(tmp_path / "r" / "levels.jsonl")[0]
+
+
+def test_a_prompt_set_whose_shorter_prompts_come_later_is_not_warming_up():
+    """TTFT falls with the prompt length: a level of prompts of several lengths whose TTFTs fall request by request
+    is not a server warming up, and is not measured again; the same TTFTs at one length are."""
+    from servelab.measure.grid import levels
+    from servelab.measure.runner import LevelRunner
+    from servelab.schema.runfiles import RequestRecord
+
+    wl = _wl(buckets=[Bucket(input_tokens=20, output_tokens=4)], concurrency=[1], warmup_rounds=1, rounds=3,
+             requests_per_round=1)
+    lr = LevelRunner.__new__(LevelRunner)  # warming_again reads the workload alone
+    lr.wl = wl
+
+    def rec(seq, n, t):
+        return RequestRecord.model_construct(seq=seq, warmup=False, ok=True, ttft_s=t, prompt_tokens=n)
+    lv = levels(wl)[0]
+    assert lr.warming_again(lv, [rec(1, 60, 0.10), rec(2, 40, 0.07), rec(3, 20, 0.04)]) == []
+    assert lr.warming_again(lv, [rec(1, 20, 0.10), rec(2, 20, 0.07), rec(3, 21, 0.04)]) == [0.10, 0.07, 0.04]

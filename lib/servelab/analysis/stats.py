@@ -132,10 +132,10 @@ def _level_ttfts(records: pd.DataFrame, concurrency: int) -> Iterator[tuple[str,
 
 
 def warming_levels(records: pd.DataFrame, concurrency: int = 1) -> list[dict[str, Any]]:
-    """Levels still warming up when measured (`summary.still_warming`) at `concurrency`; their medians overstate
-    the warm server. Each: config, bucket, ttft_s in order."""
-    return [{"config": c, "bucket": b, "ttft_s": t} for c, b, t, _ in _level_ttfts(records, concurrency)
-            if still_warming(t)]
+    """Levels of one prompt length still warming up when measured (`summary.still_warming`) at `concurrency`; their
+    medians overstate the warm server. Each: config, bucket, ttft_s in order."""
+    return [{"config": c, "bucket": b, "ttft_s": t} for c, b, t, one_length in _level_ttfts(records, concurrency)
+            if one_length and still_warming(t)]
 
 
 def stepped_levels(records: pd.DataFrame, concurrency: int = 1) -> list[dict[str, Any]]:

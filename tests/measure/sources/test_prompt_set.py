@@ -40,10 +40,12 @@ def test_prompt_set_levels_record_ids_and_achieved_lengths(refserver, tmp_path):
     res = run_workload(Server(base_url=s.url, model="ref"), wl, tmp_path / "r", study="t", config_id="r",
                        record=base_record("t", "r"), progress=False, metrics_interval_s=0)
     recs = read_jsonl(tmp_path / "r" / "records.jsonl")
-    assert res.status == "complete" and len(recs) == 3 * 2 * 3
+    # + a level measured again where its TTFTs read as still warming up (a loaded CI machine's hiccup can)
+    again = sum(len(x.get("warming_ttft_s") or []) for x in read_jsonl(tmp_path / "r" / "levels.jsonl"))
+    assert res.status == "complete" and len(recs) == 3 * 2 * 3 + again
     rw = [r for r in recs if r["bucket"] == "rewrite-out8"]
     want = [p.id for p in load_set("rewrite").prompts]
-    assert [r["prompt_id"] for r in rw] == want[:3] + want[3:6]  # round-robin continues into the next round
+    assert [r["prompt_id"] for r in rw][:6] == want[:3] + want[3:6]  # round-robin continues into the next round
     rewrite = {p.id: p.text for p in load_set("rewrite").prompts}
     for r in rw:
         text = rewrite[r["prompt_id"]]
