@@ -223,13 +223,12 @@ def compare_gpus(a: argparse.Namespace, name: str, facts: dict[str, Any], cfg: d
           f"{a.ttft_slo:g} s, TPOT <= {a.tpot_slo * 1000:g} ms; {a.engine}, levers {', '.join(levers())} and TP")
     print(f"{'rank':>4}  {'GPU':38} {'set-up':44} {'req/s':>7} {'c':>5} {'out tok/s':>9} {'TPOT ms':>7} "
           f"{'$/GPU-h':>7} {'$/M out':>8}  kind")
-    shown = list(enumerate(ch, 1))[:a.top]
-    best_bounds = [(i, c) for i, c in list(enumerate(ch, 1))[a.top:] if c.kind != "estimate"
+    ranked = list(enumerate(ch, 1))
+    best_bounds = [(i, c) for i, c in ranked[a.top:] if c.kind != "estimate"
                    and c.usd_per_m_output == c.usd_per_m_output][:3]  # ranked after the estimates: still shown
-    for i, c in shown + ([(0, None)] if best_bounds else []) + best_bounds:
-        if c is None:
+    for i, c in ranked[:a.top] + best_bounds:
+        if best_bounds and i == best_bounds[0][0]:
             print("   ...")
-            continue
         print(f"{i:>4}  {c.gpu:38} {c.label():44} {_fmt(c.capacity_rps):>7} {str(c.concurrency):>5} "
               f"{_fmt(c.output_tps):>9} {_fmt(c.tpot_s, 1000):>7} {_fmt(c.usd_per_gpu_hour):>7} "
               f"{_fmt(c.usd_per_m_output):>8}  {c.kind}")

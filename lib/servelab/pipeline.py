@@ -179,22 +179,21 @@ def run_study(study: Study, params_path: Path, *, only: list[str] | None = None,
     unknown = set(only or []) - {c.id for c in study.configurations}
     if unknown:
         raise ValueError(f"{params_path}: no configuration {sorted(unknown)}; have {[c.id for c in study.configurations]}")
-    pub = reports_root() / study.study
+    pub, root = reports_root() / study.study, runs_root() / study.study
     # --resume of runs on this machine: the published page is theirs (an earlier --stop-after) and is replaced;
     # without them (a page published elsewhere, a fresh clone) --resume measures everything and must not
-    ours = resume and (runs_root() / study.study / STUDY_JSON).exists()
+    ours = resume and (root / STUDY_JSON).exists()
     if report and (pub / "index.html").exists() and not (force or ours):
         raise PublishedReportExists(f"{pub}/index.html is published: pass --force to replace it")
-    if ours and all(done(study, runs_root() / study.study, c) for c in configs):  # measured on another machine
+    if ours and all(done(study, root, c) for c in configs):  # measured on another machine
         log(f"every configuration of {study.study} is measured (--resume): nothing to start"
             + (", publishing" if report else ""))
-        return _conclude(study, runs_root() / study.study, configs, [], [], publish_it=report, force=True)
+        return _conclude(study, root, configs, [], [], publish_it=report, force=True)
     host = for_study(study)  # once per run: every configuration and the guard share it
     host.check()
     placed = (place(study, configs, params_path) if host.engine_here and not host.runs_remotely
               else placing.Placement([]))  # runs_remotely: the instance places the study itself
     plans = plan_study(study, host)
-    root = runs_root() / study.study
     todo = _to_measure(study, root, configs, force=force, resume=resume)
     root.mkdir(parents=True, exist_ok=True)
     write_json(root / STUDY_JSON, {"format_version": FORMAT_VERSION, "params_path": str(params_path), "reduced": reduced,

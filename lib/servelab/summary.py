@@ -60,6 +60,17 @@ def still_warming(ttfts: list[float]) -> bool:
             and t[0] - t[-1] >= WARMING_MIN_S)
 
 
+ONE_LENGTH_RATIO = 1.1  # a level's prompts within this of each other count as one length
+
+
+def one_prompt_length(tokens: list[float]) -> bool:
+    """Whether a level's prompt token counts (unknown ones left out) are one length, the longest within
+    `ONE_LENGTH_RATIO` x the shortest: only then do falling or stepping TTFTs say something of the server, not of
+    the prompts (a prompt set's shorter prompts take less time)."""
+    n = [x for x in tokens if x and x == x]
+    return not n or max(n) <= ONE_LENGTH_RATIO * min(n)
+
+
 def speed_step(ttfts: list[float]) -> int | None:
     """Where a level's TTFTs, in the order its requests ran, changed speed partway through (a host or GPU slowed
     down or sped up, as h100-mla-holdout's 128-token level did: 19.6, 19.4, then 29-32 ms): the index k that splits

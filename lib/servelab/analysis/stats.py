@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..summary import measured, speed_step, still_warming
+from ..summary import measured, one_prompt_length, speed_step, still_warming
 
 
 def _get(obj: Any, key: str, default: Any = None) -> Any:
@@ -118,7 +118,7 @@ def fit_ttft(prompt_tokens: Sequence[float] | np.ndarray, ttft_s: Sequence[float
 
 
 def _level_ttfts(records: pd.DataFrame, concurrency: int) -> Iterator[tuple[str, str, list[float], bool]]:
-    """(config, bucket, TTFTs in the order they ran, whether its prompts were of one length within 10 %) of each
+    """(config, bucket, TTFTs in the order they ran, whether its prompts were of one length: `one_prompt_length`) of each
     level at `concurrency`: its successful measured requests (a re-measured level's first pass left out)."""
     if records is None or records.empty or "ttft_s" not in records:
         return
@@ -126,9 +126,8 @@ def _level_ttfts(records: pd.DataFrame, concurrency: int) -> Iterator[tuple[str,
     d = d[(d["concurrency"] == concurrency) & d["ok"].astype(bool) & d["ttft_s"].notna()]
     keys = ["config", "bucket"] + [k for k in ("rate_rps",) if k in d]
     for key, g in d.groupby(keys, sort=False):
-        n = g["prompt_tokens"].dropna() if "prompt_tokens" in g else pd.Series(dtype=float)
         yield (str(key[0]), str(key[1]), [float(x) for x in g.sort_values([k for k in ("round", "seq") if k in g])["ttft_s"]],
-               n.empty or n.max() <= 1.1 * n.min())
+               one_prompt_length(g["prompt_tokens"].tolist() if "prompt_tokens" in g else []))
 
 
 def warming_levels(records: pd.DataFrame, concurrency: int = 1) -> list[dict[str, Any]]:

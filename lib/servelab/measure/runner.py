@@ -33,7 +33,7 @@ from ..runfolder import (CLIENT_STATS, GPU_METRICS, LEVELS, RECORDS, SERVER_METR
 from .runfiles import ResumeState, finalize, open_run_folder, warming_reason
 from ..schema import Workload
 from ..schema.runfiles import RequestOutcome, RequestRecord
-from ..summary import still_warming
+from ..summary import one_prompt_length, still_warming
 from . import client
 from ..errors import ServelabError
 from .grid import Level, cache_counters, arrival_offsets, levels, make_sources, requests_per_round
@@ -342,9 +342,9 @@ class LevelRunner:
         if lv.concurrency != 1 or lv.rate_rps or lv.bucket.trace is not None or self.wl.warmup_rounds < 1:
             return []  # without warm-up rounds the user asked for a cold server's figures
         done = [r for r in sorted(got, key=lambda r: r.seq) if not r.warmup and r.ok and r.ttft_s is not None]
-        t, n = [float(r.ttft_s) for r in done], [r.prompt_tokens for r in done if r.prompt_tokens]
-        one_length = not n or max(n) <= 1.1 * min(n)  # a prompt set's shorter prompts take less time: no warming
-        return t if len(done) == len([r for r in got if not r.warmup]) and one_length and still_warming(t) else []
+        t = [float(r.ttft_s) for r in done]
+        return (t if len(done) == len([r for r in got if not r.warmup])
+                and one_prompt_length([r.prompt_tokens for r in done]) and still_warming(t) else [])
 
     async def _counters(self) -> Any:
         """One /metrics scrape through the engine's mapping (None when the server has none)."""
